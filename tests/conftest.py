@@ -1,0 +1,15 @@
+"""Shared test setup: the read-only ../shared folder (real data, the GPT-2 BPE file), when it is there."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+sys.path.insert(0, ROOT)
+
+if os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(SHARED, "tiktoken_cache"))
+os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach a server
+
+needs_shared = pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"needs the shared data folder {SHARED}")

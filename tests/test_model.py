@@ -1,0 +1,182 @@
+"""GPT and EncoderClassifier: causality, padding invariance, initial loss, overfitting, KV cache, checkpoints."""
+import math
+
+import pytest
+import torch
+
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint
+
+TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+
+
+def tiny_gpt(**kw):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**TINY, **kw}))
+
+
+def tiny_classifier(**kw):
+    torch.manual_seed(0)
+    return EncoderClassifier(EncoderConfig(**{**TINY, "n_classes": 3, "pad_token_id": 0, **kw}))
+
+
+def test_gpt_is_causal():
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, 50, (2, 12))
+    changed = idx.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 50
+    a, _ = model(idx)
+    b, _ = model(changed)
+    assert a.shape == (2, 12, 50)
+    assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6) and not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-3)
+
+
+def test_classifier_ignores_padding():
+    model = tiny_classifier().eval()
+    idx = torch.randint(1, 50, (2, 5))
+    logits, _ = model(idx, torch.ones_like(idx))
+    padded = torch.cat([idx, torch.zeros(2, 3, dtype=torch.long)], 1)
+    mask = torch.cat([torch.ones(2, 5), torch.zeros(2, 3)], 1).long()
+    padded_logits, _ = model(padded, mask)
+    assert torch.allclose(logits, padded_logits, atol=1e-5)
+    garbage = padded.clone()  # what sits under the padding does not matter either
+    garbage[:, 5:] = 7
+    assert torch.allclose(model(garbage, mask)[0], logits, atol=1e-5)
+    assert torch.allclose(model(padded)[0], logits, atol=1e-5)  # default mask: idx != pad_token_id
+    all_padding, _ = model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4))
+    assert torch.isfinite(all_padding).all()
+
+
+def test_classifier_attention_maps_hide_padding():
+    model = tiny_classifier().eval()
+    idx = torch.tensor([[5, 6, 7, 0, 0]])
+    logits, _, maps = model(idx, need_weights=True)
+    assert len(maps) == 2 and maps[0].shape == (1, 2, 5, 5)
+    assert (maps[1][..., 3:] == 0).all() and torch.allclose(logits, model(idx)[0], atol=1e-5)
+
+
+def test_untrained_loss_is_ln_vocab():
+    model = tiny_gpt(vocab_size=1000, n_embd=32)
+    idx = torch.randint(0, 1000, (4, 16))
+    _, loss = model(idx, torch.randint(0, 1000, (4, 16)))
+    assert abs(loss.item() - math.log(1000)) < 0.1
+
+
+@pytest.mark.parametrize("kind", ["gpt", "classifier"])
+def test_overfits_one_batch(kind):
+    model = tiny_gpt() if kind == "gpt" else tiny_classifier()
+    torch.manual_seed(1)
+    idx = torch.randint(1, 50, (4, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(150):
+        _, loss = model(idx, idx.roll(-1, 1)) if kind == "gpt" else model(idx, labels=torch.tensor([0, 1, 2, 1]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+def test_tied_head_parameter_count_and_decay_groups():
+    model = tiny_gpt()
+    assert model.lm_head.weight is model.wte.weight
+    c = model.config
+    per_layer = 12 * c.n_embd ** 2 + 13 * c.n_embd  # attention 4d^2+4d, MLP 8d^2+5d, two LayerNorms 4d
+    expected = c.vocab_size * c.n_embd + c.n_layer * per_layer + 2 * c.n_embd
+    assert model.num_params() == expected
+    assert model.num_params(non_embedding=False) == expected + c.block_size * c.n_embd
+    decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params(non_embedding=False)
+
+
+def test_kv_cache_logits_match_full_forward():
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, 50, (3, 10))
+    full, _ = model(idx)
+    cache = [{} for _ in model.blocks]
+    prefill, _ = model(idx[:, :4], cache=cache)
+    steps = [model(idx[:, t:t + 1], cache=cache)[0] for t in range(4, 10)]
+    assert torch.allclose(torch.cat([prefill] + steps, 1), full, atol=1e-5)
+
+
+def test_greedy_generation_identical_with_and_without_cache():
+    model = tiny_gpt().eval()
+    prompt = torch.randint(0, 50, (2, 3))
+    with_cache = torch.stack(list(model.generate(prompt, 13)), 1)
+    without = torch.stack(list(model.generate(prompt, 13, use_cache=False)), 1)
+    assert with_cache.shape == (2, 13) and torch.equal(with_cache, without)
+
+
+def test_generation_past_block_size_matches_the_window_it_keeps():
+    """Past block_size the cache restarts from the last block_size // 2 tokens; each step's logits must equal a full
+    forward over exactly the tokens the cache holds."""
+    model = tiny_gpt().eval()
+    prompt = torch.randint(0, 50, (1, 5))
+    seen = []
+    record = lambda logits, context: seen.append((logits, context.clone())) or logits.argmax(-1)
+    list(model.generate(prompt, 30, next_token=record))
+    window = None
+    for step, (logits, context) in enumerate(seen):
+        n = context.size(1)
+        window = n if n <= 16 else 8 if window == 16 else window + 1  # refilled with the last 8, then grows
+        expected, _ = model(context[:, -window:])
+        assert torch.allclose(logits, expected[:, -1], atol=1e-5), step
+
+
+def test_save_and_load_roundtrip(tmp_path):
+    for model in (tiny_gpt(), tiny_classifier()):
+        model.eval()
+        model.save_pretrained(tmp_path / type(model).__name__, task="x")
+        loaded, info = from_checkpoint(tmp_path / type(model).__name__)
+        idx = torch.randint(1, 50, (2, 8))
+        assert info["task"] == "x" and info["model"]["n_embd"] == 16
+        assert torch.equal(model(idx)[0], loaded(idx)[0])
+        assert not list(tmp_path.glob("**/*.tmp"))
+
+
+def test_from_pretrained_matches_independent_gpt2(tmp_path):
+    """A tiny random GPT-2 in the Hugging Face layout (Conv1D weights [in, out], 'h.N.' names, causal-mask buffers);
+    the reference forward below is written from GPT-2's definition, not from model.py."""
+    import json
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    V, P, L, H, D = 40, 12, 2, 2, 16
+    r = lambda *s: torch.randn(*s) * 0.2
+    sd = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
+    for i in range(L):
+        p = f"h.{i}."
+        sd.update({p + "ln_1.weight": 1 + r(D), p + "ln_1.bias": r(D), p + "ln_2.weight": 1 + r(D), p + "ln_2.bias": r(D),
+                   p + "attn.c_attn.weight": r(D, 3 * D), p + "attn.c_attn.bias": r(3 * D),
+                   p + "attn.c_proj.weight": r(D, D), p + "attn.c_proj.bias": r(D),
+                   p + "mlp.c_fc.weight": r(D, 4 * D), p + "mlp.c_fc.bias": r(4 * D),
+                   p + "mlp.c_proj.weight": r(4 * D, D), p + "mlp.c_proj.bias": r(D),
+                   p + "attn.bias": torch.ones(1, 1, P, P).tril()})
+    save_file(sd, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": V, "n_positions": P, "n_layer": L, "n_head": H, "n_embd": D}))
+
+    def reference(idx):
+        ln = lambda x, n: torch.nn.functional.layer_norm(x, (D,), sd[n + ".weight"], sd[n + ".bias"], 1e-5)
+        conv1d = lambda x, n: x @ sd[n + ".weight"] + sd[n + ".bias"]
+        gelu = lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        T = idx.size(1)
+        x = sd["wte.weight"][idx] + sd["wpe.weight"][:T]
+        for i in range(L):
+            p = f"h.{i}."
+            q, k, v = conv1d(ln(x, p + "ln_1"), p + "attn.c_attn").split(D, -1)
+            heads = lambda t: t.view(1, T, H, D // H).transpose(1, 2)
+            att = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(D // H)
+            att = att.masked_fill(torch.ones(T, T).triu(1).bool(), -1e9).softmax(-1)
+            x = x + conv1d((att @ heads(v)).transpose(1, 2).reshape(1, T, D), p + "attn.c_proj")
+            x = x + conv1d(gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
+        return ln(x, "ln_f") @ sd["wte.weight"].T
+
+    model = GPT.from_pretrained(str(tmp_path)).eval()
+    idx = torch.randint(0, V, (1, 10))
+    assert torch.allclose(model(idx)[0], reference(idx), atol=1e-5)
+
+
+def test_from_pretrained_rejects_unknown_names():
+    with pytest.raises(ValueError, match="neither a directory"):
+        GPT.from_pretrained("gpt3")

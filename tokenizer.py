@@ -1,0 +1,44 @@
+"""Tokenizers, named by a dataset's meta.json: GPT-2's byte-pair encoding (tiktoken) or a character vocabulary."""
+import tiktoken
+
+
+def get_tokenizer(spec):
+    """spec: {"type": "bpe", "encoding": "r50k_base"} or {"type": "char", "chars": "..."}."""
+    return CharTokenizer(spec["chars"]) if spec["type"] == "char" else BPETokenizer(spec["encoding"])
+
+
+class CharTokenizer:
+    def __init__(self, chars):
+        self.chars, self.stoi = chars, {c: i for i, c in enumerate(chars)}
+        self.vocab_size = len(chars)
+        self.start_token = self.stoi.get("\n", 0)  # what an empty prompt starts from
+        self.spec = {"type": "char", "chars": chars}
+
+    def encode(self, text):
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            raise ValueError(f"characters not in this model's vocabulary: {''.join(unknown)!r}")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids)
+
+
+class BPETokenizer:
+    def __init__(self, encoding="r50k_base"):  # r50k_base is GPT-2's encoding, the same ranks as tiktoken's "gpt2"
+        try:
+            self.enc = tiktoken.get_encoding(encoding)
+        except Exception as e:  # tiktoken downloads the file once, then reads its cache
+            raise RuntimeError(f"cannot load the tiktoken encoding {encoding!r} ({type(e).__name__}); offline, set "
+                               f"TIKTOKEN_CACHE_DIR to a folder holding its cache file") from None
+        self.vocab_size, self.start_token = self.enc.n_vocab, self.enc.eot_token  # <|endoftext|> = 50256
+        self.spec = {"type": "bpe", "encoding": encoding}
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)  # special tokens in the text are plain text
+
+    def encode_batch(self, texts, num_threads=8):
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+    def decode(self, ids):
+        return self.enc.decode(ids)
