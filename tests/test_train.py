@@ -1,0 +1,200 @@
+"""train.py on tiny data the tests make: config parsing, LR schedule, exact resume, accumulation, DDP, failures."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from conftest import ROOT
+from dataset import save_array, write_classification_split, write_meta
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
+        "--dtype=float32", "--device=cpu", "--warmup_iters=2", "--lr_decay_iters=10", "--learning_rate=1e-2"]
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("lm"))
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 5000), ("val", 500)):
+        save_array(os.path.join(d, f"{split}.bin"), (np.arange(n) % 7 + rng.integers(0, 3, n)).astype(np.uint16))
+    write_meta(d, task="lm", tokenizer={"type": "char", "chars": "abcdefghij"}, vocab_size=10, dtype="uint16")
+    return d
+
+
+@pytest.fixture(scope="module")
+def toy_classify_dir(tmp_path_factory):
+    """Separable: class 0 rows use tokens 1-9, class 1 rows tokens 10-19; lengths vary, so batches need padding."""
+    d = str(tmp_path_factory.mktemp("cls"))
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 400), ("val", 100)):
+        labels = rng.integers(0, 2, n)
+        rows = [list(rng.integers(1 + 9 * y, 10 + 10 * y, rng.integers(3, 12))) for y in labels]
+        write_classification_split(d, split, rows, labels, np.uint16)
+    write_meta(d, task="classify", tokenizer={"type": "char", "chars": "x" * 20}, vocab_size=20, dtype="uint16",
+               label_names=["low", "high"], max_length=16, pad_token_id=0)
+    return d
+
+
+def run(argv):
+    """train.main in this process, leaving the signal handlers as they were."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return train.main(TINY + argv)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def state(out_dir):
+    return torch.load(os.path.join(out_dir, "trainer_state.pt"), weights_only=True)
+
+
+def test_config_file_overrides_and_types(tmp_path):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("n_layer = 3\nlearning_rate = 1e-3\ndataset = 'agnews'\nimport math\n_private = 1\n")
+    c = train.parse_config([str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"])
+    assert (c["n_layer"], c["learning_rate"], c["dataset"], c["wandb_run_name"]) == (5, 1.0, "agnews", "bare_word")
+    assert type(c["learning_rate"]) is float
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_layers=4"], "unknown key 'n_layers' in --n_layers=4; did you mean n_layer"),
+    (["--n_layer=2.5"], "n_layer must be int, got float 2.5"),
+    (["--compile=yes"], "compile must be bool, got str 'yes'"),
+    (["--n_layer"], "write --n_layer=VALUE"),
+    (["missing.py"], "no config file 'missing.py'"),
+    (["--task=regress"], "task must be lm or classify"),
+])
+def test_config_errors_are_one_clear_line(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        train.parse_config(argv)
+
+
+def test_help_lists_every_key(capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_config(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert all(f"--{k}=" in out for k in train.DEFAULTS)
+
+
+def test_lr_schedule():
+    c = dict(train.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110)
+    assert train.get_lr(0, c) == pytest.approx(1 / 11)  # warmup starts above zero
+    assert train.get_lr(9, c) == pytest.approx(10 / 11)
+    assert train.get_lr(10, c) == pytest.approx(1.0)  # peak
+    assert train.get_lr(60, c) == pytest.approx(0.55)  # cosine halfway: (1 + 0.1) / 2
+    assert train.get_lr(110, c) == pytest.approx(0.1) and train.get_lr(500, c) == 0.1  # end: min_lr
+
+
+def test_resume_is_exact(lm_dir, tmp_path):
+    common = [f"--dataset={lm_dir}", "--dropout=0.1", "--eval_interval=3"]
+    straight, straight_metrics = run(common + [f"--out_dir={tmp_path / 'a'}", "--max_iters=6"])
+    run(common + [f"--out_dir={tmp_path / 'b'}", "--max_iters=3"])
+    assert state(tmp_path / "b")["step"] == 3
+    resumed, resumed_metrics = run(common + [f"--out_dir={tmp_path / 'b'}", "--max_iters=6", "--init_from=resume"])
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert straight_metrics == resumed_metrics
+
+
+def test_resume_with_another_shape_fails(lm_dir, tmp_path):
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1"])
+    with pytest.raises(SystemExit, match="cannot resume .* n_embd=16 there, 32 here"):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--init_from=resume", "--n_embd=32"])
+
+
+def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
+    common = [f"--dataset={lm_dir}", "--max_iters=4"]
+    big, _ = run(common + [f"--out_dir={tmp_path / 'a'}", "--batch_size=8"])
+    small, _ = run(common + [f"--out_dir={tmp_path / 'b'}", "--batch_size=2", "--gradient_accumulation_steps=4"])
+    for p, q in zip(big.parameters(), small.parameters()):
+        assert torch.allclose(p, q, atol=1e-5)
+
+
+def test_ddp_two_gloo_processes_equal_one_process(lm_dir, tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
+                      "model, _ = train.main(sys.argv[1:])\n"
+                      f"torch.save(model.state_dict(), os.path.join({str(tmp_path)!r}, 'rank%s.pt' % os.environ['RANK']))\n")
+    argv = TINY + [f"--dataset={lm_dir}", "--max_iters=3", "--gradient_accumulation_steps=2", "--eval_interval=100"]
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script)] + argv + [f"--out_dir={tmp_path / 'ddp'}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    single, _ = run(argv[len(TINY):] + [f"--out_dir={tmp_path / 'one'}"])
+    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    for name, p in single.state_dict().items():
+        assert torch.equal(rank0[name], rank1[name]), name
+        assert torch.allclose(rank0[name], p, atol=1e-5), name
+
+
+def test_nan_loss_stops_and_keeps_last_checkpoint(lm_dir, tmp_path, monkeypatch):
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2"])
+    before = {f: (tmp_path / f).read_bytes() for f in ("model.safetensors", "trainer_state.pt", "config.json")}
+    forward = train.GPT.forward
+    monkeypatch.setattr(train.GPT, "forward", lambda self, *a, **k: (lambda out: (out[0], out[1] * float("nan")) if self.training and out[1] is not None else out)(forward(self, *a, **k)))
+    with pytest.raises(SystemExit, match="loss is nan at step 2"):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--init_from=resume", "--eval_interval=1"])
+    assert before == {f: (tmp_path / f).read_bytes() for f in before}
+
+
+def test_interrupted_save_leaves_previous_checkpoint(lm_dir, tmp_path, monkeypatch):
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2"])
+    good = state(tmp_path)
+
+    def dies_mid_write(obj, path):
+        open(path, "wb").write(b"half a checkpoint")
+        raise KeyboardInterrupt  # as a crash mid-write would
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=4", "--init_from=resume", "--eval_interval=1"])
+    assert state(tmp_path)["step"] == good["step"] == 2
+
+
+def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py")] + TINY +
+                            [f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1000000", "--eval_interval=100000"],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # wait for training to start
+        if line.startswith("step 0:"):
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err[-1000:]
+    assert "stopped by signal" in err and state(tmp_path)["step"] > 0
+
+
+def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
+    _, metrics = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path}", "--task=classify", "--max_iters=40",
+                      "--eval_interval=20", "--eval_iters=100", "--batch_size=16"])
+    assert metrics["val/accuracy"] > 0.9
+    import json
+    info = json.load(open(tmp_path / "config.json"))
+    assert info["architecture"] == "EncoderClassifier" and info["label_names"] == ["low", "high"]
+
+
+def test_wandb_offline_run_has_metrics(lm_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--wandb_log=True"])
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert runs and b"val/loss" in runs[0].read_bytes()
+
+
+def test_bad_setups_fail_before_training(lm_dir, tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="is not writable"):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'file' / 'out'}"])
+    with pytest.raises(SystemExit, match="run python data/never_prepared/prepare.py first"):
+        run(["--dataset=never_prepared", f"--out_dir={tmp_path / 'o'}"])
+    with pytest.raises(SystemExit, match="prepared for task=lm, but task=classify"):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'o'}", "--task=classify"])
+    with pytest.raises(SystemExit, match="init_from=resume but .* does not exist"):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'fresh'}", "--init_from=resume"])
