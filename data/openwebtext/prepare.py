@@ -1,0 +1,116 @@
+"""
+OpenWebText (about 8M documents, 9B tokens) in GPT-2's byte-pair encoding, as nanoGPT's openwebtext: <|endoftext|>
+(50256) after every document, 0.05% of the documents as val (seed 2357). Writes train.bin (~17 GB), val.bin (uint16)
+and meta.json (task "lm") into this folder, or into --out_dir. A job for a machine with disk and cores to spare:
+the download is ~54 GB of hub cache.
+  python data/openwebtext/prepare.py --num_proc 8
+  python data/openwebtext/prepare.py --source my_texts/       # local text: a folder of .txt files, one per document,
+  python data/openwebtext/prepare.py --source docs.jsonl      # or a .jsonl / .parquet with a "text" column
+"""
+import argparse
+import glob
+import os
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: dataset.py, tokenizer.py
+sys.path.insert(0, os.path.dirname(HERE))  # data/: common.py
+import dataset
+from common import unpublish
+from tokenizer import BPETokenizer
+
+HUB_NAME = "Skylion007/openwebtext"
+tok = None  # the tokenizer, made once per process (map's workers make their own)
+
+
+def process(example):
+    global tok
+    tok = tok or BPETokenizer("r50k_base")
+    ids = tok.encode(example["text"]) + [tok.start_token]  # <|endoftext|> closes each document, as in GPT-2
+    return {"ids": ids, "len": len(ids)}
+
+
+def load(source, num_proc):
+    """The documents as a datasets.Dataset with a "text" column."""
+    import datasets  # imported here so that --help answers at once
+    if source is None:
+        try:
+            return datasets.load_dataset(HUB_NAME, num_proc=num_proc, split="train")
+        except Exception as e:  # offline it is a ConnectionError, but any failure here has the same way out
+            reason = (str(e).splitlines() or [""])[0][:200]
+            raise SystemExit(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass "
+                             f"--source PATH, a folder of .txt files or a .jsonl/.parquet with a text column") from None
+    if os.path.isdir(source):
+        files = sorted(glob.glob(os.path.join(source, "*.txt")))  # sorted: the same order, the same split, every run
+        if not files:
+            raise SystemExit(f"--source {source}: no .txt files in this folder; put one document per .txt file there")
+        ds = datasets.load_dataset("text", data_files=files, sample_by="document", split="train")
+    elif source.endswith((".jsonl", ".parquet")) and os.path.isfile(source):
+        ds = datasets.load_dataset("json" if source.endswith(".jsonl") else "parquet", data_files=source, split="train")
+        if "text" not in ds.column_names:
+            raise SystemExit(f"--source {source}: no \"text\" column (found {ds.column_names}); name the column text")
+    else:
+        raise SystemExit(f"--source {source}: neither a folder of .txt files nor an existing .jsonl or .parquet file")
+    return ds
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", help=f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet")
+    p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
+    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
+                   help="processes for download and tokenizing (default: %(default)s)")
+    p.add_argument("--val_fraction", type=float, default=0.0005,
+                   help="share of documents for val (default: %(default)s)")
+    args = p.parse_args()
+    if not 0 < args.val_fraction < 1:
+        raise SystemExit(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.0005")
+    if args.num_proc < 1:
+        raise SystemExit(f"--num_proc {args.num_proc}: must be at least 1, e.g. {min(8, os.cpu_count() or 1)}")
+    t0 = time.time()
+    global tok
+    try:
+        tok = BPETokenizer("r50k_base")  # fail here, in one line, rather than inside num_proc workers
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+
+    ds = load(args.source, args.num_proc)
+    if len(ds) < 2:
+        raise SystemExit(f"{args.source or HUB_NAME}: {len(ds)} document(s); train and val need at least 2")
+    # train_test_split cuts at least one document off for val and leaves at least one in train
+    split = ds.train_test_split(test_size=args.val_fraction, seed=2357, shuffle=True)
+    split["val"] = split.pop("test")
+    tokenized = {name: d.map(process, remove_columns=d.column_names, desc=f"tokenizing {name}",
+                             num_proc=min(args.num_proc, len(d)) if args.num_proc > 1 else None)  # <= rows: map warns
+                 for name, d in split.items()}
+
+    dtype = dataset.token_dtype(tok.vocab_size)
+    unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
+    counts = {}
+    for name, d in tokenized.items():
+        # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory as a list
+        n = int(np.sum(d["len"], dtype=np.uint64))
+        path = os.path.join(args.out_dir, f"{name}.bin")
+        arr = np.memmap(path + ".tmp", dtype=dtype, mode="w+", shape=(n,))
+        shards, i = min(1024, len(d)), 0
+        for k in tqdm(range(shards), desc=f"writing {path}"):
+            ids = d.shard(num_shards=shards, index=k, contiguous=True).with_format("numpy")["ids"]
+            batch = np.concatenate(list(ids))
+            arr[i:i + len(batch)] = batch
+            i += len(batch)
+        arr.flush()
+        del arr
+        os.replace(path + ".tmp", path)  # only a whole file takes the name
+        counts[name] = n
+        print(f"{name}: {len(d):,} documents, {n:,} tokens")
+    dataset.write_meta(args.out_dir, task="lm", tokenizer=tok.spec, vocab_size=tok.vocab_size,
+                       dtype=np.dtype(dtype).name, splits=counts, source=args.source or HUB_NAME)
+    print(f"wrote {args.out_dir} ({time.time() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

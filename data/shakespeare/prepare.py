@@ -1,0 +1,42 @@
+"""
+Tiny Shakespeare in GPT-2's byte-pair encoding (tiktoken r50k_base), as nanoGPT's shakespeare: the first 90% of the
+text is train, the last 10% val, each encoded on its own. Writes train.bin, val.bin (uint16) and meta.json
+(task "lm") into this folder, or into --out_dir.
+  python data/shakespeare/prepare.py                                                        # downloads 1 MB
+  TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache \
+  python data/shakespeare/prepare.py --source ../shared/data/tinyshakespeare/input.txt      # offline
+"""
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: dataset.py, tokenizer.py
+sys.path.insert(0, os.path.dirname(HERE))  # data/: common.py
+from common import SHAKESPEARE_URL, read_shakespeare, write_lm
+from tokenizer import BPETokenizer
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", help=f"a local copy of the text (default: download {SHAKESPEARE_URL})")
+    p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
+    p.add_argument("--encoding", default="r50k_base", help="tiktoken encoding (default: %(default)s, GPT-2's)")
+    args = p.parse_args()
+    t0 = time.time()
+
+    text = read_shakespeare(args.source)
+    try:
+        tok = BPETokenizer(args.encoding)
+    except RuntimeError as e:  # no cached encoding file and no network: tokenizer.py says what to set
+        raise SystemExit(str(e)) from None
+    n = int(len(text) * 0.9)  # split the text, then encode each part: the same cut and counts as nanoGPT
+    splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
+    write_lm(args.out_dir, splits, tok, source=args.source or SHAKESPEARE_URL)
+    print(f"{len(text):,} characters, {args.encoding}: train {len(splits['train']):,} tokens, "
+          f"val {len(splits['val']):,} tokens -> {args.out_dir} ({time.time() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
