@@ -142,9 +142,11 @@ class Transformer(nn.Module):
         return n - self.wpe.weight.numel() if non_embedding else n
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward): 6N for the weights plus 12 L d T for the attention scores."""
+        """Training FLOPs per token: 6 per weight it meets in a matmul (forward + backward), plus 12 L d T for the
+        attention scores. Embedding rows are looked up, not multiplied; GPT's tied table is multiplied, as the head."""
         c = self.config
-        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * seq_len
+        lookups = self.wpe.weight.numel() + (0 if hasattr(self, "lm_head") else self.wte.weight.numel())
+        return 6 * (self.num_params(non_embedding=False) - lookups) + 12 * c.n_layer * c.n_embd * seq_len
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with two groups: matrices (and embeddings) decay; biases and LayerNorm gains do not."""

@@ -198,3 +198,10 @@ def test_bad_setups_fail_before_training(lm_dir, tmp_path):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'o'}", "--task=classify"])
     with pytest.raises(SystemExit, match="init_from=resume but .* does not exist"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'fresh'}", "--init_from=resume"])
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "config"))))
+def test_every_config_file_parses(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # config files exec their base config by a path from the repository root
+    c = train.parse_config([os.path.join("config", name)])
+    assert c["out_dir"] != train.DEFAULTS["out_dir"]  # each config writes to its own folder

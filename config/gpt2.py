@@ -1,0 +1,34 @@
+# GPT-2 124M from scratch on OpenWebText, as nanoGPT: 8 GPUs, about 0.5M tokens per step, val loss about 2.85.
+# Prepare: python data/openwebtext/prepare.py --num_proc=8
+# Run:     torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py
+out_dir = "out-gpt2"
+wandb_log = True
+wandb_project = "owt"
+wandb_run_name = "gpt2-124M"
+
+task = "lm"
+dataset = "openwebtext"
+# 12 rows x 1024 tokens x 40 micro-steps = 491,520 tokens per step, whatever the number of processes
+batch_size = 12
+block_size = 1024
+gradient_accumulation_steps = 5 * 8
+vocab_size = 50304  # GPT-2's 50,257 rounded up to a multiple of 64: faster matmuls, the extra rows go unused
+
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0
+bias = False
+
+learning_rate = 6e-4
+max_iters = 600000  # 300B tokens
+lr_decay_iters = 600000
+min_lr = 6e-5
+warmup_iters = 2000
+weight_decay = 1e-1
+
+eval_interval = 1000
+eval_iters = 200
+log_interval = 10
+dtype = "bfloat16"
+compile = True
