@@ -55,7 +55,7 @@ DEFAULTS = dict(
     n_embd=384,
     dropout=0.0,
     bias=False,
-    label_smoothing=0.0,  # classify only
+    token_dropout=0.0,  # classify: hide this fraction of each training row's tokens, a regularizer for small data
     # optimizer: AdamW, linear warmup then cosine decay to min_lr
     learning_rate=6e-4,
     min_lr=6e-5,
@@ -167,8 +167,11 @@ def matmul_flops(device, dtype, n=2048, repeats=3):
 
 
 def sync(device):
+    """Wait for the device: GPU work is asynchronous, so a timer would stop before the work does."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
 
 
 def build_model(c, meta):
@@ -363,6 +366,8 @@ def main(argv):
         for micro in range(micro_steps):
             first = (rank * micro_steps + micro) * c["batch_size"]
             batch = {k: v.to(device, non_blocking=True) for k, v in train_data.batch(rows[first:first + c["batch_size"]]).items()}
+            if c["token_dropout"] > 0:  # hidden tokens are masked like padding: the row reads as a shorter text
+                batch["attention_mask"] *= torch.rand(batch["attention_mask"].shape, device=device) >= c["token_dropout"]
             last = micro == micro_steps - 1
             # without no_sync DDP would all-reduce on every micro-step; it must wrap the forward as well as backward
             with model.no_sync() if ddp and not last else nullcontext():

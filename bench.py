@@ -1,0 +1,357 @@
+"""
+Benchmarks on one device, in one run; prints markdown tables ready to paste into BENCHMARKS.md.
+  1. achievable matmul FLOP/s in fp32 and bf16: the practical peak that MFU is measured against
+  2. training steps (tokens/s, MFU) for the shapes of three configs in fp32, bf16 autocast and bf16 + torch.compile
+  3. generation tokens/s with and without the KV cache
+  4. attention alone (fused SDPA, explicit math, a per-head Python loop): time and memory for n = 128 ... 4096
+  5. classifier training and inference examples/s
+Every figure is timed --repeats times after a warm-up; the tables show the best (min time) and the median.
+  python bench.py --quick                      about a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
+  python bench.py --json bench.json            the full run (several minutes on a CPU, about one on a GPU)
+  python bench.py --device cuda --no-compile
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+import train
+from dataset import read_meta
+from model import GPT, GPTConfig, MultiHeadAttention
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
+AGNEWS_FALLBACK = dict(task="classify", dataset="agnews", n_layer=2, n_head=4, n_embd=128, block_size=128, batch_size=64)
+META_FALLBACK = {"shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/meta.json was never prepared
+                 "agnews": {"vocab_size": 50257, "pad_token_id": 50256, "label_names": ["W", "S", "B", "T"]}}
+MODES = ["fp32", "bf16", "bf16+compile"]
+
+
+class LoopAttention(nn.Module):
+    """REFERENCE ONLY, the course notebook's multi-head attention, clear and slow on purpose: every head has its own
+    small Q, K, V projections (d -> d/h); per head bmm, softmax, bmm; the heads concatenated, then W_O. No mask."""
+
+    def __init__(self, d, h, bias=True):
+        super().__init__()
+        self.d, self.h, self.bias = d, h, bias
+        self.q, self.k, self.v = (nn.ModuleList(nn.Linear(d, d // h, bias=bias) for _ in range(h)) for _ in range(3))
+        self.o = nn.Linear(d, d, bias=bias)
+
+    def forward(self, x):
+        heads = []
+        for wq, wk, wv in zip(self.q, self.k, self.v):
+            q, k, v = wq(x), wk(x), wv(x)
+            weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) / math.sqrt(q.size(-1)), dim=-1)
+            heads.append(torch.bmm(weights, v))
+        return self.o(torch.cat(heads, dim=-1))
+
+    def fused_copy(self):
+        """A model.MultiHeadAttention with these weights: head i's Q, K, V are rows i*d/h... of each third of qkv."""
+        mha = MultiHeadAttention(self.d, self.h, bias=self.bias).to(self.o.weight.device)
+        with torch.no_grad():
+            for name in ("weight", "bias") if self.bias else ("weight",):
+                getattr(mha.qkv, name).copy_(torch.cat([getattr(lin, name) for g in (self.q, self.k, self.v) for lin in g]))
+                getattr(mha.proj, name).copy_(getattr(self.o, name))
+        return mha
+
+
+def sync(device):
+    train.sync(device)
+    if device == "mps":
+        torch.mps.synchronize()
+
+
+def timed(fn, repeats, device, warm_fn=None):
+    """Seconds per call of fn, repeats times, after one warm-up call of warm_fn (default fn), and the warm-up time."""
+    t0 = time.perf_counter()
+    (warm_fn or fn)()
+    sync(device)
+    warmup_s, times = time.perf_counter() - t0, []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return {"times_s": times, "min_s": min(times), "median_s": statistics.median(times), "warmup_s": warmup_s}
+
+
+def rates(r, work, unit):
+    """Add work per second at the best (min) and the median time: r[unit + '_best'], r[unit + '_median']."""
+    r[f"{unit}_best"], r[f"{unit}_median"] = work / r["min_s"], work / r["median_s"]
+    return r
+
+
+def autocast(device, mode):
+    """(dtype name, context) for fp32 / bf16 modes, built as train.py builds it."""
+    dtype = "float32" if mode == "fp32" else "bfloat16"
+    return dtype, nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=getattr(torch, dtype))
+
+
+def machine(device):
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else platform.processor() or platform.machine()
+    if device == "cpu" and os.path.isfile("/proc/cpuinfo"):
+        name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), name)
+    return {"device": device, "name": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu_cores": os.cpu_count(), "cpu_bf16": train.cpu_has_bf16(), "python": platform.python_version(),
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}  # other jobs skew CPU timings
+
+
+def bench_matmul(device, dtype, n, repeats):
+    """train.matmul_flops once per repeat (each call warms up, then times one n x n product): FLOP/s samples."""
+    return [train.matmul_flops(device, dtype, n=n, repeats=1) for _ in range(repeats)]
+
+
+def load_shape(config_file):
+    """(config dict, dataset meta, note) as train.py builds them, without reading any data."""
+    if os.path.isfile(config_file):
+        c, note = train.parse_config([config_file]), ""
+    else:
+        c, note = {**train.parse_config([]), **AGNEWS_FALLBACK}, f"{config_file} missing: fallback shape"
+    meta_dir = os.path.join(ROOT, "data", c["dataset"])
+    meta = read_meta(meta_dir) if os.path.isfile(os.path.join(meta_dir, "meta.json")) else META_FALLBACK[c["dataset"]]
+    c["vocab_size"] = c["vocab_size"] or meta["vocab_size"]
+    return c, meta, note
+
+
+def make_batch(c, meta, rows, device, seed):
+    """Random tokens: lm rows of block_size; classify rows of ~47 tokens (AG News-like) padded to the batch max."""
+    V, T, gen = c["vocab_size"], c["block_size"], torch.Generator().manual_seed(seed)
+    if c["task"] == "lm":
+        batch = {"idx": torch.randint(V, (rows, T), generator=gen), "targets": torch.randint(V, (rows, T), generator=gen)}
+    else:
+        lengths = (47 + 15 * torch.randn(rows, generator=gen)).round().long().clamp(4, T)
+        mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
+        batch = {"idx": torch.randint(V, mask.shape, generator=gen).masked_fill(mask == 0, meta["pad_token_id"]),
+                 "attention_mask": mask, "labels": torch.randint(len(meta["label_names"]), (rows,), generator=gen)}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def bench_train(c, meta, mode, device, repeats, max_rows=None):
+    """Full training steps as train.py takes them: forward under autocast, backward, clip, AdamW step, zero_grad."""
+    torch.manual_seed(c["seed"])
+    model = train.build_model(c, meta).to(device)
+    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
+                                           device.split(":")[0])
+    if mode.endswith("compile"):
+        torch._dynamo.reset()  # each model compiles afresh
+    runner = torch.compile(model) if mode.endswith("compile") else model
+    dtype, ctx = autocast(device, mode)
+    rows = min(c["batch_size"], max_rows or c["batch_size"])
+    batch = make_batch(c, meta, rows, device, seed=0)
+
+    def step():
+        with ctx:
+            _, loss = runner(**batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    width = batch["idx"].size(1)  # for classify the padded width: train.py counts those tokens too
+    r = rates(timed(step, repeats, device), rows * width, "tokens_per_s")
+    return {**rates(r, rows, "examples_per_s"), "rows": rows, "width": width, "dtype": dtype, "task": c["task"],
+            "flops_per_token": model.flops_per_token(width), "shape": f"{c['n_layer']} x {c['n_embd']}, {c['n_head']} heads"}
+
+
+def bench_classify_inference(c, meta, mode, device, repeats, rows=256):
+    """Forward only, eval mode, no_grad, batch 256, fp32 or bf16 autocast."""
+    torch.manual_seed(c["seed"])
+    model, (_, ctx) = train.build_model(c, meta).to(device).eval(), autocast(device, mode)
+    batch = make_batch(c, meta, rows, device, seed=1)
+    batch.pop("labels")
+
+    @torch.no_grad()
+    def forward():
+        with ctx:
+            model(**batch)
+
+    return {**rates(timed(forward, repeats, device), rows, "examples_per_s"), "rows": rows}
+
+
+def bench_generate(device, new_tokens, use_cache, repeats):
+    """Greedy decoding of new_tokens from a 1-token prompt, float32, the shakespeare_char GPT shape."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)).to(device).eval()
+    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
+
+    def run(n):
+        for _ in model.generate(idx, n, use_cache=use_cache):
+            pass
+
+    r = timed(lambda: run(new_tokens), repeats, device, warm_fn=lambda: run(min(new_tokens, 20)))
+    return {**rates(r, new_tokens, "tokens_per_s"), "new_tokens": new_tokens}
+
+
+def bench_attention(path, n, device, repeats, d=384, h=6):
+    """Forward + backward of one attention layer on [1, n, d] fp32. Memory: the bytes autograd saves for backward
+    (saved_tensors_hooks, each storage once, parameters excluded) plus the output; on CUDA also the allocator's peak."""
+    torch.manual_seed(0)
+    loop = LoopAttention(d, h).to(device)
+    mha = loop.fused_copy()
+    forward = {"fused": lambda x: mha(x)[0], "explicit": lambda x: mha(x, need_weights=True)[0], "loop": loop}[path]
+    params = [*loop.parameters(), *mha.parameters()]
+    x = torch.randn(1, n, d, device=device, requires_grad=True)
+    grad = torch.randn(1, n, d, device=device)
+
+    def step():
+        for p in params + [x]:
+            p.grad = None
+        forward(x).backward(grad)
+
+    r = {**timed(step, repeats, device), "n": n}
+    skip, saved = {p.untyped_storage().data_ptr() for p in params}, {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in skip:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward(x)
+    saved[out.untyped_storage().data_ptr()] = out.untyped_storage().nbytes()
+    out.backward(grad)
+    r["saved_bytes"] = sum(saved.values())
+    return {**r, "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) - base} if cuda else r
+
+
+def two(r, unit, fmt="{:,.0f}", scale=1):
+    if "error" in r:
+        return r["error"]
+    return f"{fmt.format(scale * r[unit + '_best'])} / {fmt.format(scale * r[unit + '_median'])}"
+
+
+def table(title, header, rows):
+    print(f"\n### {title}\n\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(map(str, row)) + " |")
+
+
+def report(info, peaks, trains, gens, attns, infers, notes):
+    print(f"## Machine\n\n{info['name']} ({info['device']}), torch {info['torch']}, {info['threads']} threads, "
+          f"{info['cpu_cores']} CPU cores, CPU bf16: {info['cpu_bf16']}, Python {info['python']}, "
+          f"load average at the start {info['load_average']}")
+    table("Matmul peak: n x n products, best / median of the samples taken at the start and at the end of the run",
+          ["dtype", "n", "TFLOP/s"], [[dt, p["n"], two(p, "flops", "{:.3f}", 1e-12)] for dt, p in peaks.items()])
+    rows = []
+    for (cfg, mode), r in trains.items():
+        if "error" in r:
+            rows.append([cfg, "", "", mode, r["error"], "", "", ""])
+            continue
+        r.update({f"mfu_{k}": r["flops_per_token"] * r[f"tokens_per_s_{k}"] / peaks[r["dtype"]]["flops_best"]
+                  for k in ("best", "median")})
+        rows.append([cfg, r["shape"], f"{r['rows']} x {r['width']}", mode, two(r, "ms", "{:.1f}"), two(r, "tokens_per_s"),
+                     two(r, "examples_per_s") if r["task"] == "classify" else "", two(r, "mfu", "{:.1f}%", 100)])
+    table("Training step, best / median: forward, backward, clip, AdamW. MFU: against the best measured matmul FLOP/s "
+          "of the dtype; classify counts padded tokens, as train.py does",
+          ["config", "shape", "batch", "mode", "ms/step", "tokens/s", "examples/s", "MFU"], rows)
+    rows = []
+    for cfg in dict.fromkeys(cfg for cfg, _ in trains):
+        m = {mode: trains.get((cfg, mode), {}) for mode in MODES}
+        ratio = lambda a, b: f"{m[a]['median_s'] / m[b]['median_s']:.2f}x" if "median_s" in m[a] and "median_s" in m[b] else "n/a"
+        first = f"{m['bf16+compile']['warmup_s']:.1f} s" if "warmup_s" in m["bf16+compile"] else "n/a"
+        rows.append([cfg, ratio("fp32", "bf16"), ratio("bf16", "bf16+compile"), first])
+    table("Speed-ups, medians", ["config", "bf16 / fp32", "compile / eager (bf16)", "first step with compiling"], rows)
+    table(f"Generation: GPT 6 x 384, vocab 65, block 256, fp32, greedy, {gens[True]['new_tokens']} new tokens from 1",
+          ["KV cache", "tokens/s (best / median)"], [["yes" if k else "no", two(r, "tokens_per_s", "{:,.1f}")] for k, r in gens.items()])
+    print(f"\nKV cache speed-up (medians): {gens[False]['median_s'] / gens[True]['median_s']:.2f}x")
+    cuda = any("cuda_peak_bytes" in r for r in attns.values())
+    table("Attention alone, forward + backward: d=384, h=6, batch 1, fp32, no mask. Memory: the bytes autograd saves for "
+          "backward plus the output (saved_tensors_hooks, each storage once, parameters excluded)"
+          + "; CUDA peak: torch.cuda.max_memory_allocated over forward + backward" * cuda,
+          ["n", "path", "ms (best / median)", "saved MiB"] + ["CUDA peak MiB"] * cuda,
+          [[n, path, two(r, "ms", "{:.2f}"), f"{r['saved_bytes'] / 2 ** 20:,.1f}"]
+           + ([f"{r['cuda_peak_bytes'] / 2 ** 20:,.1f}"] if cuda else []) for (path, n), r in attns.items()])
+    print()
+    for n in dict.fromkeys(n for _, n in attns):
+        ratio = attns[("loop", n)]["median_s"] / attns[("fused", n)]["median_s"]
+        print(f"- fused vs per-head loop at n={n} (medians): {ratio:.2f}x faster" + " (target >= 3x)" * (n == 512))
+    cfg = next(iter(infers.values()))[0]
+    rows = [[mode, f"{two(trains[(cfg, mode)], 'examples_per_s')} ({trains[(cfg, mode)]['rows']} rows)"
+             if "rows" in trains.get((cfg, mode), {}) else "n/a", two(r, "examples_per_s")] for mode, (_, r) in infers.items()]
+    table(f"Classifier examples/s, best / median ({cfg})", ["mode", "train (eager)", "inference (batch 256, eval, no_grad)"], rows)
+    for note in notes:
+        print(f"\nNote: {note}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cuda, cuda:1, mps or cpu")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per figure, after one warm-up")
+    p.add_argument("--quick", action="store_true", help="2 repeats, n = 128 and 512, 100 new tokens, training batches "
+                   "of at most 4 rows, torch.compile on the first config only")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
+    p.add_argument("--json", metavar="PATH", help="also save every figure (with the raw times) as JSON")
+    a = p.parse_args(argv)
+    json_path = a.json and os.path.abspath(a.json)
+    os.chdir(ROOT)  # config files exec other config files by relative path
+    device, _ = train.pick_device_and_dtype({"device": a.device, "dtype": "float32"})
+    repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
+    print(f"# bench.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
+    shapes = {cfg: load_shape(cfg) for cfg in CONFIGS}
+    notes = [f"{note}: " + ", ".join(f"{k}={v}" for k, v in AGNEWS_FALLBACK.items()) + f", vocab {c['vocab_size']}"
+             for c, _, note in shapes.values() if note]
+    plan = [(cfg, mode) for i, cfg in enumerate(CONFIGS) for mode in MODES
+            if not (mode.endswith("compile") and (a.no_compile or (a.quick and i > 0)))]
+    ns = [128, 512] if a.quick else [128, 512, 1024, 2048, 4096]
+    cls = next(cfg for cfg in CONFIGS if shapes[cfg][0]["task"] == "classify")
+    bar = tqdm(total=4 + len(plan) + 2 + 3 * len(ns) + 2, file=sys.stderr, dynamic_ncols=True)
+
+    def run(label, fn, *args, catch=False):
+        bar.set_description(label)
+        try:
+            r = fn(*args)
+        except Exception as e:  # no compiler for torch.compile, no bf16 on this device...
+            if not catch:
+                raise
+            r = {"error": f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:80]}"}
+        bar.update()
+        return r
+
+    def matmul_peaks():  # run at the start and at the end: a busy neighbour lowers only some samples
+        for name in ("float32", "bfloat16"):
+            n = 8192 if device.startswith("cuda") else 2048
+            p = peaks.setdefault(name, {"n": n, "flops": []})
+            p["flops"] += run(f"matmul {name}", bench_matmul, device, getattr(torch, name), n, repeats)
+            p["flops_best"], p["flops_median"] = max(p["flops"]), statistics.median(p["flops"])
+
+    peaks = {}
+    matmul_peaks()
+    trains = {(cfg, mode): run(f"train {os.path.basename(cfg)} {mode}", bench_train, *shapes[cfg][:2], mode, device,
+                               repeats, 4 if a.quick else None, catch=True) for cfg, mode in plan}
+    gens = {cache: run(f"generate, cache={cache}", bench_generate, device, 100 if a.quick else 500, cache, repeats)
+            for cache in (True, False)}
+    attns = {(path, n): run(f"attention {path} n={n}", bench_attention, path, n, device, repeats)
+             for n in ns for path in ("fused", "explicit", "loop")}
+    infers = {mode: (cls, run(f"classify inference {mode}", bench_classify_inference, *shapes[cls][:2], mode, device, repeats,
+                              catch=True)) for mode in ("fp32", "bf16")}
+    matmul_peaks()
+    bar.close()
+    for r in [*trains.values(), *attns.values()]:
+        if "min_s" in r:
+            r["ms_best"], r["ms_median"] = 1e3 * r["min_s"], 1e3 * r["median_s"]
+    report(info, peaks, trains, gens, attns, infers, notes)
+    print(f"\n{'--quick run: ' * a.quick}{repeats} timed repeats per figure; {time.perf_counter() - t0:.0f} s in all")
+    if json_path:
+        key = lambda k: " ".join(map(str, k))
+        with open(json_path, "w") as f:
+            json.dump({"machine": info, "args": vars(a), "notes": notes, "matmul": peaks,
+                       "train": {key(k): v for k, v in trains.items()}, "generate": {f"cache={k}": v for k, v in gens.items()},
+                       "attention": {key(k): v for k, v in attns.items()},
+                       "classify_inference": {k: {"config": cfg, **r} for k, (cfg, r) in infers.items()}}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
