@@ -257,12 +257,19 @@ def main(argv):
     device_type = device.split(":")[0]
     if master:
         check_writable(c["out_dir"])
+    weights = None  # pretrained GPT weights fix the model's shape before the data is read at that block_size
+    if c["init_from"] not in ("scratch", "resume"):
+        weights, shape = pretrained_weights(c)
+        c.update(shape, block_size=min(c["block_size"], shape["block_size"]))
+        weights["wpe.weight"] = weights["wpe.weight"][:c["block_size"]]  # a shorter context keeps the first positions
     data_dir = prepare_data(c, ddp)
     train_data, val_data = (load_split(data_dir, split, c["block_size"]) for split in ("train", "val"))
     meta = train_data.meta
     if meta["task"] != c["task"]:
         usage(f"dataset {c['dataset']} is prepared for task={meta['task']}, but task={c['task']}")
     c["vocab_size"] = c["vocab_size"] or meta["vocab_size"]
+    if meta["vocab_size"] > c["vocab_size"]:
+        usage(f"the model has {c['vocab_size']} tokens, dataset {c['dataset']} needs {meta['vocab_size']}")
 
     # the model: from scratch, from our last state, or from pretrained GPT weights
     state_path = os.path.join(c["out_dir"], "trainer_state.pt")
@@ -275,14 +282,6 @@ def main(argv):
         if changed:
             usage(f"cannot resume {state_path} with a different model: {'; '.join(changed)}")
         start_step, best = state["step"], state["best"]
-    weights = None
-    if c["init_from"] not in ("scratch", "resume"):
-        weights, shape = pretrained_weights(c)
-        block_size = min(c["block_size"], shape["block_size"])
-        weights["wpe.weight"] = weights["wpe.weight"][:block_size]  # a shorter context keeps the first positions
-        c.update(shape, block_size=block_size)
-        if meta["vocab_size"] > c["vocab_size"]:
-            usage(f"{c['init_from']} has {c['vocab_size']} tokens, dataset {c['dataset']} needs {meta['vocab_size']}")
     torch.manual_seed(c["seed"])
     model = build_model(c, meta)
     if state is not None:

@@ -205,3 +205,16 @@ def test_every_config_file_parses(name, monkeypatch):
     monkeypatch.chdir(ROOT)  # config files exec their base config by a path from the repository root
     c = train.parse_config([os.path.join("config", name)])
     assert c["out_dir"] != train.DEFAULTS["out_dir"]  # each config writes to its own folder
+
+
+def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_path):
+    """init_from a GPT of ours: the encoder takes its embeddings and Blocks (the same names), only the head is new."""
+    gpt, _ = run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'gpt'}", "--max_iters=2", "--vocab_size=20"])
+    classifier, _ = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path / 'cls'}", "--task=classify",
+                         "--max_iters=0", f"--init_from={tmp_path / 'gpt'}", "--block_size=64"])
+    body = {k: v for k, v in gpt.state_dict().items() if not k.startswith("lm_head")}
+    assert classifier.config.block_size == 16  # cropped to the GPT's context
+    for name, p in body.items():
+        assert torch.equal(classifier.state_dict()[name], p), name
+    with pytest.raises(SystemExit, match="the model has 16 tokens, dataset .* needs 20"):
+        run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path / 'x'}", "--task=classify", "--vocab_size=16"])
