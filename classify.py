@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from model import from_checkpoint
 from tokenizer import get_tokenizer
+from train import auto_device
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -211,8 +212,7 @@ def main(argv=None):
         p.error("--eval takes its texts from FILE: drop the texts, --file, --json and --attention_maps")
     if a.texts and a.file:
         p.error("pass texts or --file, not both")
-    device = a.device if a.device != "auto" else \
-        "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    device = auto_device() if a.device == "auto" else a.device
     model, tok, names, max_len = load(a.out_dir, device)
 
     if a.eval:

@@ -16,6 +16,7 @@ import torch
 from decoding import make_next_token
 from model import GPT, from_checkpoint
 from tokenizer import get_tokenizer
+from train import auto_device
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SEPARATOR = "-" * 40
@@ -95,7 +96,7 @@ def parse_args(argv=None):
 
 def pick_device(name, error):
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        return auto_device()
     available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
     if not available.get(name.split(":")[0], lambda: True)():
         error(f"--device {name}: this machine or this build of torch has no {name.split(':')[0]} device")

@@ -129,10 +129,13 @@ def get_lr(step, c):
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
 
 
+def auto_device():
+    """cuda, then mps, then cpu: what device=auto means here, in sample.py and in classify.py."""
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+
+
 def pick_device_and_dtype(c):
-    device = c["device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    device = auto_device() if c["device"] == "auto" else c["device"]
     dtype = c["dtype"]
     if dtype == "auto":
         fast_bf16 = torch.cuda.is_bf16_supported() if device.startswith("cuda") else device == "cpu" and cpu_has_bf16()
