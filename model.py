@@ -197,7 +197,7 @@ class GPT(Transformer):
             if not use_cache:
                 logits, _ = self(idx[:, -block_size:])
             elif cache is None or cache[0]["k"].size(2) == block_size:
-                window = block_size if cache is None else block_size // 2
+                window = block_size if cache is None else max(1, block_size // 2)
                 cache = [{} for _ in self.blocks]
                 logits, _ = self(idx[:, -window:], cache=cache)
             else:

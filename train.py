@@ -114,6 +114,8 @@ def parse_config(argv):
                     set_key(key, value, arg)
     if config["task"] not in ("lm", "classify"):
         usage(f"task must be lm or classify, got {config['task']!r}")
+    if config["token_dropout"] and config["task"] != "classify":
+        usage("token_dropout hides tokens of classification rows: it needs task=classify")
     return config
 
 
@@ -281,6 +283,8 @@ def main(argv):
         if not os.path.isfile(state_path):
             usage(f"init_from=resume but {state_path} does not exist: train with init_from=scratch first")
         state = torch.load(state_path, map_location="cpu", weights_only=True)
+        if state["config"]["init_from"] != "scratch":  # the shape came from pretrained weights, not from the config
+            c.update({k: state["config"][k] for k in SHAPE_KEYS})
         changed = [f"{k}={state['config'][k]!r} there, {c[k]!r} here" for k in SHAPE_KEYS + ("task",) if state["config"][k] != c[k]]
         if changed:
             usage(f"cannot resume {state_path} with a different model: {'; '.join(changed)}")
@@ -361,9 +365,20 @@ def main(argv):
                     save_state(step)
         if step >= c["max_iters"] or c["eval_only"]:
             break
+        if ddp:  # every rank must stop at the same step, or the others would wait forever in the next all-reduce
+            flag = torch.tensor(float(bool(stop_signal)), device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop_signal += [signal.SIGTERM] if flag.item() and not stop_signal else []
+        if stop_signal:  # here, after this step's evaluation: a resumed run loses none
+            if master:
+                save_state(step)
+            bar.close()
+            print(f"stopped by signal {stop_signal[0]} at step {step}; {state_path} holds it: resume with "
+                  f"--init_from=resume", file=sys.stderr)
+            raise SystemExit(128 + stop_signal[0])
 
         rows = train_data.rows(c["seed"], step, rows_per_step)
-        torch.manual_seed(c["seed"] * 1_000_003 + rank * 10_007 + step)
+        torch.manual_seed(hash((c["seed"], rank, step)))  # dropout masks: a function of (seed, rank, step)
         loss_sum = 0.0
         for micro in range(micro_steps):
             first = (rank * micro_steps + micro) * c["batch_size"]
@@ -380,11 +395,13 @@ def main(argv):
             loss_sum += loss.detach()
             seen += batch["idx"].numel() if c["task"] == "lm" else len(batch["idx"])
         loss_value = float(loss_sum)
-        if not math.isfinite(loss_value):
-            usage(f"loss is {loss_value} at step {step}: stopping; the last checkpoint in {c['out_dir']} is untouched "
-                  f"(try a lower learning_rate, or dtype=float32)")
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
+        # a NaN on any rank reaches every rank's gradient norm through the all-reduce; with fp16 the scaler skips
+        # such steps itself
+        if not math.isfinite(loss_value) or not scaler.is_enabled() and not math.isfinite(norm):
+            usage(f"loss {loss_value}, gradient norm {float(norm)} at step {step}: stopping; the last checkpoint in "
+                  f"{c['out_dir']} is untouched (try a lower learning_rate, or dtype=float32)")
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -402,13 +419,6 @@ def main(argv):
             if run:
                 run.log({"train/step_loss": loss_value, "lr": lr, unit: rate, "mfu": mfu}, step=step)
             seen = 0
-        if stop_signal:
-            if master:
-                save_state(step)
-            bar.close()
-            print(f"stopped by signal {stop_signal[0]} at step {step}; {state_path} holds it: resume with "
-                  f"--init_from=resume", file=sys.stderr)
-            raise SystemExit(128 + stop_signal[0])
     bar.close()
     if run:
         run.finish()

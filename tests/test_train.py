@@ -139,7 +139,7 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(lm_dir, tmp_path, monkeypatch)
     before = {f: (tmp_path / f).read_bytes() for f in ("model.safetensors", "trainer_state.pt", "config.json")}
     forward = train.GPT.forward
     monkeypatch.setattr(train.GPT, "forward", lambda self, *a, **k: (lambda out: (out[0], out[1] * float("nan")) if self.training and out[1] is not None else out)(forward(self, *a, **k)))
-    with pytest.raises(SystemExit, match="loss is nan at step 2"):
+    with pytest.raises(SystemExit, match="loss nan, gradient norm nan at step 2"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--init_from=resume", "--eval_interval=1"])
     assert before == {f: (tmp_path / f).read_bytes() for f in before}
 
@@ -218,3 +218,12 @@ def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_p
         assert torch.equal(classifier.state_dict()[name], p), name
     with pytest.raises(SystemExit, match="the model has 16 tokens, dataset .* needs 20"):
         run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path / 'x'}", "--task=classify", "--vocab_size=16"])
+
+
+def test_resume_a_run_that_started_from_pretrained_weights(lm_dir, tmp_path):
+    """The shape of such a run comes from the weights (2 layers here), not from the config (1 layer): resume keeps it."""
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'base'}", "--max_iters=1", "--n_layer=2"])
+    tuned = [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'tuned'}"]
+    run(tuned + ["--max_iters=2", f"--init_from={tmp_path / 'base'}"])
+    model, _ = run(tuned + ["--max_iters=3", "--init_from=resume"])
+    assert model.config.n_layer == 2 and state(tmp_path / "tuned")["step"] == 3
