@@ -278,8 +278,12 @@ def from_checkpoint(out_dir, device="cpu"):
             info = json.load(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"no checkpoint in {out_dir!r} (config.json missing): train one with train.py first")
-    cls, config_cls = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}[info["architecture"]]
-    known = {f.name for f in fields(config_cls)}
-    model = cls(config_cls(**{k: v for k, v in info["model"].items() if k in known}))
-    load_model(model, os.path.join(out_dir, "model.safetensors"))
+    try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
+        cls, config_cls = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}[info["architecture"]]
+        known = {f.name for f in fields(config_cls)}
+        model = cls(config_cls(**{k: v for k, v in info["model"].items() if k in known}))
+        load_model(model, os.path.join(out_dir, "model.safetensors"))
+    except Exception as e:
+        raise RuntimeError(f"{out_dir!r} is not a readable checkpoint of this project ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return model.to(device).eval(), info

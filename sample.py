@@ -133,7 +133,10 @@ def load(args, device, error):
         if not os.path.isfile(os.path.join(args.out_dir, "config.json")):
             error(f"no checkpoint in {args.out_dir!r}: train one with `python train.py config/shakespeare_char.py "
                   f"--out_dir={args.out_dir}`, point --out_dir at one, or sample GPT-2 with --init_from gpt2")
-        model, info = from_checkpoint(args.out_dir, device)
+        try:
+            model, info = from_checkpoint(args.out_dir, device)
+        except RuntimeError as e:
+            sys.exit(f"sample.py: error: {e}")
         if info["architecture"] != "GPT":
             error(f"{args.out_dir!r} holds an {info['architecture']} (task {info.get('task')!r}): sample.py needs a "
                   f"GPT; classify.py runs a classifier")

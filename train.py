@@ -282,7 +282,10 @@ def main(argv):
     if c["init_from"] == "resume":
         if not os.path.isfile(state_path):
             usage(f"init_from=resume but {state_path} does not exist: train with init_from=scratch first")
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            usage(f"cannot resume from {state_path} ({type(e).__name__}): not a trainer state that train.py wrote")
         if state["config"]["init_from"] != "scratch":  # the shape came from pretrained weights, not from the config
             c.update({k: state["config"][k] for k in SHAPE_KEYS})
         changed = [f"{k}={state['config'][k]!r} there, {c[k]!r} here" for k in SHAPE_KEYS + ("task",) if state["config"][k] != c[k]]

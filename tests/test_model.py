@@ -180,3 +180,10 @@ def test_from_pretrained_matches_independent_gpt2(tmp_path):
 def test_from_pretrained_rejects_unknown_names():
     with pytest.raises(ValueError, match="neither a directory"):
         GPT.from_pretrained("gpt3")
+
+
+def test_broken_checkpoint_is_one_clear_error(tmp_path):
+    tiny_gpt().save_pretrained(tmp_path, task="lm")
+    (tmp_path / "model.safetensors").write_bytes(b"half a file")
+    with pytest.raises(RuntimeError, match="is not a readable checkpoint of this project"):
+        from_checkpoint(tmp_path)

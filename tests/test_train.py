@@ -198,6 +198,10 @@ def test_bad_setups_fail_before_training(lm_dir, tmp_path):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'o'}", "--task=classify"])
     with pytest.raises(SystemExit, match="init_from=resume but .* does not exist"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'fresh'}", "--init_from=resume"])
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "trainer_state.pt").write_bytes(b"half a file")
+    with pytest.raises(SystemExit, match="cannot resume from .* not a trainer state that train.py wrote"):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'broken'}", "--init_from=resume"])
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "config"))))
