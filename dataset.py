@@ -14,6 +14,8 @@ import os
 import numpy as np
 import torch
 
+from model import write_json
+
 
 def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
@@ -28,9 +30,7 @@ def save_array(path, array):
 
 def write_meta(data_dir, **meta):
     os.makedirs(data_dir, exist_ok=True)
-    with open(os.path.join(data_dir, "meta.json.tmp"), "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))
+    write_json(os.path.join(data_dir, "meta.json"), meta)
 
 
 def write_classification_split(data_dir, split, rows, labels, dtype):
