@@ -371,7 +371,8 @@ def main(argv):
         if ddp:  # every rank must stop at the same step, or the others would wait forever in the next all-reduce
             flag = torch.tensor(float(bool(stop_signal)), device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop_signal += [signal.SIGTERM] if flag.item() and not stop_signal else []
+            if flag.item() and not stop_signal:  # another process was signalled
+                stop_signal.append(signal.SIGTERM)
         if stop_signal:  # here, after this step's evaluation: a resumed run loses none
             if master:
                 save_state(step)
