@@ -219,24 +219,31 @@ def check_writable(out_dir):
         usage(f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir")
 
 
+def to_device(batch, device):
+    """On CUDA through pinned host memory: the copy then runs beside the GPU's work instead of waiting for it."""
+    pin = device.startswith("cuda")
+    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()}
+
+
 @torch.no_grad()
 def evaluate(model, data, c, autocast, device):
-    """Mean loss (and accuracy for classify) over the same eval_iters batches every time, so evaluations compare."""
+    """Mean loss (and accuracy for classify) over the same eval_iters batches every time, so evaluations compare.
+    The sums stay on the device and are read once at the end: one host-device sync per evaluation, not per batch."""
     model.eval()
     rows = data.eval_rows(c["eval_iters"] * c["batch_size"])
     loss_sum, correct, n = 0.0, 0, 0
     for i in range(0, len(rows), c["batch_size"]):
-        batch = {k: v.to(device) for k, v in data.batch(rows[i:i + c["batch_size"]]).items()}
+        batch = to_device(data.batch(rows[i:i + c["batch_size"]]), device)
         with autocast:
             logits, loss = model(**batch)
         size = len(batch["idx"])
-        loss_sum, n = loss_sum + loss.item() * size, n + size
+        loss_sum, n = loss_sum + loss.float() * size, n + size
         if c["task"] == "classify":
-            correct += (logits.argmax(-1) == batch["labels"]).sum().item()
+            correct = correct + (logits.argmax(-1) == batch["labels"]).sum()
     model.train()
-    metrics = {"loss": loss_sum / n}
+    metrics = {"loss": float(loss_sum) / n}
     if c["task"] == "classify":
-        metrics["accuracy"] = correct / n
+        metrics["accuracy"] = int(correct) / n
     else:
         metrics["perplexity"] = math.exp(min(metrics["loss"], 50))
     return metrics
@@ -348,7 +355,7 @@ def main(argv):
     # every step's global batch is drawn from (seed, step); dropout from (seed, rank, step): resume is exact
     rows_per_step = c["batch_size"] * c["gradient_accumulation_steps"]
     bar = tqdm(total=c["max_iters"], initial=start_step, disable=not master, dynamic_ncols=True, file=sys.stderr)
-    step, t0, seen, metrics = start_step, time.perf_counter(), 0, {}
+    step, t0, seen, metrics, stopping = start_step, time.perf_counter(), 0, {}, False
     while True:
         lr = get_lr(step, c)
         for group in optimizer.param_groups:
@@ -368,25 +375,20 @@ def main(argv):
                     save_state(step)
         if step >= c["max_iters"] or c["eval_only"]:
             break
-        if ddp:  # every rank must stop at the same step, or the others would wait forever in the next all-reduce
-            flag = torch.tensor(float(bool(stop_signal)), device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and not stop_signal:  # another process was signalled
-                stop_signal.append(signal.SIGTERM)
-        if stop_signal:  # here, after this step's evaluation: a resumed run loses none
+        if stopping:  # here, after this step's evaluation: a resumed run loses none
             if master:
                 save_state(step)
             bar.close()
-            print(f"stopped by signal {stop_signal[0]} at step {step}; {state_path} holds it: resume with "
+            print(f"stopped by signal {int(stopping)} at step {step}; {state_path} holds it: resume with "
                   f"--init_from=resume", file=sys.stderr)
-            raise SystemExit(128 + stop_signal[0])
+            raise SystemExit(128 + int(stopping))
 
         rows = train_data.rows(c["seed"], step, rows_per_step)
         torch.manual_seed(hash((c["seed"], rank, step)))  # dropout masks: a function of (seed, rank, step)
         loss_sum = 0.0
         for micro in range(micro_steps):
             first = (rank * micro_steps + micro) * c["batch_size"]
-            batch = {k: v.to(device, non_blocking=True) for k, v in train_data.batch(rows[first:first + c["batch_size"]]).items()}
+            batch = to_device(train_data.batch(rows[first:first + c["batch_size"]]), device)
             if c["token_dropout"] > 0:  # hidden tokens are masked like padding: the row reads as a shorter text
                 batch["attention_mask"] *= torch.rand(batch["attention_mask"].shape, device=device) >= c["token_dropout"]
             last = micro == micro_steps - 1
@@ -398,13 +400,18 @@ def main(argv):
                 scaler.scale(loss).backward()
             loss_sum += loss.detach()
             seen += batch["idx"].numel() if c["task"] == "lm" else len(batch["idx"])
-        loss_value = float(loss_sum)
         scaler.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
+        # one host-device sync per step reads the loss, the gradient norm for the NaN guard and the signal to stop at,
+        # which every rank must agree on: a rank stopping alone would leave the others waiting in the next all-reduce
+        flag = torch.full((), float(stop_signal[0] if stop_signal else 0), device=device)
+        if ddp:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        loss_value, norm_value, stopping = torch.stack([loss_sum, norm.float(), flag]).tolist()
         # a NaN on any rank reaches every rank's gradient norm through the all-reduce; with fp16 the scaler skips
         # such steps itself
-        if not math.isfinite(loss_value) or not scaler.is_enabled() and not math.isfinite(norm):
-            usage(f"loss {loss_value}, gradient norm {float(norm)} at step {step}: stopping; the last checkpoint in "
+        if not math.isfinite(loss_value) or not scaler.is_enabled() and not math.isfinite(norm_value):
+            usage(f"loss {loss_value}, gradient norm {norm_value} at step {step}: stopping; the last checkpoint in "
                   f"{c['out_dir']} is untouched (try a lower learning_rate, or dtype=float32)")
         scaler.step(optimizer)
         scaler.update()

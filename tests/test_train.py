@@ -172,6 +172,27 @@ def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
     assert "stopped by signal" in err and state(tmp_path)["step"] > 0
 
 
+def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_path):
+    script = tmp_path / "ddp_run.py"  # each rank writes its pid, so the test can signal rank 1 alone
+    script.write_text(f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'pid%s' % os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                      "train.main(sys.argv[1:])\n")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+                            + TINY + [f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1000000",
+                                      "--eval_interval=100000", "--gradient_accumulation_steps=2"],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in proc.stderr:  # wait for training to start
+        if line.startswith("step 0:"):
+            break
+    time.sleep(1.0)
+    os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    stops = [line.split(" at step ")[1].split(";")[0] for line in err.replace("\r", "\n").splitlines()
+             if "stopped by signal 15 at step" in line]
+    assert len(stops) == 2 and stops[0] == stops[1], err[-2000:]  # rank 0 was never signalled, yet stopped with rank 1
+    assert state(tmp_path)["step"] == int(stops[0])
+
+
 def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
     _, metrics = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path}", "--task=classify", "--max_iters=40",
                       "--eval_interval=20", "--eval_iters=100", "--batch_size=16", "--token_dropout=0.2"])
