@@ -9,6 +9,7 @@ Every figure is timed --repeats times after a warm-up; the tables show the best 
   python bench.py --quick                      about a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
   python bench.py --json bench.json            the full run (several minutes on a CPU, about one on a GPU)
   python bench.py --device cuda --no-compile
+  python bench.py --profile config/shakespeare_char.py   where one training step spends its time, fp32 and bf16
 """
 import argparse
 import json
@@ -34,6 +35,7 @@ AGNEWS_FALLBACK = dict(task="classify", dataset="agnews", n_layer=2, n_head=4, n
 META_FALLBACK = {"shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/meta.json was never prepared
                  "agnews": {"vocab_size": 50257, "pad_token_id": 50256, "label_names": ["W", "S", "B", "T"]}}
 MODES = ["fp32", "bf16", "bf16+compile"]
+ATTENTION_PATHS = ["fused", "fused bf16", "explicit", "loop"]
 
 
 class LoopAttention(nn.Module):
@@ -135,8 +137,9 @@ def make_batch(c, meta, rows, device, seed):
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def bench_train(c, meta, mode, device, repeats, max_rows=None):
-    """Full training steps as train.py takes them: forward under autocast, backward, clip, AdamW step, zero_grad."""
+def train_step(c, meta, mode, device, rows):
+    """(step, model, batch): one training step as train.py takes it, forward under autocast, backward, clip, AdamW
+    step, zero_grad, on random tokens of the config's shape."""
     torch.manual_seed(c["seed"])
     model = train.build_model(c, meta).to(device)
     optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
@@ -144,8 +147,7 @@ def bench_train(c, meta, mode, device, repeats, max_rows=None):
     if mode.endswith("compile"):
         torch._dynamo.reset()  # each model compiles afresh
     runner = torch.compile(model) if mode.endswith("compile") else model
-    dtype, ctx = autocast(device, mode)
-    rows = min(c["batch_size"], max_rows or c["batch_size"])
+    _, ctx = autocast(device, mode)
     batch = make_batch(c, meta, rows, device, seed=0)
 
     def step():
@@ -156,10 +158,34 @@ def bench_train(c, meta, mode, device, repeats, max_rows=None):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return step, model, batch
+
+
+def bench_train(c, meta, mode, device, repeats, max_rows=None):
+    rows = min(c["batch_size"], max_rows or c["batch_size"])
+    step, model, batch = train_step(c, meta, mode, device, rows)
     width = batch["idx"].size(1)  # for classify the padded width: train.py counts those tokens too
     r = rates(timed(step, repeats, device), rows * width, "tokens_per_s")
-    return {**rates(r, rows, "examples_per_s"), "rows": rows, "width": width, "dtype": dtype, "task": c["task"],
-            "flops_per_token": model.flops_per_token(width), "shape": f"{c['n_layer']} x {c['n_embd']}, {c['n_head']} heads"}
+    return {**rates(r, rows, "examples_per_s"), "rows": rows, "width": width, "dtype": autocast(device, mode)[0],
+            "task": c["task"], "flops_per_token": model.flops_per_token(width),
+            "shape": f"{c['n_layer']} x {c['n_embd']}, {c['n_head']} heads"}
+
+
+def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
+    """Where one training step of the config's shape spends its time: torch.profiler's operators by self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    c, meta, _ = load_shape(config_file)
+    cuda = device.startswith("cuda")
+    for mode in modes:
+        step, _, batch = train_step(c, meta, mode, device, c["batch_size"])
+        step()  # warm-up
+        sync(device)
+        with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
+            step()
+            sync(device)
+        print(f"\n### {os.path.relpath(config_file, ROOT)}, {mode}, batch {tuple(batch['idx'].shape)}: one training step\n")
+        print(prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=top))
 
 
 def bench_classify_inference(c, meta, mode, device, repeats, rows=256):
@@ -192,12 +218,16 @@ def bench_generate(device, new_tokens, use_cache, repeats):
 
 
 def bench_attention(path, n, device, repeats, d=384, h=6):
-    """Forward + backward of one attention layer on [1, n, d] fp32. Memory: the bytes autograd saves for backward
-    (saved_tensors_hooks, each storage once, parameters excluded) plus the output; on CUDA also the allocator's peak."""
+    """Forward + backward of one attention layer on [1, n, d]: fp32, or "fused bf16" under bf16 autocast (train.py's
+    default where bf16 is fast). FLOP/s counts the model FLOPs, 3 x the forward's 8 n d^2 (projections) + 4 n^2 d
+    (scores, weights x values), as MFU does. Memory: the bytes autograd saves for backward (saved_tensors_hooks,
+    each storage once, parameters excluded) plus the output; on CUDA also the allocator's peak."""
     torch.manual_seed(0)
     loop = LoopAttention(d, h).to(device)
     mha = loop.fused_copy()
-    forward = {"fused": lambda x: mha(x)[0], "explicit": lambda x: mha(x, need_weights=True)[0], "loop": loop}[path]
+    forward = {"fused": lambda x: mha(x)[0], "fused bf16": lambda x: mha(x)[0],
+               "explicit": lambda x: mha(x, need_weights=True)[0], "loop": loop}[path]
+    ctx = autocast(device, "bf16" if path.endswith("bf16") else "fp32")[1]
     params = [*loop.parameters(), *mha.parameters()]
     x = torch.randn(1, n, d, device=device, requires_grad=True)
     grad = torch.randn(1, n, d, device=device)
@@ -205,9 +235,11 @@ def bench_attention(path, n, device, repeats, d=384, h=6):
     def step():
         for p in params + [x]:
             p.grad = None
-        forward(x).backward(grad)
+        with ctx:
+            out = forward(x)
+        out.backward(grad)
 
-    r = {**timed(step, repeats, device), "n": n}
+    r = rates({**timed(step, repeats, device), "n": n}, 3 * (8 * n * d * d + 4 * n * n * d), "flops")
     skip, saved = {p.untyped_storage().data_ptr() for p in params}, {}
 
     def pack(t):
@@ -219,7 +251,7 @@ def bench_attention(path, n, device, repeats, d=384, h=6):
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
         out = forward(x)
     saved[out.untyped_storage().data_ptr()] = out.untyped_storage().nbytes()
     out.backward(grad)
@@ -268,16 +300,23 @@ def report(info, peaks, trains, gens, attns, infers, notes):
           ["KV cache", "tokens/s (best / median)"], [["yes" if k else "no", two(r, "tokens_per_s", "{:,.1f}")] for k, r in gens.items()])
     print(f"\nKV cache speed-up (medians): {gens[False]['median_s'] / gens[True]['median_s']:.2f}x")
     cuda = any("cuda_peak_bytes" in r for r in attns.values())
-    table("Attention alone, forward + backward: d=384, h=6, batch 1, fp32, no mask. Memory: the bytes autograd saves for "
-          "backward plus the output (saved_tensors_hooks, each storage once, parameters excluded)"
-          + "; CUDA peak: torch.cuda.max_memory_allocated over forward + backward" * cuda,
-          ["n", "path", "ms (best / median)", "saved MiB"] + ["CUDA peak MiB"] * cuda,
-          [[n, path, two(r, "ms", "{:.2f}"), f"{r['saved_bytes'] / 2 ** 20:,.1f}"]
-           + ([f"{r['cuda_peak_bytes'] / 2 ** 20:,.1f}"] if cuda else []) for (path, n), r in attns.items()])
+    peak = lambda path: peaks["bfloat16" if path.endswith("bf16") else "float32"]["flops_best"]
+    table("Attention alone, forward + backward: d=384, h=6, batch 1, no mask; fp32 but for \"fused bf16\" (bf16 "
+          "autocast). GFLOP/s: model FLOPs (3 x forward), and as a share of the best measured matmul FLOP/s of the dtype. "
+          "Memory: the bytes autograd saves for backward plus the output (saved_tensors_hooks, each storage once, "
+          "parameters excluded)" + "; CUDA peak: torch.cuda.max_memory_allocated over forward + backward" * cuda,
+          ["n", "path", "ms (best / median)", "GFLOP/s (best / median)", "of the peak (best)", "saved MiB"]
+          + ["CUDA peak MiB"] * cuda,
+          [[n, path, two(r, "ms", "{:.2f}"), two(r, "flops", "{:,.0f}", 1e-9), f"{r['flops_best'] / peak(path):.0%}",
+            f"{r['saved_bytes'] / 2 ** 20:,.1f}"] + ([f"{r['cuda_peak_bytes'] / 2 ** 20:,.1f}"] if cuda else [])
+           for (path, n), r in attns.items() if "error" not in r])
     print()
     for n in dict.fromkeys(n for _, n in attns):
-        ratio = attns[("loop", n)]["median_s"] / attns[("fused", n)]["median_s"]
-        print(f"- fused vs per-head loop at n={n} (medians): {ratio:.2f}x faster" + " (target >= 3x)" * (n == 512))
+        loop = attns[("loop", n)]
+        ratio = lambda path: f"{loop['median_s'] / attns[(path, n)]['median_s']:.2f}x" if "median_s" in attns[(path, n)] else "n/a"
+        print(f"- n={n}, medians: fused {ratio('fused')} the per-head loop's speed, fused bf16 {ratio('fused bf16')}; "
+              f"the loop runs at {loop['flops_best'] / peak('loop'):.0%} of the fp32 matmul peak, so no fp32 path can be "
+              f"more than {peak('loop') / loop['flops_best']:.1f}x faster" + " (target: fused >= 3x)" * (n == 512))
     cfg = next(iter(infers.values()))[0]
     rows = [[mode, f"{two(trains[(cfg, mode)], 'examples_per_s')} ({trains[(cfg, mode)]['rows']} rows)"
              if "rows" in trains.get((cfg, mode), {}) else "n/a", two(r, "examples_per_s")] for mode, (_, r) in infers.items()]
@@ -294,10 +333,16 @@ def main(argv=None):
                    "of at most 4 rows, torch.compile on the first config only")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
     p.add_argument("--json", metavar="PATH", help="also save every figure (with the raw times) as JSON")
+    p.add_argument("--profile", metavar="CONFIG", help="instead: where one training step of CONFIG's shape spends its "
+                   "time, fp32 and bf16 (torch.profiler's operators)")
     a = p.parse_args(argv)
-    json_path = a.json and os.path.abspath(a.json)
+    json_path, profile = a.json and os.path.abspath(a.json), a.profile and os.path.abspath(a.profile)
+    if profile and not os.path.isfile(profile):
+        p.error(f"--profile {a.profile}: no such config file (try config/shakespeare_char.py)")
     os.chdir(ROOT)  # config files exec other config files by relative path
     device, _ = train.pick_device_and_dtype({"device": a.device, "dtype": "float32"})
+    if profile:
+        return profile_train(profile, device)
     repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
     print(f"# bench.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
     shapes = {cfg: load_shape(cfg) for cfg in CONFIGS}
@@ -307,7 +352,7 @@ def main(argv=None):
             if not (mode.endswith("compile") and (a.no_compile or (a.quick and i > 0)))]
     ns = [128, 512] if a.quick else [128, 512, 1024, 2048, 4096]
     cls = next(cfg for cfg in CONFIGS if shapes[cfg][0]["task"] == "classify")
-    bar = tqdm(total=4 + len(plan) + 2 + 3 * len(ns) + 2, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=4 + len(plan) + 2 + len(ATTENTION_PATHS) * len(ns) + 2, file=sys.stderr, dynamic_ncols=True)
 
     def run(label, fn, *args, catch=False):
         bar.set_description(label)
@@ -333,8 +378,8 @@ def main(argv=None):
                                repeats, 4 if a.quick else None, catch=True) for cfg, mode in plan}
     gens = {cache: run(f"generate, cache={cache}", bench_generate, device, 100 if a.quick else 500, cache, repeats)
             for cache in (True, False)}
-    attns = {(path, n): run(f"attention {path} n={n}", bench_attention, path, n, device, repeats)
-             for n in ns for path in ("fused", "explicit", "loop")}
+    attns = {(path, n): run(f"attention {path} n={n}", bench_attention, path, n, device, repeats, catch=path.endswith("bf16"))
+             for n in ns for path in ATTENTION_PATHS}
     infers = {mode: (cls, run(f"classify inference {mode}", bench_classify_inference, *shapes[cls][:2], mode, device, repeats,
                               catch=True)) for mode in ("fp32", "bf16")}
     matmul_peaks()

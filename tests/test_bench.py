@@ -1,7 +1,8 @@
-"""bench.py: the notebook-style per-head loop computes what the fused projection computes; a measurement runs."""
+"""bench.py: the notebook-style per-head loop computes what the fused projection computes; measurements run."""
 import torch
 
-from bench import LoopAttention, bench_attention
+import bench
+from bench import ATTENTION_PATHS, LoopAttention, bench_attention
 
 
 def test_loop_reference_matches_fused_and_explicit_paths():
@@ -19,8 +20,18 @@ def test_loop_reference_matches_fused_and_explicit_paths():
 
 def test_attention_measurement_smoke():
     sizes = {}
-    for path in ("fused", "explicit", "loop"):
+    for path in ATTENTION_PATHS:
         r = bench_attention(path, 64, "cpu", repeats=1)
         assert r["min_s"] > 0 and r["median_s"] > 0 and len(r["times_s"]) == 1 and r["saved_bytes"] > 0
+        assert r["flops_best"] == 3 * (8 * 64 * 384 ** 2 + 4 * 64 ** 2 * 384) / r["min_s"]  # model FLOPs, as MFU
         sizes[path] = r["saved_bytes"]
     assert sizes["fused"] < sizes["explicit"]  # the explicit path keeps the n x n weights for backward
+
+
+def test_profile_prints_each_dtypes_operators(capsys, monkeypatch):
+    monkeypatch.chdir(bench.ROOT)  # main changes directory to the repository; this puts the old one back afterwards
+    bench.main(["--profile", "config/shakespeare_char_cpu.py"])
+    out = capsys.readouterr().out
+    for mode in ("fp32", "bf16"):
+        table = out.split(f"config/shakespeare_char_cpu.py, {mode}, batch (12, 64)")[1]
+        assert "aten::mm" in table.split("###")[0]  # the projections' matmuls, in this dtype's own table
