@@ -2,7 +2,7 @@
 Benchmarks on one device, in one run; prints markdown tables ready to paste into BENCHMARKS.md.
   1. achievable matmul FLOP/s in fp32 and bf16: the practical peak that MFU is measured against
   2. training steps (tokens/s, MFU) for the shapes of three configs in fp32, bf16 autocast and bf16 + torch.compile
-  3. generation tokens/s with and without the KV cache
+  3. one AdamW step: the per-tensor loop, foreach, fused; generation tokens/s with and without the KV cache
   4. attention alone (fused SDPA, explicit math, a per-head Python loop): time and memory for n = 128 ... 4096
   5. classifier training and inference examples/s
 Every figure is timed --repeats times after a warm-up; the tables show the best (min time) and the median.
@@ -36,6 +36,7 @@ META_FALLBACK = {"shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/
                  "agnews": {"vocab_size": 50257, "pad_token_id": 50256, "label_names": ["W", "S", "B", "T"]}}
 MODES = ["fp32", "bf16", "bf16+compile"]
 ATTENTION_PATHS = ["fused", "fused bf16", "explicit", "loop"]
+OPTIMIZERS = ["loop", "foreach", "fused"]
 
 
 class LoopAttention(nn.Module):
@@ -171,6 +172,18 @@ def bench_train(c, meta, mode, device, repeats, max_rows=None):
             "shape": f"{c['n_layer']} x {c['n_embd']}, {c['n_head']} heads"}
 
 
+def bench_optimizer(c, meta, kind, device, repeats):
+    """One AdamW step over the config's parameters (random gradients): the per-tensor loop (PyTorch's default on
+    CPU), foreach (the default on CUDA) or fused (what model.configure_optimizers picks on CPU and CUDA)."""
+    torch.manual_seed(c["seed"])
+    model = train.build_model(c, meta).to(device)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.AdamW(model.parameters(), **{"loop": dict(foreach=False), "foreach": dict(foreach=True),
+                                                        "fused": dict(fused=True)}[kind])
+    return {**timed(optimizer.step, repeats, device), "params": sum(p.numel() for p in model.parameters())}
+
+
 def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
     """Where one training step of the config's shape spends its time: torch.profiler's operators by self time."""
     from torch.profiler import ProfilerActivity, profile
@@ -271,7 +284,7 @@ def table(title, header, rows):
         print("| " + " | ".join(map(str, row)) + " |")
 
 
-def report(info, peaks, trains, gens, attns, infers, notes):
+def report(info, peaks, trains, optims, gens, attns, infers, notes):
     print(f"## Machine\n\n{info['name']} ({info['device']}), torch {info['torch']}, {info['threads']} threads, "
           f"{info['cpu_cores']} CPU cores, CPU bf16: {info['cpu_bf16']}, Python {info['python']}, "
           f"load average at the start {info['load_average']}")
@@ -296,6 +309,11 @@ def report(info, peaks, trains, gens, attns, infers, notes):
         first = f"{m['bf16+compile']['warmup_s']:.1f} s" if "warmup_s" in m["bf16+compile"] else "n/a"
         rows.append([cfg, ratio("fp32", "bf16"), ratio("bf16", "bf16+compile"), first])
     table("Speed-ups, medians", ["config", "bf16 / fp32", "compile / eager (bf16)", "first step with compiling"], rows)
+    table("AdamW step alone, ms (best / median): the default per-tensor loop, foreach, fused",
+          ["config", "parameters", *OPTIMIZERS, "loop / fused (medians)"],
+          [[cfg, f"{optims[(cfg, 'loop')]['params'] / 1e6:.2f}M", *(two(optims[(cfg, k)], "ms", "{:.2f}") for k in OPTIMIZERS),
+            f"{optims[(cfg, 'loop')]['median_s'] / optims[(cfg, 'fused')]['median_s']:.1f}x"]
+           for cfg in CONFIGS if all("median_s" in optims[(cfg, k)] for k in OPTIMIZERS)])
     table(f"Generation: GPT 6 x 384, vocab 65, block 256, fp32, greedy, {gens[True]['new_tokens']} new tokens from 1",
           ["KV cache", "tokens/s (best / median)"], [["yes" if k else "no", two(r, "tokens_per_s", "{:,.1f}")] for k, r in gens.items()])
     print(f"\nKV cache speed-up (medians): {gens[False]['median_s'] / gens[True]['median_s']:.2f}x")
@@ -352,7 +370,7 @@ def main(argv=None):
             if not (mode.endswith("compile") and (a.no_compile or (a.quick and i > 0)))]
     ns = [128, 512] if a.quick else [128, 512, 1024, 2048, 4096]
     cls = next(cfg for cfg in CONFIGS if shapes[cfg][0]["task"] == "classify")
-    bar = tqdm(total=4 + len(plan) + 2 + len(ATTENTION_PATHS) * len(ns) + 2, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=4 + len(plan) + len(CONFIGS) * len(OPTIMIZERS) + 2 + len(ATTENTION_PATHS) * len(ns) + 2, file=sys.stderr, dynamic_ncols=True)
 
     def run(label, fn, *args, catch=False):
         bar.set_description(label)
@@ -376,6 +394,8 @@ def main(argv=None):
     matmul_peaks()
     trains = {(cfg, mode): run(f"train {os.path.basename(cfg)} {mode}", bench_train, *shapes[cfg][:2], mode, device,
                                repeats, 4 if a.quick else None, catch=True) for cfg, mode in plan}
+    optims = {(cfg, kind): run(f"AdamW {kind} {os.path.basename(cfg)}", bench_optimizer, *shapes[cfg][:2], kind, device,
+                               repeats, catch=True) for cfg in CONFIGS for kind in OPTIMIZERS}
     gens = {cache: run(f"generate, cache={cache}", bench_generate, device, 100 if a.quick else 500, cache, repeats)
             for cache in (True, False)}
     attns = {(path, n): run(f"attention {path} n={n}", bench_attention, path, n, device, repeats, catch=path.endswith("bf16"))
@@ -384,16 +404,17 @@ def main(argv=None):
                               catch=True)) for mode in ("fp32", "bf16")}
     matmul_peaks()
     bar.close()
-    for r in [*trains.values(), *attns.values()]:
+    for r in [*trains.values(), *optims.values(), *attns.values()]:
         if "min_s" in r:
             r["ms_best"], r["ms_median"] = 1e3 * r["min_s"], 1e3 * r["median_s"]
-    report(info, peaks, trains, gens, attns, infers, notes)
+    report(info, peaks, trains, optims, gens, attns, infers, notes)
     print(f"\n{'--quick run: ' * a.quick}{repeats} timed repeats per figure; {time.perf_counter() - t0:.0f} s in all")
     if json_path:
         key = lambda k: " ".join(map(str, k))
         with open(json_path, "w") as f:
             json.dump({"machine": info, "args": vars(a), "notes": notes, "matmul": peaks,
-                       "train": {key(k): v for k, v in trains.items()}, "generate": {f"cache={k}": v for k, v in gens.items()},
+                       "train": {key(k): v for k, v in trains.items()}, "optimizer": {key(k): v for k, v in optims.items()},
+                       "generate": {f"cache={k}": v for k, v in gens.items()},
                        "attention": {key(k): v for k, v in attns.items()},
                        "classify_inference": {k: {"config": cfg, **r} for k, (cfg, r) in infers.items()}}, f, indent=2)
 

@@ -155,7 +155,8 @@ class Transformer(nn.Module):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+        # fused: each tensor updated in one pass over memory, not a dozen elementwise ops: 4x to 8x faster on our CPU
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))
 
     def save_pretrained(self, out_dir, **extra):
         """model.safetensors + config.json, as on the Hugging Face hub; each written to a temporary file, then
