@@ -2,12 +2,14 @@
 Benchmarks on one device, in one run; prints markdown tables ready to paste into BENCHMARKS.md.
   1. achievable matmul FLOP/s in fp32 and bf16: the practical peak that MFU is measured against
   2. training steps (tokens/s, MFU) for the shapes of three configs in fp32, bf16 autocast and bf16 + torch.compile
-  3. one AdamW step: the per-tensor loop, foreach, fused; generation tokens/s with and without the KV cache
-  4. attention alone (fused SDPA, explicit math, a per-head Python loop): time and memory for n = 128 ... 4096
-  5. classifier training and inference examples/s
+  3. one AdamW step: the per-tensor loop, foreach, fused
+  4. generation tokens/s with and without the KV cache
+  5. attention alone (fused SDPA in fp32 and bf16, explicit math, a per-head Python loop): time, FLOP/s and memory
+     for n = 128 ... 4096
+  6. classifier training and inference examples/s
 Every figure is timed --repeats times after a warm-up; the tables show the best (min time) and the median.
-  python bench.py --quick                      about a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
-  python bench.py --json bench.json            the full run (several minutes on a CPU, about one on a GPU)
+  python bench.py --quick                      under a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
+  python bench.py --json bench.json            the full run (5 to 6 minutes on 2 CPU cores)
   python bench.py --device cuda --no-compile
   python bench.py --profile config/shakespeare_char.py   where one training step spends its time, fp32 and bf16
 """
@@ -18,6 +20,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 
@@ -163,6 +166,7 @@ def train_step(c, meta, mode, device, rows):
 
 
 def bench_train(c, meta, mode, device, repeats, max_rows=None):
+    """Timed training steps: tokens/s and examples/s; MFU is added in report() against the measured peak."""
     rows = min(c["batch_size"], max_rows or c["batch_size"])
     step, model, batch = train_step(c, meta, mode, device, rows)
     width = batch["idx"].size(1)  # for classify the padded width: train.py counts those tokens too
@@ -230,11 +234,16 @@ def bench_generate(device, new_tokens, use_cache, repeats):
     return {**rates(r, new_tokens, "tokens_per_s"), "new_tokens": new_tokens}
 
 
+def attention_flops(n, d):
+    """Model FLOPs of one attention layer's forward + backward on n tokens: 3 x the forward's 8 n d^2 (Q, K, V and
+    output projections) + 4 n^2 d (scores, weights x values), the convention MFU uses."""
+    return 3 * (8 * n * d * d + 4 * n * n * d)
+
+
 def bench_attention(path, n, device, repeats, d=384, h=6):
     """Forward + backward of one attention layer on [1, n, d]: fp32, or "fused bf16" under bf16 autocast (train.py's
-    default where bf16 is fast). FLOP/s counts the model FLOPs, 3 x the forward's 8 n d^2 (projections) + 4 n^2 d
-    (scores, weights x values), as MFU does. Memory: the bytes autograd saves for backward (saved_tensors_hooks,
-    each storage once, parameters excluded) plus the output; on CUDA also the allocator's peak."""
+    default where bf16 is fast). FLOP/s: attention_flops per second. Memory: the bytes autograd saves for backward
+    (saved_tensors_hooks, each storage once, parameters excluded) plus the output; on CUDA also the allocator's peak."""
     torch.manual_seed(0)
     loop = LoopAttention(d, h).to(device)
     mha = loop.fused_copy()
@@ -252,7 +261,7 @@ def bench_attention(path, n, device, repeats, d=384, h=6):
             out = forward(x)
         out.backward(grad)
 
-    r = rates({**timed(step, repeats, device), "n": n}, 3 * (8 * n * d * d + 4 * n * n * d), "flops")
+    r = rates({**timed(step, repeats, device), "n": n}, attention_flops(n, d), "flops")
     skip, saved = {p.untyped_storage().data_ptr() for p in params}, {}
 
     def pack(t):
@@ -325,14 +334,15 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
           "parameters excluded)" + "; CUDA peak: torch.cuda.max_memory_allocated over forward + backward" * cuda,
           ["n", "path", "ms (best / median)", "GFLOP/s (best / median)", "of the peak (best)", "saved MiB"]
           + ["CUDA peak MiB"] * cuda,
-          [[n, path, two(r, "ms", "{:.2f}"), two(r, "flops", "{:,.0f}", 1e-9), f"{r['flops_best'] / peak(path):.0%}",
+          [[n, path, r["error"]] if "error" in r else
+           [n, path, two(r, "ms", "{:.2f}"), two(r, "flops", "{:,.0f}", 1e-9), f"{r['flops_best'] / peak(path):.0%}",
             f"{r['saved_bytes'] / 2 ** 20:,.1f}"] + ([f"{r['cuda_peak_bytes'] / 2 ** 20:,.1f}"] if cuda else [])
-           for (path, n), r in attns.items() if "error" not in r])
+           for (path, n), r in attns.items()])
     print()
     for n in dict.fromkeys(n for _, n in attns):
         loop = attns[("loop", n)]
-        ratio = lambda path: f"{loop['median_s'] / attns[(path, n)]['median_s']:.2f}x" if "median_s" in attns[(path, n)] else "n/a"
-        print(f"- n={n}, medians: fused {ratio('fused')} the per-head loop's speed, fused bf16 {ratio('fused bf16')}; "
+        speedup = lambda path: f"{loop['median_s'] / attns[(path, n)]['median_s']:.2f}x" if "median_s" in attns[(path, n)] else "n/a"
+        print(f"- n={n}, medians: fused {speedup('fused')} the per-head loop's speed, fused bf16 {speedup('fused bf16')}; "
               f"the loop runs at {loop['flops_best'] / peak('loop'):.0%} of the fp32 matmul peak, so no fp32 path can be "
               f"more than {peak('loop') / loop['flops_best']:.1f}x faster" + " (target: fused >= 3x)" * (n == 512))
     cfg = next(iter(infers.values()))[0]
@@ -361,6 +371,8 @@ def main(argv=None):
     device, _ = train.pick_device_and_dtype({"device": a.device, "dtype": "float32"})
     if profile:
         return profile_train(profile, device)
+    # "first step with compiling" means a cold compile: inductor's on-disk caches would otherwise make reruns fast
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-"))
     repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
     print(f"# bench.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
     shapes = {cfg: load_shape(cfg) for cfg in CONFIGS}

@@ -220,7 +220,8 @@ def check_writable(out_dir):
 
 
 def to_device(batch, device):
-    """On CUDA through pinned host memory: the copy then runs beside the GPU's work instead of waiting for it."""
+    """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue to drain first, a
+    copy from pinned memory runs beside it."""
     pin = device.startswith("cuda")
     return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -228,7 +229,7 @@ def to_device(batch, device):
 @torch.no_grad()
 def evaluate(model, data, c, autocast, device):
     """Mean loss (and accuracy for classify) over the same eval_iters batches every time, so evaluations compare.
-    The sums stay on the device and are read once at the end: one host-device sync per evaluation, not per batch."""
+    The sums stay on the device until the end: no host-device sync per batch."""
     model.eval()
     rows = data.eval_rows(c["eval_iters"] * c["batch_size"])
     loss_sum, correct, n = 0.0, 0, 0
@@ -355,7 +356,7 @@ def main(argv):
     # every step's global batch is drawn from (seed, step); dropout from (seed, rank, step): resume is exact
     rows_per_step = c["batch_size"] * c["gradient_accumulation_steps"]
     bar = tqdm(total=c["max_iters"], initial=start_step, disable=not master, dynamic_ncols=True, file=sys.stderr)
-    step, t0, seen, metrics, stopping = start_step, time.perf_counter(), 0, {}, False
+    step, t0, seen, metrics, stop_signum = start_step, time.perf_counter(), 0, {}, 0
     while True:
         lr = get_lr(step, c)
         for group in optimizer.param_groups:
@@ -375,13 +376,15 @@ def main(argv):
                     save_state(step)
         if step >= c["max_iters"] or c["eval_only"]:
             break
-        if stopping:  # here, after this step's evaluation: a resumed run loses none
+        if stop_signal and not ddp:  # one process has nobody to agree with: stop now
+            stop_signum = stop_signal[0]
+        if stop_signum:  # here, after this step's evaluation: a resumed run loses none
             if master:
                 save_state(step)
             bar.close()
-            print(f"stopped by signal {int(stopping)} at step {step}; {state_path} holds it: resume with "
+            print(f"stopped by signal {stop_signum} at step {step}; {state_path} holds it: resume with "
                   f"--init_from=resume", file=sys.stderr)
-            raise SystemExit(128 + int(stopping))
+            raise SystemExit(128 + stop_signum)
 
         rows = train_data.rows(c["seed"], step, rows_per_step)
         torch.manual_seed(hash((c["seed"], rank, step)))  # dropout masks: a function of (seed, rank, step)
@@ -407,7 +410,8 @@ def main(argv):
         flag = torch.full((), float(stop_signal[0] if stop_signal else 0), device=device)
         if ddp:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        loss_value, norm_value, stopping = torch.stack([loss_sum, norm.float(), flag]).tolist()
+        loss_value, norm_value, stop_signum = torch.stack([loss_sum, norm, flag]).tolist()
+        stop_signum = int(stop_signum)
         # a NaN on any rank reaches every rank's gradient norm through the all-reduce; with fp16 the scaler skips
         # such steps itself
         if not math.isfinite(loss_value) or not scaler.is_enabled() and not math.isfinite(norm_value):

@@ -18,12 +18,21 @@ def test_loop_reference_matches_fused_and_explicit_paths():
     assert weights.shape == (2, 6, 10, 10)
 
 
+def test_attention_flops_is_three_times_what_pytorch_counts_in_the_forward():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mha = LoopAttention(48, 6).fused_copy()
+    with FlopCounterMode(display=False) as counter:
+        mha(torch.randn(1, 10, 48), need_weights=True)  # the explicit path: its matmuls are what the counter sees
+    assert 3 * counter.get_total_flops() == bench.attention_flops(10, 48)
+
+
 def test_attention_measurement_smoke():
     sizes = {}
     for path in ATTENTION_PATHS:
         r = bench_attention(path, 64, "cpu", repeats=1)
         assert r["min_s"] > 0 and r["median_s"] > 0 and len(r["times_s"]) == 1 and r["saved_bytes"] > 0
-        assert r["flops_best"] == 3 * (8 * 64 * 384 ** 2 + 4 * 64 ** 2 * 384) / r["min_s"]  # model FLOPs, as MFU
+        assert r["flops_best"] == bench.attention_flops(64, 384) / r["min_s"]
         sizes[path] = r["saved_bytes"]
     assert sizes["fused"] < sizes["explicit"]  # the explicit path keeps the n x n weights for backward
 

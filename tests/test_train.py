@@ -180,17 +180,34 @@ def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_pa
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
                             + TINY + [f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1000000",
                                       "--eval_interval=100000", "--gradient_accumulation_steps=2"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    for line in proc.stderr:  # wait for training to start
-        if line.startswith("step 0:"):
-            break
-    time.sleep(1.0)
-    os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
-    err = proc.communicate(timeout=60)[1]
-    stops = [line.split(" at step ")[1].split(";")[0] for line in err.replace("\r", "\n").splitlines()
-             if "stopped by signal 15 at step" in line]
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            start_new_session=True)  # a process group: a hung run is killed whole below
+    try:
+        for line in proc.stderr:  # wait for training to start
+            if line.startswith("step 0:"):
+                break
+        time.sleep(1.0)
+        os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stops = [line.split(" at step ")[1].split(";")[0] for line in err.splitlines() if "stopped by signal 15 at step" in line]
     assert len(stops) == 2 and stops[0] == stops[1], err[-2000:]  # rank 0 was never signalled, yet stopped with rank 1
+    assert proc.returncode != 0 and err.count("exitcode  : 143") == 2, err[-2000:]
     assert state(tmp_path)["step"] == int(stops[0])
+
+
+def test_one_host_device_read_per_training_step(lm_dir, tmp_path, monkeypatch):
+    """Every read of a tensor's value stalls a GPU's queue: one per step (loss, gradient norm and stop signal
+    together) and one per split evaluated. Counted here as the calls that turn a tensor into Python numbers."""
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        method = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _m=method, _n=name, **k: reads.append(_n) or _m(self, *a, **k))
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=3", "--eval_iters=4"])
+    evaluation = ["__float__"] * 2  # the train and the val loss
+    assert reads == evaluation + ["tolist"] * 3 + evaluation + ["tolist"] * 3 + evaluation, reads  # evaluated at 0, 3, 6
 
 
 def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
