@@ -9,7 +9,7 @@ Benchmarks on one device, in one run; prints markdown tables ready to paste into
   6. classifier training and inference examples/s
 Every figure is timed --repeats times after a warm-up; the tables show the best (min time) and the median.
   python bench.py --quick                      under a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
-  python bench.py --json bench.json            the full run (5 to 6 minutes on 2 CPU cores)
+  python bench.py --json bench.json            the full run (6 to 7 minutes on 2 CPU cores)
   python bench.py --device cuda --no-compile
   python bench.py --profile config/shakespeare_char.py   where one training step spends its time, fp32 and bf16
 """
