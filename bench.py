@@ -368,7 +368,9 @@ def main(argv=None):
     if profile and not os.path.isfile(profile):
         p.error(f"--profile {a.profile}: no such config file (try config/shakespeare_char.py)")
     os.chdir(ROOT)  # config files exec other config files by relative path
-    device, _ = train.pick_device_and_dtype({"device": a.device, "dtype": "float32"})
+    if a.repeats < 1:
+        p.error(f"--repeats {a.repeats}: must be at least 1")
+    device = train.pick_device(a.device, p.error)
     if profile:
         return profile_train(profile, device)
     # "first step with compiling" means a cold compile: inductor's on-disk caches would otherwise make reruns fast

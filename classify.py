@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from model import from_checkpoint
 from tokenizer import get_tokenizer
-from train import auto_device
+from train import pick_device
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -212,7 +212,7 @@ def main(argv=None):
         p.error("--eval takes its texts from FILE: drop the texts, --file, --json and --attention_maps")
     if a.texts and a.file:
         p.error("pass texts or --file, not both")
-    device = auto_device() if a.device == "auto" else a.device
+    device = pick_device(a.device, p.error)
     model, tok, names, max_len = load(a.out_dir, device)
 
     if a.eval:

@@ -16,7 +16,7 @@ import torch
 from decoding import make_next_token
 from model import GPT, from_checkpoint
 from tokenizer import get_tokenizer
-from train import auto_device
+from train import pick_device
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SEPARATOR = "-" * 40
@@ -92,19 +92,6 @@ def parse_args(argv=None):
         except OSError as e:
             p.error(f"--start {args.start}: {e.strerror}")
     return p, args, pick
-
-
-def pick_device(name, error):
-    if name == "auto":
-        return auto_device()
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
-    if not available.get(name.split(":")[0], lambda: True)():
-        error(f"--device {name}: this machine or this build of torch has no {name.split(':')[0]} device")
-    try:
-        torch.empty(0, device=name)
-    except (RuntimeError, AssertionError) as e:  # no such device type, or no such device index
-        error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}")
-    return name
 
 
 def autocast(device, dtype, error):

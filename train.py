@@ -131,13 +131,22 @@ def get_lr(step, c):
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
 
 
-def auto_device():
-    """cuda, then mps, then cpu: what device=auto means here, in sample.py and in classify.py."""
-    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+def pick_device(name, error):
+    """The device that name (auto, cpu, cuda, cuda:1, mps) means here, or error(one line) if it is not there."""
+    if name == "auto":  # cuda, then mps, then cpu
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if not available.get(name.split(":")[0], lambda: True)():
+        error(f"--device {name}: this machine or this build of torch has no {name.split(':')[0]} device")
+    try:
+        torch.empty(0, device=name)
+    except (RuntimeError, AssertionError) as e:  # no such device type, or no such device index
+        error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}")
+    return name
 
 
 def pick_device_and_dtype(c):
-    device = auto_device() if c["device"] == "auto" else c["device"]
+    device = pick_device(c["device"], usage)
     dtype = c["dtype"]
     if dtype == "auto":
         fast_bf16 = torch.cuda.is_bf16_supported() if device.startswith("cuda") else device == "cpu" and cpu_has_bf16()

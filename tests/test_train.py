@@ -76,6 +76,12 @@ def test_config_errors_are_one_clear_line(argv, message):
         train.parse_config(argv)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_absent_device_is_one_clear_line():
+    with pytest.raises(SystemExit, match="train.py: --device cuda: this machine or this build of torch has no cuda device"):
+        train.pick_device_and_dtype(dict(train.DEFAULTS, device="cuda"))
+
+
 def test_help_lists_every_key(capsys):
     with pytest.raises(SystemExit) as e:
         train.parse_config(["--help"])
