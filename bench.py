@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,13 +29,12 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-import train
+from common import ArgumentParser, Error, cpu_has_bf16, matmul_flops, pick_device, run_script, sync
 from dataset import read_meta
-from model import GPT, GPTConfig, MultiHeadAttention
+from model import GPT, GPTConfig, MultiHeadAttention, build_model
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
-AGNEWS_FALLBACK = dict(task="classify", dataset="agnews", n_layer=2, n_head=4, n_embd=128, block_size=128, batch_size=64)
 META_FALLBACK = {"shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/meta.json was never prepared
                  "agnews": {"vocab_size": 50257, "pad_token_id": 50256, "label_names": ["W", "S", "B", "T"]}}
 MODES = ["fp32", "bf16", "bf16+compile"]
@@ -62,18 +62,12 @@ class LoopAttention(nn.Module):
 
     def fused_copy(self):
         """A model.MultiHeadAttention with these weights: head i's Q, K, V are rows i*d/h... of each third of qkv."""
-        mha = MultiHeadAttention(self.d, self.h, bias=self.bias).to(self.o.weight.device)
+        mha = MultiHeadAttention(GPTConfig(n_embd=self.d, n_head=self.h, bias=self.bias)).to(self.o.weight.device)
         with torch.no_grad():
             for name in ("weight", "bias") if self.bias else ("weight",):
                 getattr(mha.qkv, name).copy_(torch.cat([getattr(lin, name) for g in (self.q, self.k, self.v) for lin in g]))
                 getattr(mha.proj, name).copy_(getattr(self.o, name))
         return mha
-
-
-def sync(device):
-    train.sync(device)
-    if device == "mps":
-        torch.mps.synchronize()
 
 
 def timed(fn, repeats, device, warm_fn=None):
@@ -107,25 +101,33 @@ def machine(device):
     if device == "cpu" and os.path.isfile("/proc/cpuinfo"):
         name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), name)
     return {"device": device, "name": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu_cores": os.cpu_count(), "cpu_bf16": train.cpu_has_bf16(), "python": platform.python_version(),
+            "cpu_cores": os.cpu_count(), "cpu_bf16": cpu_has_bf16(), "python": platform.python_version(),
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}  # other jobs skew CPU timings
 
 
 def bench_matmul(device, dtype, n, repeats):
-    """train.matmul_flops once per repeat (each call warms up, then times one n x n product): FLOP/s samples."""
-    return [train.matmul_flops(device, dtype, n=n, repeats=1) for _ in range(repeats)]
+    """common.matmul_flops once per repeat (each call warms up, then times one n x n product): FLOP/s samples."""
+    return [matmul_flops(device, dtype, n=n, repeats=1) for _ in range(repeats)]
 
 
 def load_shape(config_file):
-    """(config dict, dataset meta, note) as train.py builds them, without reading any data."""
-    if os.path.isfile(config_file):
-        c, note = train.parse_config([config_file]), ""
-    else:
-        c, note = {**train.parse_config([]), **AGNEWS_FALLBACK}, f"{config_file} missing: fallback shape"
+    """(config dict, dataset meta): the config as train.py resolves it (train.py CONFIG --print_config), without
+    reading any data; the dataset's meta.json where it was prepared, else a stand-in with its vocabulary."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), config_file, "--print_config"], cwd=ROOT,
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise Error(f"train.py {config_file} --print_config failed: {r.stderr.strip()}")
+    c = json.loads(r.stdout)
     meta_dir = os.path.join(ROOT, "data", c["dataset"])
     meta = read_meta(meta_dir) if os.path.isfile(os.path.join(meta_dir, "meta.json")) else META_FALLBACK[c["dataset"]]
     c["vocab_size"] = c["vocab_size"] or meta["vocab_size"]
-    return c, meta, note
+    return c, meta
+
+
+def new_model(c, meta):
+    """The model train.py builds for config c, with its seed."""
+    torch.manual_seed(c["seed"])
+    return build_model(c["task"], {**c, "n_classes": len(meta.get("label_names", [])), "pad_token_id": meta.get("pad_token_id", 0)})
 
 
 def make_batch(c, meta, rows, device, seed):
@@ -144,10 +146,9 @@ def make_batch(c, meta, rows, device, seed):
 def train_step(c, meta, mode, device, rows):
     """(step, model, batch): one training step as train.py takes it, forward under autocast, backward, clip, AdamW
     step, zero_grad, on random tokens of the config's shape."""
-    torch.manual_seed(c["seed"])
-    model = train.build_model(c, meta).to(device)
-    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
-                                           device.split(":")[0])
+    model = new_model(c, meta).to(device)
+    optimizer, = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
+                                            device.split(":")[0])
     if mode.endswith("compile"):
         torch._dynamo.reset()  # each model compiles afresh
     runner = torch.compile(model) if mode.endswith("compile") else model
@@ -179,8 +180,7 @@ def bench_train(c, meta, mode, device, repeats, max_rows=None):
 def bench_optimizer(c, meta, kind, device, repeats):
     """One AdamW step over the config's parameters (random gradients): the per-tensor loop (PyTorch's default on
     CPU), foreach (the default on CUDA) or fused (what model.configure_optimizers picks on CPU and CUDA)."""
-    torch.manual_seed(c["seed"])
-    model = train.build_model(c, meta).to(device)
+    model = new_model(c, meta).to(device)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.AdamW(model.parameters(), **{"loop": dict(foreach=False), "foreach": dict(foreach=True),
@@ -192,7 +192,7 @@ def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
     """Where one training step of the config's shape spends its time: torch.profiler's operators by self time."""
     from torch.profiler import ProfilerActivity, profile
 
-    c, meta, _ = load_shape(config_file)
+    c, meta = load_shape(config_file)
     cuda = device.startswith("cuda")
     for mode in modes:
         step, _, batch = train_step(c, meta, mode, device, c["batch_size"])
@@ -207,8 +207,7 @@ def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
 
 def bench_classify_inference(c, meta, mode, device, repeats, rows=256):
     """Forward only, eval mode, no_grad, batch 256, fp32 or bf16 autocast."""
-    torch.manual_seed(c["seed"])
-    model, (_, ctx) = train.build_model(c, meta).to(device).eval(), autocast(device, mode)
+    model, (_, ctx) = new_model(c, meta).to(device).eval(), autocast(device, mode)
     batch = make_batch(c, meta, rows, device, seed=1)
     batch.pop("labels")
 
@@ -354,7 +353,7 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cuda, cuda:1, mps or cpu")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per figure, after one warm-up")
     p.add_argument("--quick", action="store_true", help="2 repeats, n = 128 and 512, 100 new tokens, training batches "
@@ -370,7 +369,7 @@ def main(argv=None):
     os.chdir(ROOT)  # config files exec other config files by relative path
     if a.repeats < 1:
         p.error(f"--repeats {a.repeats}: must be at least 1")
-    device = train.pick_device(a.device, p.error)
+    device = pick_device(a.device)
     if profile:
         return profile_train(profile, device)
     # "first step with compiling" means a cold compile: inductor's on-disk caches would otherwise make reruns fast
@@ -378,8 +377,8 @@ def main(argv=None):
     repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
     print(f"# bench.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
     shapes = {cfg: load_shape(cfg) for cfg in CONFIGS}
-    notes = [f"{note}: " + ", ".join(f"{k}={v}" for k, v in AGNEWS_FALLBACK.items()) + f", vocab {c['vocab_size']}"
-             for c, _, note in shapes.values() if note]
+    notes = [f"{cfg}: data/{c['dataset']} not prepared, so the vocabulary is a stand-in of {c['vocab_size']}"
+             for cfg, (c, meta) in shapes.items() if meta is META_FALLBACK.get(c["dataset"])]
     plan = [(cfg, mode) for i, cfg in enumerate(CONFIGS) for mode in MODES
             if not (mode.endswith("compile") and (a.no_compile or (a.quick and i > 0)))]
     ns = [128, 512] if a.quick else [128, 512, 1024, 2048, 4096]
@@ -434,4 +433,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "bench.py")

@@ -4,13 +4,11 @@ Use a trained classifier (an EncoderClassifier checkpoint written by train.py) i
   python classify.py --out_dir out-agnews "Stocks fall on rate fears" "Lakers win again"   predict (or --file, stdin)
   python classify.py --out_dir out-agnews --json < headlines.txt                  one JSON object per line
   python classify.py --out_dir out-agnews --attention_maps attn.png "Stocks fall"  every head of every layer
-Eval files are csv, parquet or jsonl with columns text,label (label: a class id or a class name), read as
-data/agnews/prepare.py reads them. Texts are tokenized as in training: the checkpoint's tokenizer, cut to its
-max_length and block_size. Results go to stdout; progress and messages go to stderr.
+Eval files are csv, parquet or jsonl with columns text,label (label: a class id or a class name), read as the
+prepare scripts read them (dataset.read_labelled). Texts are tokenized as in training: the checkpoint's tokenizer,
+cut to its max_length and block_size. Results go to stdout; progress and messages go to stderr.
 """
 import argparse
-import csv
-import importlib.util
 import json
 import os
 import sys
@@ -18,108 +16,37 @@ import sys
 import torch
 from tqdm import tqdm
 
+from common import ArgumentParser, Error, pick_device, run_script
+from dataset import pad_batch, read_labelled
 from model import from_checkpoint
 from tokenizer import get_tokenizer
-from train import pick_device
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-
-
-def fail(message):
-    sys.exit(f"classify.py: error: {message}")
-
-
-def read_records(path):
-    """prepare.py's reader (csv, parquet, jsonl -> (text, label) pairs), imported from that file, not copied."""
-    spec = importlib.util.spec_from_file_location("agnews_prepare", os.path.join(ROOT, "data", "agnews", "prepare.py"))
-    prepare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prepare)
-    return prepare.read_records(path)
+IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 
 
 def load(out_dir, device):
-    """(model, tokenizer, label names, max tokens per text) from a checkpoint folder, or a one-line error."""
-    try:
-        with open(os.path.join(out_dir, "config.json")) as f:
-            info = json.load(f)
-    except FileNotFoundError:
-        fail(f"no checkpoint in {out_dir!r}: train one with `python train.py config/agnews.py`, or pass --out_dir")
-    if info.get("architecture") != "EncoderClassifier":
-        fail(f"{out_dir!r} holds a {info.get('architecture')} (task {info.get('task')!r}), not a classifier: "
-             f"for a GPT use sample.py --out_dir {out_dir}")
-    try:
-        model, info = from_checkpoint(out_dir, device)
-        tok = get_tokenizer(info["tokenizer"])
-    except (OSError, RuntimeError, AssertionError) as e:  # no model.safetensors, a broken file, no such device,
-        fail(f"cannot load {out_dir!r} on {device}: {str(e).splitlines()[0]}")  # no BPE file offline
+    """(model, tokenizer, label names, max tokens per text) from a checkpoint folder."""
+    if not os.path.isfile(os.path.join(out_dir, "config.json")):
+        raise Error(f"no checkpoint in {out_dir!r}: train one with `python train.py config/agnews.py`, or pass --out_dir")
+    model, info = from_checkpoint(out_dir, device)
+    if info["architecture"] != "EncoderClassifier":
+        raise Error(f"{out_dir!r} holds a {info['architecture']} (task {info.get('task')!r}), not a classifier: for a "
+                    f"GPT use sample.py --out_dir {out_dir}")
     names = info.get("label_names") or [str(i) for i in range(model.config.n_classes)]
-    return model, tok, names, min(info.get("max_length") or model.config.block_size, model.config.block_size)
-
-
-def encode(tok, texts, max_len):
-    try:
-        ids = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
-    except ValueError as e:  # a character the char model never saw
-        fail(str(e))
-    return [row[:max_len] for row in ids]
-
-
-def batches(rows, batch_size, pad_id, device):
-    """Yield (indices, idx, attention_mask): rows sorted by length, so each batch pads little, to its longest row."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        width = max(1, max(len(rows[i]) for i in chunk))
-        idx = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for j, i in enumerate(chunk):
-            idx[j, :len(rows[i])], mask[j, :len(rows[i])] = torch.tensor(rows[i], dtype=torch.long), 1
-        yield chunk, idx.to(device), mask.to(device)
+    return model, get_tokenizer(info["tokenizer"]), names, min(info.get("max_length") or 10 ** 9, model.config.block_size)
 
 
 @torch.no_grad()
 def predict(model, rows, batch_size, device):
-    """Class probabilities [len(rows), n_classes], in the rows' order."""
+    """Class probabilities [len(rows), n_classes], in the rows' order. Rows go in sorted by length, so each batch
+    pads little (to its longest row)."""
     probs = torch.empty(len(rows), model.config.n_classes)
-    n = -(-len(rows) // batch_size)
-    for chunk, idx, mask in tqdm(batches(rows, batch_size, model.config.pad_token_id, device), total=n,
-                                 desc="classifying", unit="batch", file=sys.stderr, disable=n < 2):
-        probs[chunk] = torch.softmax(model(idx, mask)[0].float(), dim=-1).cpu()
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for chunk in tqdm(chunks, desc="classifying", unit="batch", file=sys.stderr, disable=len(chunks) < 2):
+        idx, mask = pad_batch([rows[i] for i in chunk], model.config.pad_token_id)
+        probs[chunk] = torch.softmax(model(idx.to(device), mask.to(device))[0].float(), dim=-1).cpu()
     return probs
-
-
-def label_id(value, names):
-    """A class id from an int, an integral float or string, or a class name; None when it is none of the classes."""
-    if isinstance(value, str):
-        value = names.index(value.strip()) if value.strip() in names else value.strip()
-        value = int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else value
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names) else None
-
-
-def read_eval(path, names):
-    if not path.endswith((".csv", ".parquet", ".jsonl")):
-        fail(f"--eval {path}: expected a .csv, .parquet or .jsonl file with columns text,label")
-    try:
-        records = read_records(path)
-    except (ValueError, OSError, csv.Error) as e:  # missing, not UTF-8, broken csv or parquet
-        fail(f"--eval {path}: cannot read it ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})")
-    except SystemExit as e:  # read_records' own message: no text,label columns
-        fail(str(e.code))
-    if not records or all(t is None for t, _ in records) or all(y is None for _, y in records):
-        fail(f"--eval {path}: no rows with a text and a label (it needs columns text,label)")
-    kept = [(n, t, y) for n, (t, y) in enumerate(records, 1) if isinstance(t, str) and t.strip()]
-    if len(kept) < len(records):
-        print(f"warning: --eval {path}: skipped {len(records) - len(kept)} rows with no text", file=sys.stderr)
-    if not kept:
-        fail(f"--eval {path}: no row has a text")
-    labels = [label_id(y, names) for _, _, y in kept]
-    bad = [(n, y) for (n, _, y), label in zip(kept, labels) if label is None]
-    if bad:
-        fail(f"--eval {path}: {len(bad)} of {len(kept)} rows have a label outside the model's classes "
-             f"0..{len(names) - 1} ({', '.join(names)}); the first is data row {bad[0][0]}: {bad[0][1]!r}")
-    return [t for _, t, _ in kept], labels
 
 
 def report(labels, preds, names):
@@ -129,8 +56,9 @@ def report(labels, preds, names):
     for y, p in zip(labels, preds):
         cm[y][p] += 1
     w = max(9, *(len(n) for n in names))
-    lines = [f"accuracy: {sum(cm[i][i] for i in range(k)) / len(labels):.4f}  ({sum(cm[i][i] for i in range(k))} of "
-             f"{len(labels)})", "", f"{'class':<{w}}  precision  recall      f1  support"]
+    correct = sum(cm[i][i] for i in range(k))
+    lines = [f"accuracy: {correct / len(labels):.4f}  ({correct} of {len(labels)})", "",
+             f"{'class':<{w}}  precision  recall      f1  support"]
     scores = []
     for i, name in enumerate(names):
         tp, predicted, support = cm[i][i], sum(row[i] for row in cm), sum(cm[i])
@@ -148,6 +76,7 @@ def report(labels, preds, names):
 
 def pyplot():
     import matplotlib
+
     matplotlib.use("Agg")  # files only, no window
     matplotlib.rcParams["text.parse_math"] = False  # "$5 billion ... $3": plain text, not TeX
     import matplotlib.pyplot as plt
@@ -172,25 +101,55 @@ def plot_confusion(cm, names, path, title):
 
 
 def attention_figure(maps, tokens, title):
-    """maps: per layer [h, n, n]; one heatmap per (layer, head), tokens on both axes. Returns the figure."""
+    """maps: per layer [h, n, n]; one heatmap per (layer, head), queries down, keys across, tokens on both axes, one
+    colour scale for every panel (0 to the largest weight) with its colour bar: a near-uniform head reads as faint."""
     plt = pyplot()
     L, H, n = len(maps), maps[0].shape[0], len(tokens)
     per_token, size = (0.17, 7) if n <= 64 else (0.12, 5)  # inches per token row, font size: labels that fit
     side = max(2.5, per_token * n + 1.2)
-    fig, axes = plt.subplots(L, H, figsize=(side * H, side * L + 0.5), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(L, H, figsize=(side * H + 1, side * L + 0.5), squeeze=False, layout="constrained")
+    top = max(float(m.max()) for m in maps)
     for l in range(L):
         for h in range(H):
             ax = axes[l][h]
-            ax.imshow(maps[l][h], cmap="viridis", vmin=0)
+            image = ax.imshow(maps[l][h], cmap="viridis", vmin=0, vmax=top)
             ax.set_title(f"layer {l} head {h}", fontsize=10)
             ax.set_xticks(range(n), tokens, rotation=90, fontsize=size)
             ax.set_yticks(range(n), tokens, fontsize=size)
+            ax.set_xlabel("key", fontsize=8)
+            ax.set_ylabel("query", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.suptitle(title, fontsize=12)
     return fig
 
 
+def read_texts(a):
+    """The texts to classify: arguments, else --file, else stdin; one per line, blank lines skipped."""
+    texts = [t for t in a.texts if t.strip()]
+    if not texts and (a.file or not sys.stdin.isatty()):
+        try:
+            with open(a.file, encoding="utf-8") if a.file else sys.stdin as f:
+                texts = [line.rstrip("\r\n") for line in f if line.strip()]
+        except OSError as e:
+            raise Error(f"--file {a.file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise Error(f"{'--file ' + a.file if a.file else 'stdin'}: not UTF-8 text; convert it to UTF-8") from None
+    if not texts:
+        raise Error("no text to classify: pass texts as arguments, --file PATH, or pipe them on stdin")
+    return texts
+
+
+def check_image_path(option, path):
+    """Before any work: an image path that can be written, of a type matplotlib writes."""
+    if not path.lower().endswith(IMAGE_TYPES):
+        raise Error(f"{option} {path}: the file name must end in {', '.join(IMAGE_TYPES)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise Error(f"{option} {path}: cannot write into {folder} (no such folder, or not writable)")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="classify.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="classify.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("texts", nargs="*", help="texts to classify; none: --file, else stdin (one text per line)")
     p.add_argument("--out_dir", default="out-agnews", help="a classifier checkpoint written by train.py (default: %(default)s)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
@@ -202,7 +161,6 @@ def main(argv=None):
     p.add_argument("--plot", metavar="PNG", help="with --eval: also draw the confusion matrix into this image")
     p.add_argument("--attention_maps", metavar="PNG", help="draw every head of every layer for one text into this "
                    "image (rows = layers, columns = heads)")
-    p.error = lambda message: fail(f"{message} (see --help)")  # one line, not argparse's usage block
     a = p.parse_args(argv)
     if a.batch_size < 1:
         p.error("--batch_size must be >= 1")
@@ -212,12 +170,18 @@ def main(argv=None):
         p.error("--eval takes its texts from FILE: drop the texts, --file, --json and --attention_maps")
     if a.texts and a.file:
         p.error("pass texts or --file, not both")
-    device = pick_device(a.device, p.error)
+    for option, path in (("--plot", a.plot), ("--attention_maps", a.attention_maps)):
+        if path:
+            check_image_path(option, path)
+    device = pick_device(a.device)
     model, tok, names, max_len = load(a.out_dir, device)
+    encode = lambda texts: [row[:max_len] for row in tok.encode_batch(texts)]
 
     if a.eval:
-        texts, labels = read_eval(a.eval, names)
-        preds = predict(model, encode(tok, texts, max_len), a.batch_size, device).argmax(-1).tolist()
+        texts, labels, warnings = read_labelled(a.eval, names)
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        preds = predict(model, encode(texts), a.batch_size, device).argmax(-1).tolist()
         lines, cm = report(labels, preds, names)
         print("\n".join(lines))
         if a.plot:
@@ -225,30 +189,22 @@ def main(argv=None):
             print(f"wrote {a.plot}", file=sys.stderr)
         return
 
-    texts = [t for t in a.texts if t.strip()]
-    if not texts and (a.file or not sys.stdin.isatty()):
-        try:
-            with open(a.file, encoding="utf-8") if a.file else sys.stdin as f:
-                texts = [line.rstrip("\r\n") for line in f if line.strip()]
-        except OSError as e:
-            fail(f"--file {a.file}: {e.strerror}")
-    if not texts:
-        fail("no text to classify: pass texts as arguments, --file PATH, or pipe them on stdin")
-    rows = encode(tok, texts, max_len)
+    texts = read_texts(a)
+    rows = encode(texts)
     if a.attention_maps:
         if len(texts) != 1:
-            fail(f"--attention_maps draws one text, got {len(texts)}")
+            raise Error(f"--attention_maps draws one text, got {len(texts)}")
+        idx, mask = pad_batch(rows, model.config.pad_token_id)
         with torch.no_grad():
-            _, idx, mask = next(batches(rows, 1, model.config.pad_token_id, device))
-            logits, _, maps = model(idx, mask, need_weights=True)
+            logits, _, maps = model(idx.to(device), mask.to(device), need_weights=True)
         prob = torch.softmax(logits[0].float(), -1)
         tokens = [tok.decode([t]).replace("\n", "\\n") for t in rows[0]]
         title = f"predicted: {names[prob.argmax()]} ({prob.max():.2f})  |  " + \
             (texts[0] if len(texts[0]) <= 80 else texts[0][:79] + "…")
         fig = attention_figure([m[0].float().cpu().numpy() for m in maps], tokens, title)
         fig.savefig(a.attention_maps, dpi=100)
-        print(f"wrote {a.attention_maps}: {len(fig.axes)} panels, {len(maps)} layers x {maps[0].shape[1]} heads, "
-              f"{len(tokens)} tokens", file=sys.stderr)
+        print(f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[1]} panels, {len(maps)} layers x "
+              f"{maps[0].shape[1]} heads, {len(tokens)} tokens", file=sys.stderr)
         return
     probs = predict(model, rows, a.batch_size, device)
     width = max(len(n) for n in names)
@@ -261,8 +217,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:  # piped into head: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    run_script(main, "classify.py")

@@ -1,21 +1,142 @@
 """
-Prepared datasets on disk and the batches drawn from them (the formats are documented in data/README.md).
+Data: reading labelled text, writing prepared datasets, checking them, and the batches drawn from them (the formats
+are documented in data/README.md).
   lm:        {split}.bin, every token id of the split in a row
   classify:  {split}.bin, the token ids of all rows in a row; {split}.offsets.npy, where each row starts (n + 1
              entries); {split}.labels.npy, one class id per row
-  meta.json: task, tokenizer, vocab_size, dtype (uint16, or uint32 past 65,536 tokens); classify adds label_names,
-             max_length and pad_token_id
+  meta.json: task, tokenizer, vocab_size, dtype (uint16, or uint32 past 65,536 tokens), splits (tokens or rows per
+             split); classify adds label_names, max_length and pad_token_id
 A step's global batch is a function of (seed, step) alone, and each process takes its slice of it: the data order
 survives a resume and does not depend on how many processes share the work.
 """
+import csv
 import json
 import os
+import urllib.request
 
 import numpy as np
 import torch
 
-from model import write_json
+from common import Error, atomic_path, read_json, write_json
 
+LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
+
+
+# ------------------------------------------------------------------------------------------ reading labelled text
+
+def read_records(path):
+    """(text, label) pairs of a .csv, .parquet or .jsonl file with columns text,label, as stored, unchecked; a jsonl
+    line that is not a JSON object reads as (None, None)."""
+    if not path.endswith(LABELLED_FORMATS):
+        raise Error(f"{path}: expected a .csv, .parquet or .jsonl file with columns text,label")
+    try:
+        if path.endswith(".csv"):
+            csv.field_size_limit(2 ** 31 - 1)  # a long article must not stop the run
+            with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: spreadsheets often start with a BOM
+                reader = csv.DictReader(f)
+                if not {"text", "label"} <= set(reader.fieldnames or []):
+                    raise Error(f"{path}: needs a header with the columns text,label (found {reader.fieldnames})")
+                return [(r["text"], r["label"]) for r in reader]
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq  # installed with datasets
+
+            names = pq.read_schema(path).names
+            if not {"text", "label"} <= set(names):
+                raise Error(f"{path}: needs the columns text,label (found {names})")
+            table = pq.read_table(path, columns=["text", "label"])
+            return list(zip(table.column("text").to_pylist(), table.column("label").to_pylist()))
+        records = []
+        with open(path, encoding="utf-8-sig") as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:
+                        r = None
+                    records.append((r.get("text"), r.get("label")) if isinstance(r, dict) else (None, None))
+        return records
+    except (OSError, UnicodeDecodeError, csv.Error, ValueError) as e:  # missing, not UTF-8, broken csv or parquet
+        reason = (str(e).splitlines() or [""])[0][:200]
+        raise Error(f"{path}: cannot read it ({type(e).__name__}: {reason}); it must be UTF-8 text (csv, jsonl) or "
+                    f"parquet, with columns text,label") from None
+
+
+def label_ids(values, names):
+    """Class ids for raw labels: ints, integral floats (parquet turns an int column with gaps into floats), strings
+    of an int, or class names. Returns (ids, with None where a label is none of the classes; a note or None). A file
+    whose integer labels are exactly 1..n (no 0, as in the original AG News CSVs) is read as 1-based and shifted
+    down, and the note says so: never shifted silently, never half-dropped."""
+    def parse(value):  # -> (id, whether it was written as a number)
+        if isinstance(value, str):
+            value = value.strip()
+            if value in names:
+                return names.index(value), False
+            value = int(value) if value.lstrip("-").isdigit() else None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        number = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        return (int(value), True) if number else (None, False)
+
+    parsed = [parse(v) for v in values]
+    numbers = {i for i, number in parsed if number}
+    shift = 1 if numbers and min(numbers) == 1 and max(numbers) == len(names) else 0
+    ids = [None if i is None else i - shift * number for i, number in parsed]
+    note = (f"labels run 1..{len(names)} with no 0: read as 1-based, "
+            + ", ".join(f"{i + 1} = {n}" for i, n in enumerate(names))) if shift else None
+    return [i if i is not None and 0 <= i < len(names) else None for i in ids], note
+
+
+def read_labelled(path, names):
+    """(texts, label ids, warnings) of a labelled .csv, .parquet or .jsonl file: see clean_labelled."""
+    return clean_labelled(read_records(path), names, path)
+
+
+def clean_labelled(records, names, path):
+    """(texts, label ids, warnings) of (text, label) records: rows with no text or a label that is none of the
+    classes are dropped and counted in a warning. No usable row at all is an Error."""
+    records = list(records)
+    ids, note = label_ids([label for _, label in records], names)
+    texts, labels, no_text, bad_label = [], [], 0, 0
+    for (text, _), label in zip(records, ids):
+        if not isinstance(text, str) or not text.strip():
+            no_text += 1
+        elif label is None:
+            bad_label += 1
+        else:
+            texts.append(text)
+            labels.append(label)
+    classes = f"a class id 0..{len(names) - 1} or a name ({', '.join(names)})"
+    if not texts:
+        raise Error(f"{path}: no usable row among {len(records):,} (each needs columns text,label: a non-empty text "
+                    f"and {classes}; {no_text:,} had no text, {bad_label:,} another label)")
+    warnings = [f"{path}: {note}"] if note else []
+    if no_text or bad_label:
+        warnings.append(f"{path}: skipped {no_text + bad_label:,} of {len(records):,} rows ({no_text:,} with no text, "
+                        f"{bad_label:,} with a label that is not {classes})")
+    return texts, labels, warnings
+
+
+def read_text(source, url):
+    """The text of the file source, or, without one, downloaded from url."""
+    if source is None:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                return r.read().decode("utf-8")
+        except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
+            raise Error(f"cannot download {url} (no network? {type(e).__name__}: {e}): pass --source FILE") from None
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise Error(f"--source {source}: no such file; pass the path of a text file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise Error(f"--source {source}: not readable UTF-8 text ({type(e).__name__}); convert it to UTF-8") from None
+    if not text:
+        raise Error(f"--source {source}: the file is empty; pass a file holding the text")
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ writing, checking
 
 def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
@@ -23,14 +144,37 @@ def token_dtype(vocab_size):
 
 def save_array(path, array):
     """Write .bin (raw) or .npy atomically: a half-written file never takes the name."""
-    with open(path + ".tmp", "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.save(f, array) if path.endswith(".npy") else array.tofile(f)
-    os.replace(path + ".tmp", path)
+
+
+def check_out_dir(out_dir):
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise Error(f"--out_dir {out_dir} is a file, not a folder: pass a folder")
+
+
+def unpublish(out_dir):
+    """Call once the input has passed its checks, before writing anything: without meta.json the folder reads as
+    unprepared, so a run that dies halfway through its writes can't leave old metadata describing new files."""
+    check_out_dir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(os.path.join(out_dir, "meta.json")):
+        os.remove(os.path.join(out_dir, "meta.json"))
 
 
 def write_meta(data_dir, **meta):
     os.makedirs(data_dir, exist_ok=True)
     write_json(os.path.join(data_dir, "meta.json"), meta)
+
+
+def write_lm(out_dir, splits, tok, source):
+    """splits: {name: token ids}. Writes {name}.bin for each, then meta.json (task "lm") last."""
+    dtype = token_dtype(tok.vocab_size)
+    unpublish(out_dir)
+    for name, ids in splits.items():
+        save_array(os.path.join(out_dir, f"{name}.bin"), np.asarray(ids, dtype=dtype))
+    write_meta(out_dir, task="lm", tokenizer=tok.spec, vocab_size=tok.vocab_size, dtype=np.dtype(dtype).name,
+               splits={name: len(ids) for name, ids in splits.items()}, source=source)
 
 
 def write_classification_split(data_dir, split, rows, labels, dtype):
@@ -42,18 +186,51 @@ def write_classification_split(data_dir, split, rows, labels, dtype):
 
 
 def read_meta(data_dir):
-    with open(os.path.join(data_dir, "meta.json")) as f:
-        return json.load(f)
+    return read_json(os.path.join(data_dir, "meta.json"), "dataset description (meta.json)")
+
+
+def check(ok, path, what):
+    if not ok:
+        raise Error(f"{path}: {what}; the data is damaged or from another version: run its prepare.py again")
+
+
+def load_array(path, **kw):
+    try:
+        return np.load(path, **kw) if path.endswith(".npy") else np.memmap(path, mode="r", **kw)
+    except (OSError, ValueError) as e:
+        raise Error(f"{path}: cannot read it ({type(e).__name__}); run the dataset's prepare.py again") from None
+
+
+# ------------------------------------------------------------------------------------------------------- batches
+
+def pad_batch(rows, pad_token_id):
+    """Token id lists -> (idx [B, width], attention_mask [B, width]), padded to the longest row: the mask is 1 on
+    real tokens, 0 on padding (Hugging Face's convention)."""
+    width = max(1, max(len(r) for r in rows))
+    idx = np.full((len(rows), width), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        idx[i, :len(r)], attention_mask[i, :len(r)] = r, 1
+    return torch.from_numpy(idx), torch.from_numpy(attention_mask)
 
 
 class LMData:
     """A token stream; a row is block_size tokens from a random offset, its targets the same shifted by one."""
+    best = ("val/loss", "min")  # the metric that picks the checkpoint to keep, and which way is better
+    labelled, unit = False, "tok"  # evaluations report accuracy for labelled data; the speed counts tokens
 
-    def __init__(self, data_dir, split, block_size):
-        self.meta, self.block_size = read_meta(data_dir), block_size
-        self.tokens = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=self.meta["dtype"], mode="r")
+    def __init__(self, data_dir, split, block_size, meta):
+        self.meta, self.block_size = meta, block_size
+        path = os.path.join(data_dir, f"{split}.bin")
+        self.tokens = load_array(path, dtype=meta["dtype"])
+        check(len(self.tokens) == meta["splits"][split], path, f"{len(self.tokens):,} tokens, meta.json says "
+              f"{meta['splits'][split]:,}")
         if len(self.tokens) <= block_size:
-            raise ValueError(f"{data_dir}/{split}.bin holds {len(self.tokens)} tokens: fewer than block_size + 1")
+            raise Error(f"{path} holds {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}: use "
+                        f"a smaller block_size or more text")
+        if len(self.tokens) <= 1 << 28:  # a full scan up to 256M tokens (a second or two); the length is checked always
+            check(int(self.tokens.max()) < meta["vocab_size"], path, f"token ids reach {int(self.tokens.max())}, "
+                  f"past vocab_size {meta['vocab_size']}")
 
     def rows(self, seed, step, n):
         return np.random.default_rng([seed, step]).integers(0, len(self.tokens) - self.block_size, n)
@@ -66,15 +243,34 @@ class LMData:
         y = np.stack([self.tokens[i + 1:i + 1 + self.block_size] for i in rows]).astype(np.int64)
         return {"idx": torch.from_numpy(x), "targets": torch.from_numpy(y)}
 
+    @staticmethod
+    def count(batch):
+        """What the throughput counts: tokens."""
+        return batch["idx"].numel()
+
 
 class ClassificationData:
     """Labelled rows, read in epochs (a fresh permutation each); a batch is padded to its own longest row."""
+    best = ("val/accuracy", "max")
+    labelled, unit = True, "ex"  # the speed counts examples
 
-    def __init__(self, data_dir, split, block_size):
-        self.meta, self.block_size = read_meta(data_dir), block_size
+    def __init__(self, data_dir, split, block_size, meta):
+        self.meta, self.block_size = meta, block_size
         path = os.path.join(data_dir, split)
-        self.tokens = np.memmap(path + ".bin", dtype=self.meta["dtype"], mode="r")
-        self.offsets, self.labels = np.load(path + ".offsets.npy"), np.load(path + ".labels.npy")
+        self.tokens = load_array(path + ".bin", dtype=meta["dtype"])
+        self.offsets, self.labels = load_array(path + ".offsets.npy"), load_array(path + ".labels.npy")
+        n = meta["splits"][split]
+        check(len(self.labels) == n, path + ".labels.npy", f"{len(self.labels):,} labels for {n:,} rows")
+        check(len(self.offsets) == n + 1 and self.offsets[0] == 0 and (np.diff(self.offsets) >= 0).all(),
+              path + ".offsets.npy", f"not {n + 1:,} rising offsets from 0")
+        check(self.offsets[-1] == len(self.tokens), path + ".bin", f"{len(self.tokens):,} tokens, the offsets "
+              f"say {self.offsets[-1]:,}")
+        check(len(self.tokens) == 0 or int(self.tokens.max()) < meta["vocab_size"], path + ".bin",
+              f"token ids past vocab_size {meta['vocab_size']}")
+        check(n == 0 or 0 <= self.labels.min() and self.labels.max() < len(meta["label_names"]), path + ".labels.npy",
+              f"labels outside 0..{len(meta['label_names']) - 1}")
+        if n == 0:
+            raise Error(f"{path}: the {split} split has no rows: prepare it from more data")
         self._epoch = (None, None)
 
     def __len__(self):
@@ -95,18 +291,19 @@ class ClassificationData:
 
     def batch(self, rows):
         seqs = [self.tokens[self.offsets[i]:self.offsets[i + 1]][:self.block_size] for i in rows]
-        width = max(1, max(len(s) for s in seqs))
-        idx = np.full((len(seqs), width), self.meta["pad_token_id"], dtype=np.int64)
-        attention_mask = np.zeros((len(seqs), width), dtype=np.int64)
-        for i, s in enumerate(seqs):
-            idx[i, :len(s)], attention_mask[i, :len(s)] = s, 1
-        return {"idx": torch.from_numpy(idx), "attention_mask": torch.from_numpy(attention_mask),
-                "labels": torch.from_numpy(self.labels[rows])}
+        idx, attention_mask = pad_batch(seqs, self.meta["pad_token_id"])
+        return {"idx": idx, "attention_mask": attention_mask, "labels": torch.from_numpy(self.labels[rows])}
+
+    @staticmethod
+    def count(batch):
+        """What the throughput counts: examples."""
+        return len(batch["idx"])
 
 
 def load_split(data_dir, split, block_size):
-    """The split's reader for the task that meta.json names."""
-    if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        raise FileNotFoundError(os.path.join(data_dir, "meta.json"))
-    task = read_meta(data_dir)["task"]
-    return (LMData if task == "lm" else ClassificationData)(data_dir, split, block_size)
+    """The split's reader for the task that meta.json names, its files checked against meta.json."""
+    meta = read_meta(data_dir)
+    if split not in meta.get("splits", {}):
+        raise Error(f"{data_dir}: no {split} split in meta.json (it has {sorted(meta.get('splits', {}))}): run its "
+                    f"prepare.py again")
+    return (LMData if meta["task"] == "lm" else ClassificationData)(data_dir, split, block_size, meta)

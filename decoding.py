@@ -4,7 +4,11 @@ of every token so far, prompt included) that returns new logits, so they compose
 Face's generate() and OpenAI's API. make_next_token chains them in a fixed order and picks a token; what it returns
 is the next_token function GPT.generate takes.
 """
+import math
+
 import torch
+
+from common import Error
 
 NEG_INF = float("-inf")
 
@@ -76,15 +80,20 @@ def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0
     on the raw logits, then temperature, top-k, top-p, then a draw from the softmax (torch.multinomial), or the
     argmax when greedy or temperature == 0 (temperature, top-k and top-p never change the argmax, so greedy skips
     them). Options left at their defaults cost nothing. next_token.process(logits, context) is the filtering alone.
-    Raises ValueError for a value out of its range."""
-    checks = [(temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
+    generator: a torch.Generator for the draws; one on another device than the logits (a CPU generator with a model
+    on a GPU) draws there, so the same seed gives the same tokens on any device. Raises Error for a value out of its
+    range."""
+    values = dict(temperature=temperature, top_p=top_p, frequency_penalty=frequency_penalty,
+                  presence_penalty=presence_penalty, repetition_penalty=repetition_penalty)
+    checks = [(v is None or math.isfinite(v), f"{k} must be a finite number, got {v}") for k, v in values.items()]
+    checks += [(temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
               (top_k is None or top_k >= 1, f"top_k must be >= 1, got {top_k}"),
               (top_p is None or 0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}"),
               (repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}"),
               (no_repeat_ngram_size >= 0, f"no_repeat_ngram_size must be >= 0 (0 = off), got {no_repeat_ngram_size}")]
     for ok, message in checks:
         if not ok:
-            raise ValueError(message)
+            raise Error(message)
     greedy = greedy or temperature == 0
     on_context = [(f, v) for f, v, active in [  # f(logits, context, v)
         (_frequency_penalty, frequency_penalty, frequency_penalty != 0),
@@ -106,11 +115,14 @@ def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0
     def next_token(logits, context):
         logits = process(logits, context)
         if not torch.isfinite(logits).any(-1).all():
-            raise ValueError("every token is blocked (no_repeat_ngram_size bans each token that would repeat an "
+            raise Error("every token is blocked (no_repeat_ngram_size bans each token that would repeat an "
                              "n-gram; with a small vocabulary and a small n that can be all of them)")
         if greedy:
             return logits.argmax(dim=-1)
-        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+        probs = torch.softmax(logits, dim=-1)
+        if generator is not None and generator.device != probs.device:
+            probs = probs.to(generator.device)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
     next_token.process = process
     return next_token

@@ -6,33 +6,27 @@ the output can be piped. Examples:
   python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream
 """
 import argparse
-import contextlib
 import os
 import sys
 import time
 
 import torch
 
+from common import ArgumentParser, Error, autocast, pick_device, resolve_dtype, run_script
 from decoding import make_next_token
-from model import GPT, from_checkpoint
+from model import load_pretrained
 from tokenizer import get_tokenizer
-from train import pick_device
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SEPARATOR = "-" * 40
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not argparse's usage block: the message says what is wrong
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def parse_args(argv=None):
-    p = Parser(prog="sample.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="sample.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default="out", help="a checkpoint written by train.py (default: %(default)s)")
-    p.add_argument("--init_from", help=f"sample GPT-2 instead of --out_dir: one of {', '.join(GPT2_NAMES)} "
-                   "(downloaded from the Hugging Face hub) or a local directory in the Hugging Face layout "
-                   "(model.safetensors + config.json); the tokenizer is GPT-2's BPE")
+    p.add_argument("--init_from", help=f"sample these weights instead of --out_dir: one of {', '.join(GPT2_NAMES)} "
+                   "(downloaded from the Hugging Face hub), a local GPT-2 folder in the Hugging Face layout "
+                   "(model.safetensors + config.json; GPT-2's BPE), or a checkpoint folder of this project")
     p.add_argument("--start", default="", help="the prompt, or FILE:path to read it from a file; empty (the "
                    "default) starts from the tokenizer's start token (newline for char models, <|endoftext|> for "
                    "BPE), which is not printed")
@@ -43,8 +37,8 @@ def parse_args(argv=None):
                    help="random seed; the same seed gives the same samples (default: %(default)s)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype; auto: bfloat16 on cuda where supported, else float16 on cuda, float32 "
-                   "elsewhere; on cpu only float32 and bfloat16")
+                   help="autocast dtype; auto: bfloat16 where the hardware has it (GPUs of compute capability 8.0 and up, "
+                   "CPUs with AMX or AVX-512 BF16), float16 on older GPUs, else float32")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (it recompiles a few times at first: pays off only for long "
                    "samples on a GPU)")
@@ -83,7 +77,7 @@ def parse_args(argv=None):
                                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                                repetition_penalty=args.repetition_penalty,
                                no_repeat_ngram_size=args.no_repeat_ngram_size, greedy=args.greedy)
-    except ValueError as e:
+    except Error as e:
         p.error(f"--{e}")  # the messages start with the option's name
     if args.start.startswith("FILE:"):
         try:
@@ -91,48 +85,24 @@ def parse_args(argv=None):
                 args.start = f.read()
         except OSError as e:
             p.error(f"--start {args.start}: {e.strerror}")
-    return p, args, pick
+        except UnicodeDecodeError:
+            p.error(f"--start {args.start}: not UTF-8 text; save the prompt as UTF-8")
+    return args, pick
 
 
-def autocast(device, dtype, error):
-    """The autocast context for --dtype on this device, or a no-op for float32."""
-    kind = torch.device(device).type
-    if dtype == "auto":
-        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if kind == "cuda" else "float32"
-    if dtype == "float32":
-        return dtype, contextlib.nullcontext()
-    if kind == "cpu" and dtype == "float16":
-        error("--dtype float16 needs a GPU; on cpu use bfloat16 or float32")
-    return dtype, torch.autocast(device_type=kind, dtype=getattr(torch, dtype))
-
-
-def load(args, device, error):
-    """(model in eval mode on device, tokenizer, a line saying what was loaded)."""
-    if args.init_from:
-        if args.init_from not in GPT2_NAMES and not os.path.isdir(args.init_from):
-            error(f"--init_from {args.init_from!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}")
-        try:
-            model = GPT.from_pretrained(args.init_from).to(device).eval()
-        except Exception as e:  # no network, no such file, a broken checkpoint
-            sys.exit(f"sample.py: error: cannot load {args.init_from!r}: {type(e).__name__}: {e}".splitlines()[0])
-        spec, what = {"type": "bpe", "encoding": "r50k_base"}, args.init_from
-    else:
-        if not os.path.isfile(os.path.join(args.out_dir, "config.json")):
-            error(f"no checkpoint in {args.out_dir!r}: train one with `python train.py config/shakespeare_char.py "
-                  f"--out_dir={args.out_dir}`, point --out_dir at one, or sample GPT-2 with --init_from gpt2")
-        try:
-            model, info = from_checkpoint(args.out_dir, device)
-        except RuntimeError as e:
-            sys.exit(f"sample.py: error: {e}")
-        if info["architecture"] != "GPT":
-            error(f"{args.out_dir!r} holds an {info['architecture']} (task {info.get('task')!r}): sample.py needs a "
-                  f"GPT; classify.py runs a classifier")
-        spec, what = info["tokenizer"], args.out_dir
-    try:
-        tokenizer = get_tokenizer(spec)
-    except RuntimeError as e:
-        sys.exit(f"sample.py: error: {e}")
-    return model, tokenizer, f"loaded {what}: {model.num_params() / 1e6:.2f}M parameters, {spec['type']} tokenizer"
+def load(args, device):
+    """(model in eval mode on device, tokenizer, a line saying what was loaded). --init_from: GPT-2 by name, a Hugging
+    Face GPT-2 folder or a checkpoint of ours; else --out_dir, a checkpoint of ours."""
+    source = args.init_from or args.out_dir
+    if not args.init_from and not os.path.isfile(os.path.join(source, "config.json")):
+        raise Error(f"no checkpoint in {source!r}: train one with `python train.py config/shakespeare_char.py`, point "
+                    f"--out_dir at one, or sample GPT-2 with --init_from gpt2")
+    model, info = load_pretrained(source, device)
+    if info["architecture"] != "GPT":
+        raise Error(f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): sample.py needs a GPT; "
+                    f"classify.py runs a classifier")
+    spec = info["tokenizer"]
+    return model, get_tokenizer(spec), f"loaded {source}: {model.num_params() / 1e6:.2f}M parameters, {spec['type']} tokenizer"
 
 
 def printable(text, stop):
@@ -147,14 +117,14 @@ def printable(text, stop):
 
 
 def main(argv=None):
-    parser, args, pick = parse_args(argv)
-    device = pick_device(args.device, parser.error)
-    dtype, ctx = autocast(device, args.dtype, parser.error)
-    model, tokenizer, what = load(args, device, parser.error)
+    args, pick = parse_args(argv)
+    device = pick_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    model, tokenizer, what = load(args, device)
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
-    except ValueError as e:  # a character the char model never saw
-        parser.error(f"--start: {e}")
+    except Error as e:  # a character the char model never saw
+        raise Error(f"--start: {e}") from None
     print(f"{what}; {device}, {dtype}{', compiled' if args.compile else ''}", file=sys.stderr)
     if args.compile:
         model.compile()
@@ -165,13 +135,17 @@ def main(argv=None):
     next_token = lambda logits, context: pick(logits[:, :n_vocab], context)
 
     torch.manual_seed(args.seed)  # here, after loading: the draws do not depend on how the model was built
-    texts, steps, seconds = generate(model, tokenizer, prompt, next_token, args, device, ctx)
+    texts, steps, seconds, interrupted = generate(model, tokenizer, prompt, next_token, args, device,
+                                                  autocast(device, dtype))
     n = args.num_samples * steps
     print(f"{args.num_samples} x {steps} tokens in {seconds:.2f} s: {n / max(seconds, 1e-9):.0f} tokens/s"
           f"{' (no KV cache)' if args.no_cache else ''}", file=sys.stderr)
     for i, text in enumerate(texts):
         if i or not args.stream:  # a streamed first sample is already out
             print(f"{SEPARATOR}\n" if i else "", args.start, text, sep="")
+    if interrupted:
+        print(f"interrupted after {steps} tokens: the samples above are what was generated", file=sys.stderr)
+        raise SystemExit(130)
 
 
 def generate(model, tokenizer, prompt, next_token, args, device, ctx):
@@ -182,7 +156,7 @@ def generate(model, tokenizer, prompt, next_token, args, device, ctx):
     shown = 0  # characters of sample 0 already streamed
     if args.stream:
         print(args.start, end="", flush=True)
-    t0, steps = time.perf_counter(), 0
+    t0, steps, interrupted = time.perf_counter(), 0, False
     try:
         with ctx:
             for token in model.generate(idx, args.max_new_tokens, next_token=next_token, use_cache=not args.no_cache):
@@ -201,17 +175,13 @@ def generate(model, tokenizer, prompt, next_token, args, device, ctx):
                     shown = max(shown, len(out))
                 if all(done):
                     break
-    except ValueError as e:  # every token blocked by --no_repeat_ngram_size
-        sys.exit(f"sample.py: error: {e}")
+    except KeyboardInterrupt:  # Ctrl-C: keep what was generated
+        interrupted = True
     seconds = time.perf_counter() - t0
     if args.stream:
         print(texts[0][shown:], flush=True)
-    return texts, steps, seconds
+    return texts, steps, seconds, interrupted
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:  # piped into head and the like: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    run_script(main, "sample.py")

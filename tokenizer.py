@@ -1,6 +1,8 @@
 """Tokenizers, named by a dataset's meta.json: GPT-2's byte-pair encoding (tiktoken) or a character vocabulary."""
 import tiktoken
 
+from common import Error
+
 
 def get_tokenizer(spec):
     """spec: {"type": "bpe", "encoding": "r50k_base"} or {"type": "char", "chars": "..."}."""
@@ -17,8 +19,11 @@ class CharTokenizer:
     def encode(self, text):
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
-            raise ValueError(f"characters not in this model's vocabulary: {''.join(unknown)!r}")
+            raise Error(f"characters not in this model's vocabulary: {''.join(unknown)!r}")
         return [self.stoi[c] for c in text]
+
+    def encode_batch(self, texts):
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
@@ -29,7 +34,7 @@ class BPETokenizer:
         try:
             self.enc = tiktoken.get_encoding(encoding)
         except Exception as e:  # tiktoken downloads the file once, then reads its cache
-            raise RuntimeError(f"cannot load the tiktoken encoding {encoding!r} ({type(e).__name__}); offline, set "
+            raise Error(f"cannot load the tiktoken encoding {encoding!r} ({type(e).__name__}); offline, set "
                                f"TIKTOKEN_CACHE_DIR to a folder holding its cache file") from None
         self.vocab_size, self.start_token = self.enc.n_vocab, self.enc.eot_token  # <|endoftext|> = 50256
         self.spec = {"type": "bpe", "encoding": encoding}
@@ -37,8 +42,8 @@ class BPETokenizer:
     def encode(self, text):
         return self.enc.encode_ordinary(text)  # special tokens in the text are plain text
 
-    def encode_batch(self, texts, num_threads=8):
-        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+    def encode_batch(self, texts):
+        return self.enc.encode_ordinary_batch(texts, num_threads=8)
 
     def decode(self, ids):
         return self.enc.decode(ids)

@@ -1,122 +1,205 @@
 """
 One training loop for both tasks: a GPT language model (task=lm) or an encoder classifier (task=classify).
   python train.py config/agnews.py --batch_size=32          a config file sets keys, --key=value overrides them
+  python train.py config/agnews.py --print_config           the resolved config as JSON, then exit
   torchrun --standalone --nproc_per_node=4 train.py config/gpt2.py                      DDP on one machine
   torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py ...  (node 0)
-  python train.py --help                                    every key with its default
-Checkpoints in out_dir: model.safetensors + config.json (the best model by the validation metric, what sample.py
-and classify.py load) and trainer_state.pt (the latest state, what init_from=resume continues from).
+  python train.py --help                                    every key, its default and what it does
+out_dir receives model.safetensors + config.json (the best model by the validation metric: what sample.py and
+classify.py load), trainer_state.pt (the latest state: what init_from=resume continues), metrics.jsonl and loss.png.
 """
 import ast
 import difflib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+import traceback
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from common import Error, atomic_path, autocast, peak_flops, pick_device, resolve_dtype, run_script, write_json
 from dataset import load_split
-from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint, write_json
+from model import build_model, load_pretrained
+from records import RunRecord, plot_runs, start_wandb
 
 DEFAULTS = dict(
     # run
-    out_dir="out",
+    out_dir="out",  # where checkpoints, metrics.jsonl and loss.png go
     task="lm",  # lm: next-token prediction with GPT; classify: EncoderClassifier on labelled rows
     dataset="shakespeare_char",  # a folder under data/ made by its prepare.py, or a path to a prepared folder
     init_from="scratch",  # scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)
-    seed=1337,
-    device="auto",  # auto: cuda, then mps, then cpu
-    dtype="auto",  # float32, bfloat16, float16; auto: bfloat16 where the hardware does it fast, else float32
-    compile=False,
+    overwrite_out_dir=False,  # let a new run replace the checkpoint in out_dir (without it, it refuses)
+    seed=1337,  # batches, initial weights and dropout all follow from it
+    device="auto",  # auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps
+    dtype="auto",  # float32, bfloat16, float16; auto: bfloat16 where the hardware has it, float16 on older GPUs
+    compile=False,  # torch.compile the model: a slower start, faster steps on GPUs
+    deterministic=False,  # deterministic GPU kernels (slower): identical reruns, resumes and DDP on GPUs as well
     # evaluation, logging, checkpoints
-    eval_interval=250,
-    eval_iters=100,  # batches per evaluation
-    log_interval=10,
-    eval_only=False,
+    eval_interval=250,  # steps between evaluations (and checkpoints)
+    eval_iters=100,  # batches per evaluation, the same ones every time
+    log_interval=10,  # steps between log lines (loss, lr, speed, MFU, gradient norm)
+    eval_only=False,  # evaluate once and exit
     always_save_checkpoint=True,  # save trainer_state.pt at every evaluation, not only when validation improves
-    wandb_log=False,
-    wandb_project="gpt-starter",
-    wandb_run_name="run",
+    wandb_log=False,  # log to wandb as well (WANDB_MODE=offline works without an account)
+    wandb_project="gpt-starter",  # the wandb project
+    wandb_run_name="",  # the wandb run's name; empty: out_dir and the start time
     # data and model
     batch_size=12,  # rows per micro-step per process
     gradient_accumulation_steps=1,  # micro-steps per optimizer step, over all processes together
-    block_size=256,
+    block_size=256,  # tokens of context (classify: the most tokens of a row the model reads)
     vocab_size=0,  # 0: the dataset's
-    n_layer=6,
-    n_head=6,
-    n_embd=384,
-    dropout=0.0,
-    bias=False,
+    n_layer=6,  # transformer blocks
+    n_head=6,  # attention heads per block, dividing n_embd
+    n_embd=384,  # width of the residual stream
+    dropout=0.0,  # dropout on embeddings, attention weights and residual branches
+    bias=False,  # biases in Linears and LayerNorms (GPT-2 has them)
+    attn_impl="sdpa",  # sdpa: fused F.scaled_dot_product_attention; explicit: model.attention(), the math to edit
+    rope=False,  # rotary position embeddings instead of the learned position table
+    rmsnorm=False,  # RMSNorm instead of LayerNorm
+    qk_norm=False,  # RMS-normalise queries and keys per head
+    relu2=False,  # ReLU^2 MLP activation instead of GELU
+    tie_embeddings=True,  # the LM head shares the token embedding's weights (GPT-2)
+    logit_softcap=0.0,  # > 0: logits = cap * tanh(logits / cap)
+    zero_init=False,  # residual output projections start at zero
     token_dropout=0.0,  # classify: hide this fraction of each training row's tokens, a regularizer for small data
-    # optimizer: AdamW, linear warmup then cosine decay to min_lr
-    learning_rate=6e-4,
-    min_lr=6e-5,
-    warmup_iters=100,
-    lr_decay_iters=5000,
-    decay_lr=True,
-    max_iters=5000,
-    weight_decay=0.1,
-    beta1=0.9,
-    beta2=0.95,
-    grad_clip=1.0,  # 0 turns clipping off
+    # optimizer and schedule: linear warmup, then cosine decay to min_lr
+    optimizer="adamw",  # adamw; muon: Muon for the blocks' matrices, AdamW for the rest
+    learning_rate=6e-4,  # peak learning rate
+    min_lr=6e-5,  # learning rate at the end of the decay
+    warmup_iters=100,  # steps of linear warmup
+    lr_decay_iters=5000,  # the step at which the decay reaches min_lr
+    decay_lr=True,  # False: learning_rate throughout
+    max_iters=5000,  # optimizer steps in all
+    weight_decay=0.1,  # decoupled weight decay of matrices and embeddings
+    beta1=0.9,  # Adam's first-moment decay
+    beta2=0.95,  # Adam's second-moment decay
+    grad_clip=1.0,  # clip the gradient's global norm to this; 0 turns clipping off
 )
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias")
+ARCH_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "rmsnorm", "qk_norm", "relu2",
+             "tie_embeddings", "logit_softcap")  # what a checkpoint's tensors depend on: a resume cannot change them
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+AT_LEAST_ONE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
+                "block_size", "n_layer", "n_head", "n_embd")
+NON_NEGATIVE = ("max_iters", "warmup_iters", "lr_decay_iters", "vocab_size", "learning_rate", "min_lr", "weight_decay",
+                "grad_clip", "logit_softcap")
+FRACTIONS = ("dropout", "token_dropout", "beta1", "beta2")  # in [0, 1)
+CHOICES = {"task": ("lm", "classify"), "attn_impl": ("sdpa", "explicit"), "optimizer": ("adamw", "muon"),
+           "dtype": ("auto", "float32", "bfloat16", "float16")}
 
 
-def usage(message):
-    raise SystemExit(f"train.py: {message}")
-
+# ------------------------------------------------------------------------------------------------- configuration
 
 def parse_config(argv):
-    """Config files (plain Python that sets keys) and --key=value overrides, in order, checked against DEFAULTS."""
-    config = dict(DEFAULTS)
+    """Config files (plain Python that sets keys) and --key=value overrides, in order, each checked against DEFAULTS.
+    Returns (the config, the keys the user set)."""
+    c, given = dict(DEFAULTS), set()
 
     def set_key(key, value, where):
         if key not in DEFAULTS:
             close = difflib.get_close_matches(key, DEFAULTS, n=3)
-            usage(f"unknown key {key!r} in {where}" + (f"; did you mean {', '.join(close)}?" if close else "; see --help"))
+            raise Error(f"unknown key {key!r} in {where}" + (f"; did you mean {', '.join(close)}?" if close else "; see --help"))
         expected = type(DEFAULTS[key])
         if expected is float and type(value) is int:
             value = float(value)
         if type(value) is not expected:
-            usage(f"{key} must be {expected.__name__}, got {type(value).__name__} {value!r} in {where}")
-        config[key] = value
+            raise Error(f"{key} must be {expected.__name__}, got {type(value).__name__} {value!r} in {where}")
+        c[key] = value
+        given.add(key)
 
     for arg in argv:
         if arg in ("-h", "--help"):
-            print(__doc__ + "\nkeys and defaults:")
-            print("\n".join(f"  --{k}={v!r}" for k, v in DEFAULTS.items()))
+            comments = key_comments()
+            print(__doc__ + "\nkeys, their defaults and what they do:")
+            print("\n".join(f"  --{k}={v!r}".ljust(34) + f"  {comments.get(k, '')}" for k, v in DEFAULTS.items()))
             raise SystemExit(0)
+        if arg == "--print_config":
+            continue
         if arg.startswith("--"):
             key, eq, text = arg[2:].partition("=")
             if not eq:
-                usage(f"{arg}: write --{key}=VALUE")
+                raise Error(f"{arg}: write --{key}=VALUE")
             try:
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError):
-                value = text  # a bare word is a string: --dataset=agnews
+                try:
+                    value = float(text)  # nan, inf
+                except ValueError:
+                    value = text  # a bare word is a string: --dataset=agnews
             set_key(key, value, arg)
         else:
-            if not os.path.isfile(arg):
-                usage(f"no config file {arg!r} (config files live in config/)")
-            scope = {}
-            exec(open(arg).read(), scope)
-            for key, value in scope.items():
-                if not key.startswith("_") and not callable(value) and type(value).__name__ != "module":
-                    set_key(key, value, arg)
-    if config["task"] not in ("lm", "classify"):
-        usage(f"task must be lm or classify, got {config['task']!r}")
-    if config["token_dropout"] and config["task"] != "classify":
-        usage("token_dropout hides tokens of classification rows: it needs task=classify")
-    return config
+            for key, value in exec_config(arg).items():
+                set_key(key, value, arg)
+    check_config(c)
+    return c, given
+
+
+def key_comments():
+    """{key: the comment beside its default in DEFAULTS}: what --help says of each key."""
+    source = open(__file__, encoding="utf-8").read()
+    start = source.index("DEFAULTS = dict(")
+    return dict(re.findall(r"^\s+(\w+)=.*?,\s+# (.*)$", source[start:source.index("\n)\n", start)], re.M))
+
+
+def exec_config(path, scope=None):
+    """The keys a config file sets. A config may include("other.py"), a path relative to itself, so configs work
+    from any working directory. Errors name the file and the line."""
+    scope = {} if scope is None else scope
+    if not os.path.isfile(path):
+        raise Error(f"no config file {path!r} (config files live in config/)")
+    data = open(path, "rb").read()
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise Error(f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#x}): save the file as UTF-8") from None
+    scope["include"] = lambda other: exec_config(os.path.join(os.path.dirname(path), other), scope)
+    try:
+        exec(compile(source, path, "exec"), scope)
+    except Error:
+        raise
+    except SyntaxError as e:
+        raise Error(f"{e.filename}:{e.lineno}: {e.msg}") from None
+    except Exception as e:
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+        raise Error(f"{path}:{lines[-1] if lines else '?'}: {type(e).__name__}: {e}") from None
+    return {k: v for k, v in scope.items()
+            if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
+
+
+def check_config(c):
+    """Every key within its range, before anything runs: one line naming the key, the value and the range."""
+    def need(ok, key, what):
+        if not ok:
+            raise Error(f"{key}={c[key]!r}: must be {what}")
+
+    for key, value in c.items():
+        need(not isinstance(value, float) or math.isfinite(value), key, "a finite number")
+    for key in AT_LEAST_ONE:
+        need(c[key] >= 1, key, ">= 1")
+    for key in NON_NEGATIVE:
+        need(c[key] >= 0, key, ">= 0")
+    for key in FRACTIONS:
+        need(0 <= c[key] < 1, key, "in [0, 1)")
+    for key, choices in CHOICES.items():
+        need(c[key] in choices, key, "one of " + ", ".join(choices))
+    need(c["n_embd"] % c["n_head"] == 0, "n_head", f"a divisor of n_embd={c['n_embd']}")
+    need(not c["decay_lr"] or c["min_lr"] <= c["learning_rate"], "min_lr", f"<= learning_rate={c['learning_rate']}")
+    forms = ("scratch", "resume") + GPT2_NAMES
+    close = difflib.get_close_matches(c["init_from"], forms, n=1)
+    need(c["init_from"] in forms or os.path.isdir(c["init_from"]), "init_from", f"one of {', '.join(forms)} or a "
+         f"folder of GPT weights" + (f" (did you mean {close[0]}?)" if close else ""))
+    need(not c["token_dropout"] or c["task"] == "classify", "token_dropout", "0 unless task=classify (it hides "
+         "tokens of classification rows)")
 
 
 def get_lr(step, c):
@@ -131,101 +214,100 @@ def get_lr(step, c):
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
 
 
-def pick_device(name, error):
-    """The device that name (auto, cpu, cuda, cuda:1, mps) means here, or error(one line) if it is not there."""
-    if name == "auto":  # cuda, then mps, then cpu
-        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
-    if not available.get(name.split(":")[0], lambda: True)():
-        error(f"--device {name}: this machine or this build of torch has no {name.split(':')[0]} device")
-    try:
-        torch.empty(0, device=name)
-    except (RuntimeError, AssertionError) as e:  # no such device type, or no such device index
-        error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}")
-    return name
+# ----------------------------------------------------------------------------------------- processes, files, data
 
-
-def pick_device_and_dtype(c):
-    device = pick_device(c["device"], usage)
-    dtype = c["dtype"]
-    if dtype == "auto":
-        fast_bf16 = torch.cuda.is_bf16_supported() if device.startswith("cuda") else device == "cpu" and cpu_has_bf16()
-        dtype = "bfloat16" if fast_bf16 else "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        usage(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-    if dtype == "float16" and not device.startswith("cuda"):
-        usage("dtype=float16 needs CUDA; use bfloat16 or float32 on this device")
-    return device, dtype
-
-
-def cpu_has_bf16():
-    """AMX or AVX-512 BF16: bf16 matmuls then run several times faster than fp32 on the CPU."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
-
-
-def matmul_flops(device, dtype, n=2048, repeats=3):
-    """Achievable matmul FLOP/s: the best of a few n x n products, the practical peak MFU is measured against."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first one warms up
-        sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
-
-
-def sync(device):
-    """Wait for the device: GPU work is asynchronous, so a timer would stop before the work does."""
+def init_distributed(c):
+    """(ddp, rank, world_size, device). Under torchrun each process takes its GPU (LOCAL_RANK) and joins the group."""
+    if "RANK" not in os.environ:
+        return False, 0, 1, pick_device(c["device"])
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    device = pick_device(c["device"])
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    elif device == "mps":
-        torch.mps.synchronize()
+        device = pick_device(f"cuda:{local_rank}")
+    # a long checkpoint save on rank 0 must not trip NCCL's 10-minute watchdog on the ranks waiting for it
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60))
+    if c["gradient_accumulation_steps"] % world_size:
+        raise Error(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of the "
+                    f"{world_size} processes: each takes an equal share of the micro-steps")
+    return True, rank, world_size, device
 
 
-def build_model(c, meta):
-    if c["task"] == "lm":
-        return GPT(GPTConfig(**{k: c[k] for k in SHAPE_KEYS}, dropout=c["dropout"]))
-    return EncoderClassifier(EncoderConfig(**{k: c[k] for k in SHAPE_KEYS}, dropout=c["dropout"],
-                                           n_classes=len(meta["label_names"]), pad_token_id=meta["pad_token_id"]))
-
-
-def pretrained_weights(c):
-    """GPT weights to start from: gpt2 names, a Hugging Face GPT-2 folder, or a checkpoint folder of this project
-    (a GPT pretrained on the same texts, say, to start a classifier). Returns (state_dict, its shape keys)."""
-    ours = os.path.isfile(os.path.join(c["init_from"], "config.json")) and \
-        "architecture" in json.load(open(os.path.join(c["init_from"], "config.json")))
-    source = from_checkpoint(c["init_from"])[0] if ours else GPT.from_pretrained(c["init_from"])
-    state = {k: v for k, v in source.state_dict().items() if not k.startswith(("lm_head", "head"))}
-    return state, {k: getattr(source.config, k) for k in SHAPE_KEYS}
-
-
-def prepare_data(c, ddp):
-    """The dataset's folder; when it was never prepared, run its prepare.py (single process) or name the command."""
-    data_dir = c["dataset"] if os.sep in c["dataset"] else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", c["dataset"])
-    command = f"python data/{c['dataset']}/prepare.py"
-    if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        if ddp or not os.path.isfile(os.path.join(data_dir, "prepare.py")):
-            usage(f"no prepared data in {data_dir}: run {command} first")
-        print(f"no prepared data in {data_dir}: running {command}", file=sys.stderr)
-        if subprocess.run([sys.executable, os.path.join(data_dir, "prepare.py")]).returncode:
-            usage(f"{command} failed (message above); offline, prepare from local files: {command} --source DIR")
-    return data_dir
-
-
-def check_writable(out_dir):
+@contextmanager
+def locked_out_dir(c):
+    """Make out_dir and hold a lock on it for the run (flock: the OS releases it when the process dies, kill -9
+    included); refuse to let a new run replace a checkpoint that is there."""
+    out_dir = c["out_dir"]
     try:
         os.makedirs(out_dir, exist_ok=True)
-        probe = os.path.join(out_dir, ".write_test")
-        open(probe, "w").close()
-        os.remove(probe)
+        lock = open(os.path.join(out_dir, ".lock"), "a+")
     except OSError as e:
-        usage(f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir")
+        raise Error(f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir") from None
+    try:
+        import fcntl  # POSIX; elsewhere runs are not locked
+
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass
+    except OSError:
+        lock.seek(0)
+        raise Error(f"out_dir {out_dir!r} is in use by another run (pid {lock.read().strip() or '?'}): wait for it to "
+                    f"end, or pick another --out_dir") from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    try:
+        saved = [f for f in ("model.safetensors", "trainer_state.pt") if os.path.exists(os.path.join(out_dir, f))]
+        if saved and c["init_from"] != "resume" and not c["overwrite_out_dir"]:
+            raise Error(f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it with "
+                        f"--init_from=resume, replace it with --overwrite_out_dir=True, or pick another --out_dir")
+        yield
+    finally:
+        lock.close()
+
+
+def data_dir(c, ddp):
+    """The dataset's folder; when it was never prepared, run its prepare.py (single process) or name the command."""
+    path = c["dataset"] if os.sep in c["dataset"] else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", c["dataset"])
+    command = f"python data/{c['dataset']}/prepare.py"
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        if ddp or not os.path.isfile(os.path.join(path, "prepare.py")):
+            raise Error(f"no prepared data in {path}: run {command} first")
+        print(f"no prepared data in {path}: running {command}", file=sys.stderr)
+        if subprocess.run([sys.executable, os.path.join(path, "prepare.py")]).returncode:
+            raise Error(f"{command} failed (message above); offline, prepare from local files: {command} --source DIR")
+    return path
+
+
+def load_state(c, given):
+    """The trainer state to resume, its run's config taken into c: only the keys given now override it, and not
+    the model's shape. Loaded with mmap, so the file is read as the tensors are used, not copied whole. init_from
+    becomes where the run began (scratch, or the weights it started from), which it stays through every resume."""
+    path = os.path.join(c["out_dir"], "trainer_state.pt")
+    if not os.path.isfile(path):
+        raise Error(f"init_from=resume but {path} does not exist: train with init_from=scratch first")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        saved = state["config"]
+    except Exception as e:
+        raise Error(f"cannot resume from {path} ({type(e).__name__}): not a trainer state that train.py wrote") from None
+    if saved["init_from"] != "scratch":  # the shape came from pretrained weights, not from the keys given
+        given = given - set(ARCH_KEYS)
+    changed = [f"{k}={saved[k]!r} there, {c[k]!r} here" for k in ARCH_KEYS + ("task",) if k in given and saved[k] != c[k]]
+    if changed:
+        raise Error(f"cannot resume {path} with a different model: {'; '.join(changed)}")
+    c.update({k: v for k, v in saved.items() if k in DEFAULTS and (k not in given or k == "init_from")})
+    return state
+
+
+def pretrained_source(c):
+    """The GPT to start from (gpt2 names, a Hugging Face GPT-2 folder, or a checkpoint folder of this project: a GPT
+    pretrained on the same texts, say, to start a classifier); its shape is taken into c, its context cut to
+    block_size when that is shorter."""
+    source, info = load_pretrained(c["init_from"])
+    if info["architecture"] != "GPT":
+        raise Error(f"init_from={c['init_from']!r} holds an {info['architecture']}, not a GPT to start from")
+    c.update({k: getattr(source.config, k) for k in ARCH_KEYS}, block_size=min(c["block_size"], source.config.block_size))
+    return source
 
 
 def to_device(batch, device):
@@ -235,221 +317,258 @@ def to_device(batch, device):
     return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()}
 
 
+# ------------------------------------------------------------------------------------------- the pieces of a step
+
+class StepGuard:
+    """What may stop a run between steps. Ctrl-C or SIGTERM asks for a stop at the next step boundary, after saving;
+    a second Ctrl-C stops at once, except during the save (torchrun's agent signals every rank again when one
+    exits: a save must not be cut short by that). read() is the step's one host-device sync: the loss, the gradient
+    norm and the stop signal, read together. Under DDP the signal is all-reduced, so every rank stops at the same
+    step: a rank stopping alone would leave the others waiting in the next all-reduce. A NaN or inf loss or norm
+    stops the run before anything is saved."""
+
+    def __init__(self, ddp, device):
+        self.ddp, self.device, self.signum, self.agreed, self.saving = ddp, device, 0, 0, False
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
+
+    def on_signal(self, signum, frame):
+        if self.signum and signum == signal.SIGINT and not self.saving:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def read(self, step, loss_sum, norm, scaler, out_dir):
+        flag = torch.full((), float(self.signum), device=self.device)
+        if self.ddp:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        loss, norm, signum = torch.stack([loss_sum.float(), norm.float(), flag]).tolist()
+        # a NaN on any rank reaches every rank's gradient norm through the all-reduce; fp16's scaler skips such steps
+        if not math.isfinite(loss) or not scaler.is_enabled() and not math.isfinite(norm):
+            raise Error(f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in {out_dir} "
+                        f"is untouched (try a lower learning_rate, or dtype=float32)")
+        self.agreed = int(signum)
+        return loss, norm
+
+    def stop_now(self):
+        """The signal to stop with now, or 0: the one all ranks agreed on at the last read; one process's own."""
+        return self.agreed if self.ddp else self.signum
+
+
 @torch.no_grad()
-def evaluate(model, data, c, autocast, device):
-    """Mean loss (and accuracy for classify) over the same eval_iters batches every time, so evaluations compare.
-    The sums stay on the device until the end: no host-device sync per batch."""
+def evaluate(model, data, c, ctx, device, rank, world_size):
+    """Mean loss (and accuracy for labelled data) over the same eval_iters batches every time, shared out across the
+    processes. The sums stay on the device until the end: one host-device sync per evaluation."""
     model.eval()
-    rows = data.eval_rows(c["eval_iters"] * c["batch_size"])
-    loss_sum, correct, n = 0.0, 0, 0
+    rows = data.eval_rows(c["eval_iters"] * c["batch_size"])[rank::world_size]
+    sums = torch.zeros(3, device=device)  # loss x rows, correct predictions, rows
     for i in range(0, len(rows), c["batch_size"]):
         batch = to_device(data.batch(rows[i:i + c["batch_size"]]), device)
-        with autocast:
+        with ctx:
             logits, loss = model(**batch)
-        size = len(batch["idx"])
-        loss_sum, n = loss_sum + loss.float() * size, n + size
-        if c["task"] == "classify":
-            correct = correct + (logits.argmax(-1) == batch["labels"]).sum()
+        correct = (logits.argmax(-1) == batch["labels"]).sum() if data.labelled else torch.zeros((), device=device)
+        sums += torch.stack([loss.float() * len(batch["idx"]), correct.float(), torch.tensor(len(batch["idx"]), device=device, dtype=torch.float)])
+    if world_size > 1:
+        dist.all_reduce(sums)
+    loss_sum, correct, n = sums.tolist()
     model.train()
-    metrics = {"loss": float(loss_sum) / n}
-    if c["task"] == "classify":
-        metrics["accuracy"] = int(correct) / n
-    else:
-        metrics["perplexity"] = math.exp(min(metrics["loss"], 50))
-    return metrics
+    loss = loss_sum / n
+    return {"loss": loss, "accuracy": correct / n} if data.labelled else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
 
+
+def save_state(path, model, optimizers, scaler, step, best, c, seconds):
+    """The whole trainer state in one file, written atomically (a crash mid-write leaves the previous one)."""
+    state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+             "scaler": scaler.state_dict(), "step": step, "best": best, "config": c, "seconds": seconds}
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+# --------------------------------------------------------------------------------------------------------- the run
 
 def main(argv):
-    c = parse_config(argv)
-    ddp = "RANK" in os.environ  # set by torchrun
-    device, dtype = pick_device_and_dtype(c)
-    rank, local_rank, world_size = 0, 0, 1
-    if ddp:
-        rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-        if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    master = rank == 0
-    log = print if master else (lambda *a, **k: None)
-    if c["gradient_accumulation_steps"] % world_size:
-        usage(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of the "
-              f"{world_size} processes: each takes an equal share of the micro-steps")
-    micro_steps = c["gradient_accumulation_steps"] // world_size
-    device_type = device.split(":")[0]
-    if master:
-        check_writable(c["out_dir"])
-    weights = None  # pretrained GPT weights fix the model's shape before the data is read at that block_size
-    if c["init_from"] not in ("scratch", "resume"):
-        weights, shape = pretrained_weights(c)
-        c.update(shape, block_size=min(c["block_size"], shape["block_size"]))
-        weights["wpe.weight"] = weights["wpe.weight"][:c["block_size"]]  # a shorter context keeps the first positions
-    data_dir = prepare_data(c, ddp)
-    train_data, val_data = (load_split(data_dir, split, c["block_size"]) for split in ("train", "val"))
-    meta = train_data.meta
-    if meta["task"] != c["task"]:
-        usage(f"dataset {c['dataset']} is prepared for task={meta['task']}, but task={c['task']}")
-    c["vocab_size"] = c["vocab_size"] or meta["vocab_size"]
-    if meta["vocab_size"] > c["vocab_size"]:
-        usage(f"the model has {c['vocab_size']} tokens, dataset {c['dataset']} needs {meta['vocab_size']}")
+    c, given = parse_config(argv)
+    if "--print_config" in argv:
+        print(json.dumps(c, indent=2))
+        return None, {}
+    ddp, rank, world_size, device = init_distributed(c)
+    try:
+        with locked_out_dir(c) if rank == 0 else nullcontext():
+            return train(c, given, ddp, rank, world_size, device)
+    finally:
+        if ddp:
+            dist.destroy_process_group()
 
-    # the model: from scratch, from our last state, or from pretrained GPT weights
-    state_path = os.path.join(c["out_dir"], "trainer_state.pt")
-    state, start_step, best = None, 0, -float("inf")
-    if c["init_from"] == "resume":
-        if not os.path.isfile(state_path):
-            usage(f"init_from=resume but {state_path} does not exist: train with init_from=scratch first")
-        try:
-            state = torch.load(state_path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            usage(f"cannot resume from {state_path} ({type(e).__name__}): not a trainer state that train.py wrote")
-        if state["config"]["init_from"] != "scratch":  # the shape came from pretrained weights, not from the config
-            c.update({k: state["config"][k] for k in SHAPE_KEYS})
-        changed = [f"{k}={state['config'][k]!r} there, {c[k]!r} here" for k in SHAPE_KEYS + ("task",) if state["config"][k] != c[k]]
-        if changed:
-            usage(f"cannot resume {state_path} with a different model: {'; '.join(changed)}")
-        start_step, best = state["step"], state["best"]
-    torch.manual_seed(c["seed"])
-    model = build_model(c, meta)
-    if state is not None:
-        model.load_state_dict(state["model"])
-    elif weights is not None:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        assert not unexpected and all(k.startswith(("lm_head", "head")) for k in missing), (missing, unexpected)
-    model.to(device)
-    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-    raw_model = model
+
+def train(c, given, ddp, rank, world_size, device):
+    master, out_dir = rank == 0, c["out_dir"]
+    train_data, val_data, raw_model, optimizers, scaler, (step, best, seconds) = setup(c, given, ddp, device, master)
+    model = raw_model
+    if ddp:  # DDP first, then compile: the recommended order, which overlaps the gradient all-reduce with backward
+        model = DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
     if c["compile"]:
         model = torch.compile(model)
-    if ddp:
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
-    ptdtype = getattr(torch, dtype)
-    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=ptdtype)
-    peak = matmul_flops(device, torch.float32 if dtype == "float32" else ptdtype)
-
-    info = {"task": c["task"], "dataset": c["dataset"], "tokenizer": meta["tokenizer"]}
+    dtype = resolve_dtype(c["dtype"], device)
+    ctx, (peak, peak_source) = autocast(device, dtype), peak_flops(device, dtype)
+    info = {"task": c["task"], "dataset": c["dataset"], "tokenizer": train_data.meta["tokenizer"], "command": sys.argv}
     if c["task"] == "classify":
-        info.update(label_names=meta["label_names"], max_length=meta.get("max_length", c["block_size"]))
+        info.update(label_names=train_data.meta["label_names"], max_length=train_data.meta["max_length"])
     if master:
-        log("config: " + ", ".join(f"{k}={v!r}" for k, v in c.items()), file=sys.stderr)
-        write_json(os.path.join(c["out_dir"], "train_config.json"), c)
-        log(f"{raw_model.num_params() / 1e6:.2f}M parameters, {world_size} process(es) on {device}, {dtype}, "
-            f"matmul peak {peak / 1e9:.0f} GFLOP/s", file=sys.stderr)
-    run = None
-    if c["wandb_log"] and master:
-        import wandb
-
-        run = wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=c, dir=c["out_dir"])
-
-    def save_state(step):
-        """The whole trainer state in one file: a crash mid-write leaves the previous one (tmp + os.replace)."""
-        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "step": step, "best": best, "config": c}
-        torch.save(state, state_path + ".tmp")
-        os.replace(state_path + ".tmp", state_path)
-
-    stop_signal = []
-
-    def on_signal(signum, frame):
-        if stop_signal:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        stop_signal.append(signum)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+        write_json(os.path.join(out_dir, "train_config.json"), c)
+        print(f"{raw_model.num_params() / 1e6:.2f}M parameters, {world_size} process(es) on {device}, {dtype}; MFU "
+              f"against {peak / 1e12:.3g} TFLOP/s ({peak_source})", file=sys.stderr)
+    run = start_wandb(c, raw_model.num_params()) if c["wandb_log"] and master else None
+    record, guard = RunRecord(out_dir, run, seconds) if master else None, StepGuard(ddp, device)
+    save = lambda: save_state(os.path.join(out_dir, "trainer_state.pt"), raw_model, optimizers, scaler, step, best, c,
+                              record.seconds())
+    best_name, goal = train_data.best
+    sign = 1 if goal == "max" else -1
 
     # every step's global batch is drawn from (seed, step); dropout from (seed, rank, step): resume is exact
+    micro_steps = c["gradient_accumulation_steps"] // world_size
     rows_per_step = c["batch_size"] * c["gradient_accumulation_steps"]
-    bar = tqdm(total=c["max_iters"], initial=start_step, disable=not master, dynamic_ncols=True, file=sys.stderr)
-    step, t0, seen, metrics, stop_signum = start_step, time.perf_counter(), 0, {}, 0
+    bar = tqdm(total=c["max_iters"], initial=step, disable=not master, dynamic_ncols=True, file=sys.stderr)
+    start_step, best_step, metrics, seen, tokens, t0 = step, None, {}, 0, 0, time.perf_counter()
     while True:
         lr = get_lr(step, c)
-        for group in optimizer.param_groups:
+        for group in (g for optimizer in optimizers for g in optimizer.param_groups):
             group["lr"] = lr
-        if master and (step % c["eval_interval"] == 0 or step == c["max_iters"] or c["eval_only"]):
+        if step % c["eval_interval"] == 0 or step == c["max_iters"] or c["eval_only"]:
+            eval_start = time.perf_counter()
             metrics = {f"{split}/{k}": v for split, data in (("train", train_data), ("val", val_data))
-                       for k, v in evaluate(raw_model, data, c, autocast, device).items()}
-            bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
-            if run:
-                run.log({**metrics, "lr": lr}, step=step)
-            score = metrics["val/accuracy"] if c["task"] == "classify" else -metrics["val/loss"]
-            if step > start_step and not c["eval_only"]:  # nothing new to save at the first evaluation
-                if score > best:
-                    best = score
-                    raw_model.save_pretrained(c["out_dir"], **info)
-                if score == best or c["always_save_checkpoint"]:
-                    save_state(step)
+                       for k, v in evaluate(raw_model, data, c, ctx, device, rank, world_size).items()}
+            if master:
+                bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+                record.log(step, **metrics, lr=lr)
+                if step > start_step and not c["eval_only"]:  # nothing new to save at the first evaluation
+                    if sign * metrics[best_name] > best:
+                        best, best_step = sign * metrics[best_name], step
+                        raw_model.save_pretrained(out_dir, **info, metrics={"step": step, **metrics})
+                    if best_step == step or c["always_save_checkpoint"]:
+                        save()
+            bar.unpause()  # the bar's rate and ETA count training steps, not evaluations; so does the log's speed
+            t0 += time.perf_counter() - eval_start
         if step >= c["max_iters"] or c["eval_only"]:
             break
-        if stop_signal and not ddp:  # one process has nobody to agree with: stop now
-            stop_signum = stop_signal[0]
-        if stop_signum:  # here, after this step's evaluation: a resumed run loses none
+        if guard.stop_now():  # here, after this step's evaluation: a resumed run loses none
+            guard.saving = True
             if master:
-                save_state(step)
+                save()
+            if ddp:
+                dist.barrier()  # every rank waits for rank 0's save: torchrun stops the others once one exits
             bar.close()
-            print(f"stopped by signal {stop_signum} at step {step}; {state_path} holds it: resume with "
-                  f"--init_from=resume", file=sys.stderr)
-            raise SystemExit(128 + stop_signum)
+            print(f"stopped by signal {guard.stop_now()} at step {step}; {out_dir}/trainer_state.pt holds it: resume "
+                  f"with --init_from=resume", file=sys.stderr)
+            raise SystemExit(128 + guard.stop_now())
 
         rows = train_data.rows(c["seed"], step, rows_per_step)
         torch.manual_seed(hash((c["seed"], rank, step)))  # dropout masks: a function of (seed, rank, step)
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), device=device)
         for micro in range(micro_steps):
             first = (rank * micro_steps + micro) * c["batch_size"]
             batch = to_device(train_data.batch(rows[first:first + c["batch_size"]]), device)
-            if c["token_dropout"] > 0:  # hidden tokens are masked like padding: the row reads as a shorter text
-                batch["attention_mask"] *= torch.rand(batch["attention_mask"].shape, device=device) >= c["token_dropout"]
-            last = micro == micro_steps - 1
             # without no_sync DDP would all-reduce on every micro-step; it must wrap the forward as well as backward
-            with model.no_sync() if ddp and not last else nullcontext():
-                with autocast:
+            with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
+                with ctx:
                     _, loss = model(**batch)
                     loss = loss / micro_steps
                 scaler.scale(loss).backward()
             loss_sum += loss.detach()
-            seen += batch["idx"].numel() if c["task"] == "lm" else len(batch["idx"])
-        scaler.unscale_(optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
-        # one host-device sync per step reads the loss, the gradient norm for the NaN guard and the signal to stop at,
-        # which every rank must agree on: a rank stopping alone would leave the others waiting in the next all-reduce
-        flag = torch.full((), float(stop_signal[0] if stop_signal else 0), device=device)
-        if ddp:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        loss_value, norm_value, stop_signum = torch.stack([loss_sum, norm, flag]).tolist()
-        stop_signum = int(stop_signum)
-        # a NaN on any rank reaches every rank's gradient norm through the all-reduce; with fp16 the scaler skips
-        # such steps itself
-        if not math.isfinite(loss_value) or not scaler.is_enabled() and not math.isfinite(norm_value):
-            usage(f"loss {loss_value}, gradient norm {norm_value} at step {step}: stopping; the last checkpoint in "
-                  f"{c['out_dir']} is untouched (try a lower learning_rate, or dtype=float32)")
-        scaler.step(optimizer)
+            seen, tokens = seen + train_data.count(batch), tokens + batch["idx"].numel()
+        for optimizer in optimizers:
+            scaler.unscale_(optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), c["grad_clip"] or float("inf"))
+        loss_value, norm_value = guard.read(step, loss_sum, norm, scaler, out_dir)
+        for optimizer in optimizers:
+            scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
         bar.update(1)
 
         if master and (step % c["log_interval"] == 0 or step == c["max_iters"]):
             elapsed, t0 = time.perf_counter() - t0, time.perf_counter()
-            rate = seen * world_size / elapsed
-            width = c["block_size"] if c["task"] == "lm" else batch["idx"].size(1)
-            tokens_per_s = rate if c["task"] == "lm" else rate * width
-            mfu = raw_model.flops_per_token(width) * tokens_per_s / (peak * world_size)
-            unit = "tok/s" if c["task"] == "lm" else "ex/s"
-            bar.set_postfix_str(f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}, mfu {100 * mfu:.1f}%")
-            if run:
-                run.log({"train/step_loss": loss_value, "lr": lr, unit: rate, "mfu": mfu}, step=step)
-            seen = 0
+            achieved = raw_model.flops_per_token(batch["idx"].size(1)) * tokens * world_size / elapsed
+            peak = max(peak, achieved)  # a peak measured while the machine was busy: MFU never passes 100%
+            rate, unit = seen * world_size / elapsed, train_data.unit
+            bar.set_postfix_str(f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * achieved / peak:.1f}%")
+            record.log(step, **{"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate, "mfu": achieved / peak,
+                                "grad_norm": norm_value})
+            seen = tokens = 0
     bar.close()
-    if run:
-        run.finish()
-    if ddp:
-        dist.destroy_process_group()
+    if master:
+        finish(c, record, run, best, best_step, sign, best_name, step - start_step, metrics)
     return raw_model, metrics
 
 
+def setup(c, given, ddp, device, master):
+    """Everything a run starts from: (train data, val data, model on device, optimizers, grad scaler, (step, best
+    score, seconds so far)), from scratch, a resumed state or pretrained weights."""
+    state = load_state(c, given) if c["init_from"] == "resume" else None  # c takes the saved run's config
+    source = None if state or c["init_from"] == "scratch" else pretrained_source(c)  # c takes its shape
+    path = data_dir(c, ddp)
+    train_data, val_data = (load_split(path, split, c["block_size"]) for split in ("train", "val"))
+    meta = train_data.meta
+    if meta["task"] != c["task"]:
+        raise Error(f"dataset {c['dataset']} is prepared for task={meta['task']}, but task={c['task']}")
+    c["vocab_size"] = c["vocab_size"] or meta["vocab_size"]
+    if meta["vocab_size"] > c["vocab_size"]:
+        raise Error(f"the model has {c['vocab_size']} tokens, dataset {c['dataset']} needs {meta['vocab_size']}")
+    if master and c["decay_lr"] and c["max_iters"] < c["lr_decay_iters"]:
+        print(f"warning: max_iters={c['max_iters']} < lr_decay_iters={c['lr_decay_iters']}: the learning rate will "
+              f"not have decayed to min_lr by the end (lr_decay_iters={c['max_iters']} gives a full schedule)", file=sys.stderr)
+    if c["deterministic"]:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic workspace
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(c["seed"])
+    model = make_model(c, meta, state, source).to(device)
+    del source  # the pretrained tensors belong to the model now: nothing else may hold them for the whole run
+    dtype, device_type = resolve_dtype(c["dtype"], device), device.split(":")[0]
+    optimizers = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
+                                            device_type, c["optimizer"])
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+    if state is None:
+        return train_data, val_data, model, optimizers, scaler, (0, -float("inf"), 0.0)
+    for optimizer, saved in zip(optimizers, state["optimizers"]):
+        optimizer.load_state_dict(saved)
+    if scaler.is_enabled() and state["scaler"]:  # a disabled scaler (bf16 and fp32 runs) saved an empty state
+        scaler.load_state_dict(state["scaler"])
+    return train_data, val_data, model, optimizers, scaler, (state["step"], state["best"], state.get("seconds", 0.0))
+
+
+def make_model(c, meta, state, source):
+    """A new model of c's shape: from scratch (seeded), from a resumed state, or from a pretrained GPT's weights (a
+    classifier gets a new head). Resumed and pretrained tensors are taken over, not copied."""
+    settings = {**c, "n_classes": len(meta.get("label_names", [])), "pad_token_id": meta.get("pad_token_id", 0)}
+    if state is None and source is None:
+        return build_model(c["task"], settings)
+    with torch.device("meta"):
+        model = build_model(c["task"], settings)
+    if state is not None:
+        return model.load_weights(state["model"])
+    weights = {k: v for k, v in source.state_dict().items() if not k.startswith(("lm_head", "head"))}
+    if "wpe.weight" in weights:
+        weights["wpe.weight"] = weights["wpe.weight"][:c["block_size"]]  # a shorter context keeps the first positions
+    return model.load_weights(weights, new=("head",) if c["task"] == "classify" else ())
+
+
+def finish(c, record, run, best, best_step, sign, best_name, steps, metrics):
+    """The run's summary on stderr, the loss curve in out_dir, the best metric in the wandb summary."""
+    out_dir = c["out_dir"]
+    try:
+        plot_runs([out_dir], os.path.join(out_dir, "loss.png"))
+    except Exception as e:  # a plot must never fail a finished run
+        print(f"warning: could not draw {out_dir}/loss.png ({type(e).__name__}: {e})", file=sys.stderr)
+    lines = [f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"]
+    if best_step is not None:
+        lines.append(f"best {best_name} {sign * best:.4f} at step {best_step}: {out_dir}/model.safetensors + config.json")
+    elif metrics:
+        lines.append(f"no better {best_name} than before ({sign * best:.4f}): {out_dir}/model.safetensors unchanged")
+    lines.append(f"records: {out_dir}/metrics.jsonl, {out_dir}/loss.png; state: {out_dir}/trainer_state.pt")
+    print("\n".join(lines), file=sys.stderr)
+    if run:
+        run.summary[f"best {best_name}"] = sign * best
+        run.finish()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_script(lambda: main(sys.argv[1:]), "train.py")

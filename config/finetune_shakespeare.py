@@ -5,7 +5,6 @@ eval_interval = 5
 eval_iters = 40
 always_save_checkpoint = False
 wandb_project = "shakespeare"
-wandb_run_name = "ft-gpt2"
 
 task = "lm"
 dataset = "shakespeare"

@@ -4,14 +4,14 @@
 out_dir = "out-gpt2"
 wandb_log = True
 wandb_project = "owt"
-wandb_run_name = "gpt2-124M"
 
 task = "lm"
 dataset = "openwebtext"
-# 12 rows x 1024 tokens x 40 micro-steps = 491,520 tokens per step, whatever the number of processes
-batch_size = 12
+# 16 rows x 1024 tokens x 32 micro-steps = 524,288 tokens (2^19) per step, whatever the number of processes; 32
+# micro-steps share out evenly over 1, 2, 4, 8, 16 or 32 processes (the README's one- and two-node commands)
+batch_size = 16
 block_size = 1024
-gradient_accumulation_steps = 5 * 8
+gradient_accumulation_steps = 32
 vocab_size = 50304  # GPT-2's 50,257 rounded up to a multiple of 64: faster matmuls, the extra rows go unused
 
 n_layer = 12

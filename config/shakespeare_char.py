@@ -7,7 +7,6 @@ log_interval = 10
 always_save_checkpoint = False
 
 wandb_project = "shakespeare-char"
-wandb_run_name = "mini-gpt"
 
 task = "lm"
 dataset = "shakespeare_char"

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from model import MultiHeadAttention, attention
+from model import GPTConfig, MultiHeadAttention, attention
 
 # "dogs chase cats", d = 4, d_k = d_v = 2
 X = torch.tensor([[1., 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 1]])
@@ -49,7 +49,7 @@ def test_no_projections_symmetric_scores_asymmetric_weights():
 
 def test_permutation_equivariance_and_causal_breaks_it():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2).eval()
+    mha = MultiHeadAttention(GPTConfig(n_embd=8, n_head=2)).eval()
     x, perm = torch.randn(1, 5, 8), torch.tensor([3, 0, 4, 1, 2])
     y, _ = mha(x)
     y_perm, _ = mha(x[:, perm])
@@ -78,7 +78,7 @@ def test_sqrt_dk_simulation():
 
 @pytest.mark.parametrize("d, h", [(32, 4), (768, 12), (64, 1), (64, 2), (64, 8), (64, 64)])
 def test_parameter_count_is_4d2_for_any_h(d, h):
-    n = sum(p.numel() for p in MultiHeadAttention(d, h, bias=False).parameters())
+    n = sum(p.numel() for p in MultiHeadAttention(GPTConfig(n_embd=d, n_head=h, bias=False)).parameters())
     assert n == 4 * d * d
     if d == 32:
         assert n == 3 * 4 * 32 * 8 + 32 ** 2 == 4096
@@ -88,7 +88,7 @@ def test_parameter_count_is_4d2_for_any_h(d, h):
 @pytest.mark.parametrize("padded", [False, True])
 def test_fused_and_explicit_paths_agree(causal, padded):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4).eval()
+    mha = MultiHeadAttention(GPTConfig(n_embd=32, n_head=4)).eval()
     x = torch.randn(3, 7, 32)
     mask = None
     if padded:  # row 0 real throughout, rows 1-2 end in padding

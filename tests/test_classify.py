@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import classify
+from common import run_script
 from conftest import ROOT, needs_shared
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint
 
@@ -208,9 +209,15 @@ def test_attention_maps(ckpt, data, runs):
     with torch.no_grad():
         _, _, maps = model(idx, torch.ones_like(idx), need_weights=True)
     fig = classify.attention_figure([m[0].numpy() for m in maps], list("abca cab"), "predicted: x")
-    assert sorted(ax.get_title() for ax in fig.axes) == [f"layer {l} head {h}" for l in range(2) for h in range(2)]
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list("abca cab")
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list("abca cab")
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert sorted(ax.get_title() for ax in panels) == [f"layer {l} head {h}" for l in range(2) for h in range(2)]
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == list("abca cab")
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == list("abca cab")
+    assert (panels[0].get_xlabel(), panels[0].get_ylabel()) == ("key", "query")
+    # one colour scale for every panel, 0 to the largest weight, and its colour bar
+    top = max(float(m.max()) for m in maps)
+    assert all(ax.images[0].get_clim() == (0, pytest.approx(top)) for ax in panels)
+    assert any(ax.get_ylabel() == "attention weight" for ax in fig.axes if ax not in panels)
 
 
 def one_line_error(rc, err, *words):
@@ -224,9 +231,9 @@ def test_error_from_the_command_line(runs):
 
 def in_process_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        classify.main(argv)
-    message = e.value.code  # sys.exit(message): Python prints it to stderr and exits with 1
-    assert isinstance(message, str) and message.startswith("classify.py: error:") and "\n" not in message, message
+        run_script(lambda: classify.main(argv), "classify.py")  # what `python classify.py ARGV` runs
+    message = capsys.readouterr().err
+    assert e.value.code == 2 and message.startswith("classify.py: error:") and message.count("\n") == 1, message
     return message
 
 
@@ -239,10 +246,12 @@ def test_errors(ckpt, tmp_path, capsys, monkeypatch):
     (tmp_path / "cols.jsonl").write_text('{"text": "abc"}\n')
     assert "text,label" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "cols.jsonl")], capsys)
     (tmp_path / "labels.csv").write_text("text,label\nabc,1\nbca,3\ncab,delta\n")
-    message = in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "labels.csv")], capsys)
-    assert "2 of 3 rows have a label outside the model's classes 0..2" in message
+    classify.main(["--out_dir", ckpt, "--eval", str(tmp_path / "labels.csv")])  # scores the one usable row
+    out, err = capsys.readouterr()
+    assert "(0 of 1)" in out or "(1 of 1)" in out
+    assert "skipped 2 of 3 rows (0 with no text, 2 with a label that is not a class id 0..2" in err
     (tmp_path / "empty.csv").write_text("text,label\n")
-    assert "no rows" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "empty.csv")], capsys)
+    assert "no usable row" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "empty.csv")], capsys)
     assert "not in this model's vocabulary" in in_process_error(["--out_dir", ckpt, "xyz"], capsys)
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert "no text to classify" in in_process_error(["--out_dir", ckpt], capsys)

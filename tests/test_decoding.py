@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import decoding as d
+from common import Error
 from model import GPT, GPTConfig
 
 INF = float("inf")
@@ -156,7 +157,7 @@ def test_all_strategies_together_in_the_documented_order():
 def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
     logits = torch.randn(3, 7)
     assert torch.equal(d.make_next_token().process(logits, C([1, 2], [3, 3], [0, 6])), logits)
-    with pytest.raises(ValueError, match="every token is blocked"):
+    with pytest.raises(Error, match="every token is blocked"):
         d.make_next_token(no_repeat_ngram_size=1)(torch.zeros(1, 2), C([0, 1]))
 
 
@@ -167,9 +168,11 @@ def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0"),
     (dict(no_repeat_ngram_size=-1), r"no_repeat_ngram_size must be >= 0"),
+    (dict(frequency_penalty=float("nan")), r"frequency_penalty must be a finite number, got nan"),
+    (dict(temperature=float("inf")), r"temperature must be a finite number"),
 ])
 def test_out_of_range_values_raise(kw, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(Error, match=message):
         d.make_next_token(**kw)
 
 
@@ -183,3 +186,10 @@ def test_with_gpt_generate():
     assert torch.equal(generate(d.make_next_token(greedy=True)), plain)  # the same as generate's own default
     assert any(repeats(row) for row in plain.tolist())  # a random model's greedy text loops...
     assert not any(repeats(row) for row in generate(d.make_next_token(greedy=True, no_repeat_ngram_size=2)).tolist())
+
+
+def test_a_seeded_generator_gives_the_same_draws():
+    """(On a GPU a CPU generator draws on the CPU: the same seed gives the same tokens on any device.)"""
+    logits = torch.randn(4, 50)
+    draw = lambda: d.make_next_token(generator=torch.Generator().manual_seed(3))(logits, C([1], [2], [3], [4]))
+    assert torch.equal(draw(), draw())

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from common import Error
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -83,7 +84,8 @@ def test_tied_head_parameter_count_and_decay_groups():
     expected = c.vocab_size * c.n_embd + c.n_layer * per_layer + 2 * c.n_embd
     assert model.num_params() == expected
     assert model.num_params(non_embedding=False) == expected + c.block_size * c.n_embd
-    decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
+    (adamw,) = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decay, no_decay = adamw.param_groups
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params(non_embedding=False)
@@ -178,12 +180,12 @@ def test_from_pretrained_matches_independent_gpt2(tmp_path):
 
 
 def test_from_pretrained_rejects_unknown_names():
-    with pytest.raises(ValueError, match="neither a directory"):
+    with pytest.raises(Error, match="neither a directory"):
         GPT.from_pretrained("gpt3")
 
 
 def test_broken_checkpoint_is_one_clear_error(tmp_path):
     tiny_gpt().save_pretrained(tmp_path, task="lm")
     (tmp_path / "model.safetensors").write_bytes(b"half a file")
-    with pytest.raises(RuntimeError, match="is not a readable checkpoint of this project"):
+    with pytest.raises(Error, match="is not a readable checkpoint of this project"):
         from_checkpoint(tmp_path)

@@ -140,7 +140,7 @@ def test_agnews_file_without_valid_rows_fails_and_writes_nothing(tmp_path):
     os.makedirs(tmp_path / "out")
     (tmp_path / "out" / "meta.json").write_text("an earlier, complete run")
     line = one_line(prepare("agnews", "--source", tmp_path / "src", "--out_dir", tmp_path / "out"))
-    assert "train.csv" in line and "no valid row" in line
+    assert "train.csv" in line and "no usable row" in line
     assert os.listdir(tmp_path / "out") == ["meta.json"]
     assert (tmp_path / "out" / "meta.json").read_text() == "an earlier, complete run"
 
@@ -185,7 +185,7 @@ def test_shakespeare_char_small(tmp_path):
     assert len(train) == int(len(text) * 0.9) and len(train) + len(val) == len(text)
     assert meta["splits"] == {"train": len(train), "val": len(val)}
     assert "".join(chars[i] for i in np.concatenate([train, val])) == text
-    data = LMData(str(tmp_path / "out"), "val", block_size=8)
+    data = load_split(str(tmp_path / "out"), "val", block_size=8)
     b = data.batch(np.array([0, 3]))
     assert b["idx"][1].tolist() == val[3:11].tolist() and b["targets"][1].tolist() == val[4:12].tolist()
 
@@ -230,4 +230,4 @@ def test_openwebtext_local_folder(tmp_path):
     assert sorted(found) == sorted(docs)  # each document once, whole, between two <|endoftext|>
     assert meta["task"] == "lm" and meta["dtype"] == "uint16" and meta["vocab_size"] == 50257
     assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]
-    assert LMData(str(tmp_path / "out"), "train", block_size=4).batch(np.array([0]))["idx"].shape == (1, 4)
+    assert load_split(str(tmp_path / "out"), "train", block_size=4).batch(np.array([0]))["idx"].shape == (1, 4)

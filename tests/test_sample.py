@@ -9,6 +9,7 @@ import torch
 
 from conftest import ROOT, needs_shared
 from model import GPT, GPTConfig, from_checkpoint
+from common import run_script
 from sample import SEPARATOR, main, printable
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65
@@ -123,13 +124,13 @@ def test_errors_are_one_line_and_fail(runs):
     (["--out_dir", "missing"], "no checkpoint in 'missing': train one with `python train.py config/"),
     (["--start", "FILE:nope.txt"], "--start FILE:nope.txt: No such file or directory"),
     (["--device", "gpu"], "--device gpu: Expected one of"),
-    (["--dtype", "float16", "--device", "cpu"], "--dtype float16 needs a GPU"),
-    (["--init_from", "gpt3"], "--init_from 'gpt3' is neither a directory nor one of gpt2"),
+    (["--dtype", "float16", "--device", "cpu"], "dtype=float16 needs a CUDA GPU"),
+    (["--init_from", "gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
 ])
 def test_more_errors_in_process(args, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        main(args)
+        run_script(lambda: main(args), "sample.py")  # what `python sample.py ARGS` runs
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith(f"sample.py: error: {message}") and err.count("\n") == 1
 

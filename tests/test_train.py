@@ -1,15 +1,20 @@
 """train.py on tiny data the tests make: config parsing, LR schedule, exact resume, accumulation, DDP, failures."""
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
 import train
+from common import Error
+from model import GPT
 from conftest import ROOT
 from dataset import save_array, write_classification_split, write_meta
 
@@ -23,7 +28,8 @@ def lm_dir(tmp_path_factory):
     rng = np.random.default_rng(0)
     for split, n in (("train", 5000), ("val", 500)):
         save_array(os.path.join(d, f"{split}.bin"), (np.arange(n) % 7 + rng.integers(0, 3, n)).astype(np.uint16))
-    write_meta(d, task="lm", tokenizer={"type": "char", "chars": "abcdefghij"}, vocab_size=10, dtype="uint16")
+    write_meta(d, task="lm", tokenizer={"type": "char", "chars": "abcdefghij"}, vocab_size=10, dtype="uint16",
+               splits={"train": 5000, "val": 500})
     return d
 
 
@@ -37,15 +43,17 @@ def toy_classify_dir(tmp_path_factory):
         rows = [list(rng.integers(1 + 9 * y, 10 + 10 * y, rng.integers(3, 12))) for y in labels]
         write_classification_split(d, split, rows, labels, np.uint16)
     write_meta(d, task="classify", tokenizer={"type": "char", "chars": "x" * 20}, vocab_size=20, dtype="uint16",
-               label_names=["low", "high"], max_length=16, pad_token_id=0)
+               label_names=["low", "high"], max_length=16, pad_token_id=0, splits={"train": 400, "val": 100})
     return d
 
 
 def run(argv):
-    """train.main in this process, leaving the signal handlers as they were."""
+    """train.main in this process, leaving the signal handlers as they were. A run may replace an earlier run's
+    checkpoint unless the test says otherwise."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    overwrite = [] if any(a.startswith(("--overwrite_out_dir", "--init_from=resume")) for a in argv) else ["--overwrite_out_dir=True"]
     try:
-        return train.main(TINY + argv)
+        return train.main(TINY + overwrite + argv)
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -58,9 +66,10 @@ def state(out_dir):
 def test_config_file_overrides_and_types(tmp_path):
     cfg = tmp_path / "c.py"
     cfg.write_text("n_layer = 3\nlearning_rate = 1e-3\ndataset = 'agnews'\nimport math\n_private = 1\n")
-    c = train.parse_config([str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"])
+    c, given = train.parse_config([str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"])
     assert (c["n_layer"], c["learning_rate"], c["dataset"], c["wandb_run_name"]) == (5, 1.0, "agnews", "bare_word")
     assert type(c["learning_rate"]) is float
+    assert given == {"n_layer", "learning_rate", "dataset", "wandb_run_name"}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -69,25 +78,70 @@ def test_config_file_overrides_and_types(tmp_path):
     (["--compile=yes"], "compile must be bool, got str 'yes'"),
     (["--n_layer"], "write --n_layer=VALUE"),
     (["missing.py"], "no config file 'missing.py'"),
-    (["--task=regress"], "task must be lm or classify"),
+    (["--task=regress"], "task='regress': must be one of lm, classify"),
+    (["--batch_size=0"], "batch_size=0: must be >= 1"),
+    (["--gradient_accumulation_steps=-2"], "gradient_accumulation_steps=-2: must be >= 1"),
+    (["--eval_iters=0"], "eval_iters=0: must be >= 1"),
+    (["--max_iters=-1"], "max_iters=-1: must be >= 0"),
+    (["--learning_rate=-0.1"], "learning_rate=-0.1: must be >= 0"),
+    (["--learning_rate=nan"], "learning_rate=nan: must be a finite number"),
+    (["--dropout=1.0"], r"dropout=1.0: must be in \[0, 1\)"),
+    (["--beta2=1"], r"beta2=1.0: must be in \[0, 1\)"),
+    (["--n_embd=100", "--n_head=3"], "n_head=3: must be a divisor of n_embd=100"),
+    (["--min_lr=0.1", "--learning_rate=0.01"], "min_lr=0.1: must be <= learning_rate=0.01"),
+    (["--init_from=resum"], "init_from='resum': must be one of scratch, resume, gpt2.* \\(did you mean resume\\?\\)"),
+    (["--attn_impl=flash"], "attn_impl='flash': must be one of sdpa, explicit"),
+    (["--optimizer=sgd"], "optimizer='sgd': must be one of adamw, muon"),
+    (["--token_dropout=0.2"], "token_dropout=0.2: must be 0 unless task=classify"),
 ])
 def test_config_errors_are_one_clear_line(argv, message):
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(Error, match=message):
         train.parse_config(argv)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("n_layer = 2\nn_head = (\n", r"c.py:2: '\(' was never closed"),
+    ("n_layer = 2\nx = 1 / 0\n", "c.py:2: ZeroDivisionError: division by zero"),
+    (b"n_layer = 2\n# caf\xe9\n", r"c.py:2: not UTF-8 text \(byte 0xe9\)"),
+    ("include('nowhere.py')\n", "no config file '.*nowhere.py'"),
+])
+def test_config_file_errors_name_the_file_and_line(tmp_path, text, message):
+    cfg = tmp_path / "c.py"
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(Error, match=message):
+        train.parse_config([str(cfg)])
+
+
+def test_include_is_relative_to_the_including_file(tmp_path, monkeypatch):
+    (tmp_path / "base.py").write_text("n_layer = 3\nn_embd = 48\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.py").write_text("include('../base.py')\nn_embd = 96\n")
+    monkeypatch.chdir("/")
+    c, given = train.parse_config([str(tmp_path / "sub" / "c.py")])
+    assert (c["n_layer"], c["n_embd"]) == (3, 96) and given == {"n_layer", "n_embd"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_absent_device_is_one_clear_line():
-    with pytest.raises(SystemExit, match="train.py: --device cuda: this machine or this build of torch has no cuda device"):
-        train.pick_device_and_dtype(dict(train.DEFAULTS, device="cuda"))
+    with pytest.raises(Error, match="--device cuda: this machine or this build of torch has no cuda device"):
+        train.init_distributed(dict(train.DEFAULTS, device="cuda"))
 
 
-def test_help_lists_every_key(capsys):
+def test_help_says_what_every_key_does(capsys):
     with pytest.raises(SystemExit) as e:
         train.parse_config(["--help"])
     assert e.value.code == 0
-    out = capsys.readouterr().out
-    assert all(f"--{k}=" in out for k in train.DEFAULTS)
+    lines = {line.split("=")[0].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("  --")}
+    assert set(lines) == {f"--{k}" for k in train.DEFAULTS}
+    assert all(len(line.split("  ")[-1]) > 8 for line in lines.values()), lines  # a comment beside each default
+    assert "rotary position embeddings" in lines["--rope"]
+
+
+def test_print_config_prints_the_resolved_config_and_exits(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert train.main(["config/agnews_notes.py", "--n_layer=3", "--print_config"]) == (None, {})
+    c = json.loads(capsys.readouterr().out)
+    assert c["n_layer"] == 3 and c["n_embd"] == 32 and c["token_dropout"] == 0.0 and c["out_dir"] == "out-agnews-notes"
 
 
 def test_lr_schedule():
@@ -112,7 +166,7 @@ def test_resume_is_exact(lm_dir, tmp_path):
 
 def test_resume_with_another_shape_fails(lm_dir, tmp_path):
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1"])
-    with pytest.raises(SystemExit, match="cannot resume .* n_embd=16 there, 32 here"):
+    with pytest.raises(Error, match="cannot resume .* n_embd=16 there, 32 here"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--init_from=resume", "--n_embd=32"])
 
 
@@ -143,9 +197,9 @@ def test_ddp_two_gloo_processes_equal_one_process(lm_dir, tmp_path):
 def test_nan_loss_stops_and_keeps_last_checkpoint(lm_dir, tmp_path, monkeypatch):
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2"])
     before = {f: (tmp_path / f).read_bytes() for f in ("model.safetensors", "trainer_state.pt", "config.json")}
-    forward = train.GPT.forward
-    monkeypatch.setattr(train.GPT, "forward", lambda self, *a, **k: (lambda out: (out[0], out[1] * float("nan")) if self.training and out[1] is not None else out)(forward(self, *a, **k)))
-    with pytest.raises(SystemExit, match="loss nan, gradient norm nan at step 2"):
+    forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: (lambda out: (out[0], out[1] * float("nan")) if self.training and out[1] is not None else out)(forward(self, *a, **k)))
+    with pytest.raises(Error, match="loss nan, gradient norm nan at step 2"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--init_from=resume", "--eval_interval=1"])
     assert before == {f: (tmp_path / f).read_bytes() for f in before}
 
@@ -199,9 +253,10 @@ def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_pa
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     stops = [line.split(" at step ")[1].split(";")[0] for line in err.splitlines() if "stopped by signal 15 at step" in line]
-    assert len(stops) == 2 and stops[0] == stops[1], err[-2000:]  # rank 0 was never signalled, yet stopped with rank 1
-    assert proc.returncode != 0 and err.count("exitcode  : 143") == 2, err[-2000:]
-    assert state(tmp_path)["step"] == int(stops[0])
+    # rank 0 was never signalled, yet stopped with rank 1, at the same step, after saving it. (How each rank's exit is
+    # reported is up to torchrun's agent, which signals the remaining rank once one exits: not asserted.)
+    assert len(stops) == 2 and stops[0] == stops[1], err[-2000:]
+    assert proc.returncode != 0 and state(tmp_path)["step"] == int(stops[0])
 
 
 def test_one_host_device_read_per_training_step(lm_dir, tmp_path, monkeypatch):
@@ -212,8 +267,8 @@ def test_one_host_device_read_per_training_step(lm_dir, tmp_path, monkeypatch):
         method = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _m=method, _n=name, **k: reads.append(_n) or _m(self, *a, **k))
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=3", "--eval_iters=4"])
-    evaluation = ["__float__"] * 2  # the train and the val loss
-    assert reads == evaluation + ["tolist"] * 3 + evaluation + ["tolist"] * 3 + evaluation, reads  # evaluated at 0, 3, 6
+    evaluation, step = ["tolist"] * 2, ["tolist"]  # one read per split evaluated (train, val), one per step
+    assert reads == evaluation + step * 3 + evaluation + step * 3 + evaluation, reads  # evaluated at 0, 3, 6
 
 
 def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
@@ -238,25 +293,46 @@ def test_wandb_offline_run_has_metrics(lm_dir, tmp_path, monkeypatch):
 
 def test_bad_setups_fail_before_training(lm_dir, tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit, match="is not writable"):
+    with pytest.raises(Error, match="is not writable"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'file' / 'out'}"])
-    with pytest.raises(SystemExit, match="run python data/never_prepared/prepare.py first"):
+    with pytest.raises(Error, match="run python data/never_prepared/prepare.py first"):
         run(["--dataset=never_prepared", f"--out_dir={tmp_path / 'o'}"])
-    with pytest.raises(SystemExit, match="prepared for task=lm, but task=classify"):
+    with pytest.raises(Error, match="prepared for task=lm, but task=classify"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'o'}", "--task=classify"])
-    with pytest.raises(SystemExit, match="init_from=resume but .* does not exist"):
+    with pytest.raises(Error, match="init_from=resume but .* does not exist"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'fresh'}", "--init_from=resume"])
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "trainer_state.pt").write_bytes(b"half a file")
-    with pytest.raises(SystemExit, match="cannot resume from .* not a trainer state that train.py wrote"):
+    with pytest.raises(Error, match="cannot resume from .* not a trainer state that train.py wrote"):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'broken'}", "--init_from=resume"])
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "config"))))
-def test_every_config_file_parses(name, monkeypatch):
-    monkeypatch.chdir(ROOT)  # config files exec their base config by a path from the repository root
-    c = train.parse_config([os.path.join("config", name)])
+def test_every_config_file_parses_from_any_directory(name, monkeypatch):
+    monkeypatch.chdir("/")  # include() paths are relative to the config file, not to the working directory
+    c, _ = train.parse_config([os.path.join(ROOT, "config", name)])
     assert c["out_dir"] != train.DEFAULTS["out_dir"]  # each config writes to its own folder
+
+
+def readme_torchrun_commands():
+    """(processes in all, config file) of every torchrun command the README gives."""
+    commands = []
+    for line in open(os.path.join(ROOT, "README.md")):
+        if line.lstrip().startswith("torchrun"):
+            nodes = int(re.search(r"--nnodes=(\d+)", line).group(1)) if "--nnodes" in line else 1
+            per_node = int(re.search(r"--nproc_per_node=(\d+)", line).group(1))
+            commands.append((nodes * per_node, re.search(r"train\.py (\S+)", line).group(1)))
+    return commands
+
+
+def test_readme_torchrun_commands_fit_their_configs():
+    """Each process takes an equal share of the micro-steps: the README's multi-GPU and multi-node commands must
+    divide their config's gradient_accumulation_steps, or every rank stops at the check."""
+    commands = readme_torchrun_commands()
+    assert {n for n, _ in commands} >= {8, 16}, commands
+    for processes, config in commands:
+        c, _ = train.parse_config([os.path.join(ROOT, config)])
+        assert c["gradient_accumulation_steps"] % processes == 0, (config, processes)
 
 
 def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_path):
@@ -268,7 +344,7 @@ def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_p
     assert classifier.config.block_size == 16  # cropped to the GPT's context
     for name, p in body.items():
         assert torch.equal(classifier.state_dict()[name], p), name
-    with pytest.raises(SystemExit, match="the model has 16 tokens, dataset .* needs 20"):
+    with pytest.raises(Error, match="the model has 16 tokens, dataset .* needs 20"):
         run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path / 'x'}", "--task=classify", "--vocab_size=16"])
 
 

@@ -9,9 +9,7 @@ per article cut to --max_length tokens. Writes {split}.bin, {split}.offsets.npy,
 Without a val file, val is carved out of train by a hash of each text, so identical texts share a split.
 """
 import argparse
-import csv
 import hashlib
-import json
 import os
 import sys
 import time
@@ -21,109 +19,41 @@ import numpy as np
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: dataset.py, tokenizer.py
-sys.path.insert(0, os.path.dirname(HERE))  # data/: common.py
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
 import dataset
-from common import unpublish
+from common import ArgumentParser, Error, run_script
 from tokenizer import BPETokenizer
 
 HUB_NAME = "fancyzhx/ag_news"
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
-FORMATS = ("csv", "parquet", "jsonl")
 
 
-def read_records(path):
-    """(text, label) pairs as stored, unchecked; a jsonl line that is not a JSON object reads as (None, None)."""
-    if path.endswith(".csv"):
-        csv.field_size_limit(2 ** 31 - 1)  # a long article must not stop the run
-        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: spreadsheets often start with a BOM
-            reader = csv.DictReader(f)
-            if not {"text", "label"} <= set(reader.fieldnames or []):
-                raise SystemExit(f"{path}: needs a header with the columns text,label (found {reader.fieldnames})")
-            return [(r["text"], r["label"]) for r in reader]
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # installed with datasets
-        names = pq.read_schema(path).names
-        if not {"text", "label"} <= set(names):
-            raise SystemExit(f"{path}: needs the columns text,label (found {names})")
-        table = pq.read_table(path, columns=["text", "label"])
-        return list(zip(table.column("text").to_pylist(), table.column("label").to_pylist()))
-    records = []
-    with open(path, encoding="utf-8-sig") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    r = None
-                records.append((r.get("text"), r.get("label")) if isinstance(r, dict) else (None, None))
-    return records
-
-
-def as_label(value):
-    """The class id 0..3, or None: ints, integral floats (parquet turns an int column with gaps into floats) and
-    strings of an int pass; bools, 1.5, "x" and 7 do not."""
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(LABEL_NAMES):
-        return int(value)
-    return None
-
-
-def clean(records, name):
-    """Drops the rows that can't be used, saying how many and why in one line; no usable row at all is an error."""
-    texts, labels, bad_text, bad_label = [], [], 0, 0
-    for text, label in records:
-        label = as_label(label)
-        if not isinstance(text, str) or not text.strip():
-            bad_text += 1
-        elif label is None:
-            bad_label += 1
-        else:
-            texts.append(text)
-            labels.append(label)
-    if not texts:
-        raise SystemExit(f"{name}: no valid row among {len(records):,} (each needs a non-empty text and a label "
-                         f"0..3; {bad_text:,} had no text, {bad_label:,} a bad label); fix the file or pass another")
-    if bad_text or bad_label:
-        print(f"warning: {name}: skipped {bad_text + bad_label:,} of {len(records):,} rows ({bad_text:,} with a "
-              f"missing or empty text, {bad_label:,} with a label missing, not an integer or outside 0..3)",
-              file=sys.stderr)
+def keep(texts, labels, warnings):
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return texts, labels
 
 
 def find_file(source, split):
-    found = [os.path.join(source, f"{split}.{ext}") for ext in FORMATS]
+    found = [os.path.join(source, split + ext) for ext in dataset.LABELLED_FORMATS]
     found = [p for p in found if os.path.isfile(p)]
     if len(found) > 1:
-        raise SystemExit(f"--source {source}: both {' and '.join(found)}; keep one file per split")
+        raise Error(f"--source {source}: both {' and '.join(found)}; keep one file per split")
     return found[0] if found else None
 
 
 def load_local(source):
     """{split: (texts, labels)} from the files of --source DIR."""
     if not os.path.isdir(source):
-        raise SystemExit(f"--source {source}: no such folder; pass a folder holding train.csv (and val.csv), "
-                         f"e.g. --source ../shared/data/agnews_sample")
+        raise Error(f"--source {source}: no such folder; pass a folder holding train.csv (and val.csv), "
+                    f"e.g. --source ../shared/data/agnews_sample")
     if find_file(source, "train") is None:
-        raise SystemExit(f"--source {source}: no train.csv, train.parquet or train.jsonl there; the folder needs "
-                         f"one (columns text,label), optionally with val.* and test.* alike")
+        raise Error(f"--source {source}: no train.csv, train.parquet or train.jsonl there; the folder needs "
+                    f"one (columns text,label), optionally with val.* and test.* alike")
     splits = {}
     for split in ("train", "val", "test"):
-        path = find_file(source, split)
-        if path:
-            try:
-                records = read_records(path)
-            except (ValueError, OSError, csv.Error) as e:  # bad encoding, broken CSV, unreadable parquet
-                reason = (str(e).splitlines() or [""])[0][:200]
-                raise SystemExit(f"{path}: cannot read it ({type(e).__name__}: {reason}); it must be UTF-8 text "
-                                 f"(csv, jsonl) or parquet, with columns text,label") from None
-            splits[split] = clean(records, path)
+        if find_file(source, split):
+            splits[split] = keep(*dataset.read_labelled(find_file(source, split), LABEL_NAMES))
     return splits
 
 
@@ -134,9 +64,10 @@ def load_hub():
         ds = datasets.load_dataset(HUB_NAME)
     except Exception as e:  # offline it is a ConnectionError, but any failure here has the same way out
         reason = (str(e).splitlines() or [""])[0][:200]
-        raise SystemExit(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass --source DIR "
-                         f"with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample") from None
-    return {split: clean(zip(ds[split]["text"], ds[split]["label"]), f"{HUB_NAME}:{split}") for split in ds}
+        raise Error(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass --source DIR "
+                    f"with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample") from None
+    return {split: keep(*dataset.clean_labelled(zip(ds[split]["text"], ds[split]["label"]), LABEL_NAMES,
+                                                f"{HUB_NAME}:{split}")) for split in ds}
 
 
 def in_val(text, val_fraction):
@@ -145,7 +76,7 @@ def in_val(text, val_fraction):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)")
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
     p.add_argument("--val_fraction", type=float, default=0.05,
@@ -153,11 +84,11 @@ def main():
     p.add_argument("--max_length", type=int, default=128, help="tokens kept per row (default: %(default)s)")
     args = p.parse_args()
     if not 0 < args.val_fraction < 1:
-        raise SystemExit(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.05")
+        raise Error(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.05")
     if args.max_length < 1:
-        raise SystemExit(f"--max_length {args.max_length}: must be at least 1, e.g. 128")
+        raise Error(f"--max_length {args.max_length}: must be at least 1, e.g. 128")
     t0 = time.time()
-
+    dataset.check_out_dir(args.out_dir)
     splits = load_local(args.source) if args.source else load_hub()
     if "val" not in splits:
         texts, labels = splits["train"]
@@ -178,13 +109,10 @@ def main():
         done.append(split)
     for split, (texts, _) in splits.items():
         if not texts:
-            raise SystemExit(f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
-                             f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction")
+            raise Error(f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
+                        f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction")
 
-    try:
-        tok = BPETokenizer("r50k_base")
-    except RuntimeError as e:  # no cached encoding file and no network: tokenizer.py says what to set
-        raise SystemExit(str(e)) from None
+    tok = BPETokenizer("r50k_base")
     rows, truncated = {}, Counter()
     for split, (texts, _) in splits.items():
         rows[split] = []
@@ -196,7 +124,7 @@ def main():
                 bar.update(len(texts[i:i + 1000]))
 
     dtype = dataset.token_dtype(tok.vocab_size)
-    unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
+    dataset.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
     for split in ("train", "val", "test"):
         if split not in splits:  # a test split left over from an earlier run would no longer match meta.json
             for suffix in (".bin", ".offsets.npy", ".labels.npy"):
@@ -217,4 +145,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "prepare.py")

@@ -17,10 +17,9 @@ import numpy as np
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: dataset.py, tokenizer.py
-sys.path.insert(0, os.path.dirname(HERE))  # data/: common.py
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
 import dataset
-from common import unpublish
+from common import ArgumentParser, Error, run_script
 from tokenizer import BPETokenizer
 
 HUB_NAME = "Skylion007/openwebtext"
@@ -42,24 +41,24 @@ def load(source, num_proc):
             return datasets.load_dataset(HUB_NAME, num_proc=num_proc, split="train")
         except Exception as e:  # offline it is a ConnectionError, but any failure here has the same way out
             reason = (str(e).splitlines() or [""])[0][:200]
-            raise SystemExit(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass "
-                             f"--source PATH, a folder of .txt files or a .jsonl/.parquet with a text column") from None
+            raise Error(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass "
+                        f"--source PATH, a folder of .txt files or a .jsonl/.parquet with a text column") from None
     if os.path.isdir(source):
         files = sorted(glob.glob(os.path.join(source, "*.txt")))  # sorted: the same order, the same split, every run
         if not files:
-            raise SystemExit(f"--source {source}: no .txt files in this folder; put one document per .txt file there")
+            raise Error(f"--source {source}: no .txt files in this folder; put one document per .txt file there")
         ds = datasets.load_dataset("text", data_files=files, sample_by="document", split="train")
     elif source.endswith((".jsonl", ".parquet")) and os.path.isfile(source):
         ds = datasets.load_dataset("json" if source.endswith(".jsonl") else "parquet", data_files=source, split="train")
         if "text" not in ds.column_names:
-            raise SystemExit(f"--source {source}: no \"text\" column (found {ds.column_names}); name the column text")
+            raise Error(f"--source {source}: no \"text\" column (found {ds.column_names}); name the column text")
     else:
-        raise SystemExit(f"--source {source}: neither a folder of .txt files nor an existing .jsonl or .parquet file")
+        raise Error(f"--source {source}: neither a folder of .txt files nor an existing .jsonl or .parquet file")
     return ds
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet")
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
     p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
@@ -68,19 +67,17 @@ def main():
                    help="share of documents for val (default: %(default)s)")
     args = p.parse_args()
     if not 0 < args.val_fraction < 1:
-        raise SystemExit(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.0005")
+        raise Error(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.0005")
     if args.num_proc < 1:
-        raise SystemExit(f"--num_proc {args.num_proc}: must be at least 1, e.g. {min(8, os.cpu_count() or 1)}")
+        raise Error(f"--num_proc {args.num_proc}: must be at least 1, e.g. {min(8, os.cpu_count() or 1)}")
     t0 = time.time()
     global tok
-    try:
-        tok = BPETokenizer("r50k_base")  # fail here, in one line, rather than inside num_proc workers
-    except RuntimeError as e:
-        raise SystemExit(str(e)) from None
+    dataset.check_out_dir(args.out_dir)
+    tok = BPETokenizer("r50k_base")  # fail here, in one line, rather than inside num_proc workers
 
     ds = load(args.source, args.num_proc)
     if len(ds) < 2:
-        raise SystemExit(f"{args.source or HUB_NAME}: {len(ds)} document(s); train and val need at least 2")
+        raise Error(f"{args.source or HUB_NAME}: {len(ds)} document(s); train and val need at least 2")
     # train_test_split cuts at least one document off for val and leaves at least one in train
     split = ds.train_test_split(test_size=args.val_fraction, seed=2357, shuffle=True)
     split["val"] = split.pop("test")
@@ -89,7 +86,7 @@ def main():
                  for name, d in split.items()}
 
     dtype = dataset.token_dtype(tok.vocab_size)
-    unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
+    dataset.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
     counts = {}
     for name, d in tokenized.items():
         # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory as a list
@@ -113,4 +110,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "prepare.py")

@@ -11,26 +11,24 @@ import os
 import sys
 import time
 
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: dataset.py, tokenizer.py
-sys.path.insert(0, os.path.dirname(HERE))  # data/: common.py
-from common import SHAKESPEARE_URL, read_shakespeare, write_lm
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
+from common import ArgumentParser, run_script
+from dataset import check_out_dir, read_text, write_lm
 from tokenizer import BPETokenizer
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"a local copy of the text (default: download {SHAKESPEARE_URL})")
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
     p.add_argument("--encoding", default="r50k_base", help="tiktoken encoding (default: %(default)s, GPT-2's)")
     args = p.parse_args()
     t0 = time.time()
-
-    text = read_shakespeare(args.source)
-    try:
-        tok = BPETokenizer(args.encoding)
-    except RuntimeError as e:  # no cached encoding file and no network: tokenizer.py says what to set
-        raise SystemExit(str(e)) from None
+    check_out_dir(args.out_dir)
+    text = read_text(args.source, SHAKESPEARE_URL)
+    tok = BPETokenizer(args.encoding)
     n = int(len(text) * 0.9)  # split the text, then encode each part: the same cut and counts as nanoGPT
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
     write_lm(args.out_dir, splits, tok, source=args.source or SHAKESPEARE_URL)
@@ -39,4 +37,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "prepare.py")

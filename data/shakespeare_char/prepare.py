@@ -10,21 +10,22 @@ import os
 import sys
 import time
 
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: dataset.py, tokenizer.py
-sys.path.insert(0, os.path.dirname(HERE))  # data/: common.py
-from common import SHAKESPEARE_URL, read_shakespeare, write_lm
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
+from common import ArgumentParser, run_script
+from dataset import check_out_dir, read_text, write_lm
 from tokenizer import CharTokenizer
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"a local copy of the text (default: download {SHAKESPEARE_URL})")
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
     args = p.parse_args()
     t0 = time.time()
-
-    text = read_shakespeare(args.source)
+    check_out_dir(args.out_dir)
+    text = read_text(args.source, SHAKESPEARE_URL)
     tok = CharTokenizer("".join(sorted(set(text))))
     n = int(len(text) * 0.9)  # split the text, not the ids: the same cut as nanoGPT, so the same counts
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
@@ -34,4 +35,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "prepare.py")

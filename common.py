@@ -1,0 +1,182 @@
+"""
+What the scripts share: the project's error type and the one way a script reports it, the device and dtype rules,
+timing, the matmul peak that MFU is measured against, and atomic file writes. Library code (this file, model.py,
+dataset.py, decoding.py, tokenizer.py) raises Error with a message a user can act on; it never prints or exits.
+"""
+import argparse
+import json
+import os
+import secrets
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+
+class Error(Exception):
+    """A problem the user can fix (a bad value, a missing file, an absent device). Scripts print it as one line."""
+
+
+def run_script(main, prog):
+    """The one error path of every script: an Error is `prog: error: message` on stderr and exit status 2 (as
+    argparse's), so a 1 with a traceback always means a bug; a closed pipe (`| head`) ends quietly."""
+    try:
+        main()
+    except Error as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line through run_script, not argparse's usage block and exit
+        raise Error(f"{message} (see --help)")
+
+
+# ---------------------------------------------------------------------------------------------------- device, dtype
+
+def pick_device(name="auto"):
+    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto = cuda, then mps, then cpu. A chosen GPU
+    is made the current one, so synchronize(), new tensors and libraries' contexts all go to it, not to GPU 0."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    kind = name.split(":")[0]
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+    if not available.get(kind, lambda: True)():
+        raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:  # no such device type, or no such index
+        raise Error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}") from None
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls on tensor cores (TF32), as nanoGPT
+        torch.backends.cudnn.allow_tf32 = True
+    return name
+
+
+def auto_dtype(device_type, cuda_capability=(0, 0), cpu_bf16=False):
+    """The one dtype=auto rule, a pure function of the hardware: bfloat16 where it runs natively (CUDA compute
+    capability 8.0 and up: A100, H100, RTX 30xx and later; CPUs with AMX or AVX-512 BF16), float16 on older GPUs
+    (T4, V100, RTX 20xx: bf16 is emulated there, slowly), float32 elsewhere (MPS, CPUs without bf16)."""
+    if device_type == "cuda":
+        return "bfloat16" if tuple(cuda_capability) >= (8, 0) else "float16"
+    return "bfloat16" if device_type == "cpu" and cpu_bf16 else "float32"
+
+
+def resolve_dtype(dtype, device):
+    """auto -> the rule above for this device; checks that the dtype exists and runs here."""
+    kind = torch.device(device).type
+    if dtype == "auto":
+        capability = torch.cuda.get_device_capability(device) if kind == "cuda" else (0, 0)
+        dtype = auto_dtype(kind, capability, kind == "cpu" and cpu_has_bf16())
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    if dtype == "float16" and kind != "cuda":
+        raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
+    return dtype
+
+
+def cpu_has_bf16():
+    """AMX or AVX-512 BF16: bf16 matmuls then run 2x (AVX-512) to several times (AMX) faster than fp32."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def autocast(device, dtype):
+    """Mixed precision for forward passes: matmuls in dtype, reductions in float32; float32 is no context at all."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
+
+
+def sync(device):
+    """Wait for the device: GPU work is asynchronous, so a timer would stop before the work does."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+# ------------------------------------------------------------------------------------------- the peak MFU is against
+
+# Dense (not sparse) bf16/fp16 tensor-core FLOP/s from the vendors' datasheets, by a word of the device's name.
+DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+                  "4090": 165e12, "3090": 71e12}
+
+
+def matmul_flops(device, dtype, n=None, repeats=3):
+    """Achievable matmul FLOP/s: the best of a few n x n products. n = 8192 on a GPU, where a 2048 product is over
+    about as fast as a launch and a sync; timed with CUDA events there."""
+    cuda = torch.device(device).type == "cuda"
+    n = n or (8192 if cuda else 2048)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first one warms up
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            a @ b
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            a @ b
+            sync(device)
+            seconds = time.perf_counter() - t0
+        best = min(best, seconds)
+    return 2 * n ** 3 / best
+
+
+def peak_flops(device, dtype):
+    """(FLOP/s, where it came from) for MFU: on a GPU the datasheet's dense bf16/fp16 figure of a known device or the
+    measured one, whichever is higher; elsewhere the measured one (call again during a run and keep the best: a peak
+    measured while the machine is busy is too low, and MFU would pass 100%)."""
+    measured = matmul_flops(device, getattr(torch, dtype))
+    if torch.device(device).type == "cuda" and dtype != "float32":
+        name = torch.cuda.get_device_name(device)
+        sheet = next((v for k, v in DATASHEET_BF16.items() if k in name), 0.0)
+        if sheet > measured:
+            return sheet, f"{name} datasheet, dense {dtype}"
+    return measured, f"measured {dtype} matmul"
+
+
+# ----------------------------------------------------------------------------------------------------------- files
+
+@contextmanager
+def atomic_path(path):
+    """Yields a temporary name beside path to write to; on success it replaces path in one step (os.replace), on
+    failure it is deleted. A crash never leaves half a file under the real name, and the name is unique, so two
+    writers never share a temporary file."""
+    tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path, obj):
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+
+
+def read_json(path, what="file"):
+    """A JSON file, or an Error naming it: missing, unreadable or not JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise Error(f"{path}: no such {what}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Error(f"{path}: not a readable JSON {what} ({type(e).__name__})") from None

@@ -1,0 +1,74 @@
+"""
+Run records: every evaluation and log step of a run as one JSON line in out_dir/metrics.jsonl (a resumed run appends),
+mirrored to wandb when asked, and the loss curves drawn from those files (train.py draws out_dir/loss.png at the end;
+plot.py draws several runs on one axis).
+"""
+import json
+import os
+import time
+
+from common import Error
+
+
+class RunRecord:
+    """Appends {"step", "seconds", ...metrics} lines to out_dir/metrics.jsonl and logs the same to wandb, if given.
+    seconds count from this run's start plus the seconds a resumed run had already spent."""
+
+    def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0):
+        self.path, self.wandb = os.path.join(out_dir, "metrics.jsonl"), wandb_run
+        self.t0 = time.perf_counter() - resumed_seconds
+
+    def seconds(self):
+        return time.perf_counter() - self.t0
+
+    def log(self, step, **metrics):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, "seconds": round(self.seconds(), 3), **metrics}) + "\n")
+        if self.wandb:
+            self.wandb.log(metrics, step=step)
+
+
+def start_wandb(c, n_params):
+    """A wandb run named after out_dir and the start time (unless wandb_run_name is set), its files in out_dir/wandb."""
+    import wandb
+
+    name = c["wandb_run_name"] or f"{os.path.basename(os.path.abspath(c['out_dir']))}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = wandb.init(project=c["wandb_project"], name=name, config=c, dir=c["out_dir"])
+    run.summary["parameters"] = n_params
+    return run
+
+
+def read_metrics(out_dir):
+    """The lines of out_dir/metrics.jsonl, in order."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise Error(f"{path}: no such file: point at an out_dir that train.py wrote")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_runs(out_dirs, path, x="step"):
+    """Validation (solid) and training (dashed) loss of each run against step or seconds, one colour a run; a second
+    panel with validation accuracy when any run is a classifier. Saved to path (PNG, SVG, PDF: by its extension)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no window
+    import matplotlib.pyplot as plt
+
+    runs = {d: [r for r in read_metrics(d) if "val/loss" in r] for d in out_dirs}
+    accuracy = any("val/accuracy" in r for rows in runs.values() for r in rows)
+    fig, axes = plt.subplots(1, 1 + accuracy, figsize=(7 + 5 * accuracy, 4.5), squeeze=False, layout="constrained")
+    for i, (d, rows) in enumerate(runs.items()):
+        colour, label, xs = f"C{i % 10}", os.path.basename(os.path.abspath(d)), [r[x] for r in rows]
+        axes[0][0].plot(xs, [r["val/loss"] for r in rows], "-o", color=colour, markersize=3, label=f"{label} val")
+        axes[0][0].plot(xs, [r["train/loss"] for r in rows], "--", color=colour, label=f"{label} train")
+        if accuracy:
+            axes[0][1].plot(xs, [r.get("val/accuracy") for r in rows], "-o", color=colour, markersize=3, label=label)
+    axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
+    if accuracy:
+        axes[0][1].set(xlabel=x, ylabel="validation accuracy", title="accuracy")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
