@@ -36,6 +36,25 @@ class ArgumentParser(argparse.ArgumentParser):
         raise Error(f"{message} (see --help)")
 
 
+def at_least(low, kind=int):
+    """An argparse type: a finite number of kind, >= low."""
+    def parse(text):
+        value = kind(text)
+        if not value >= low or value == float("inf"):  # NaN fails every comparison
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse's "invalid int value" names it
+    return parse
+
+
+def fraction(text):
+    """An argparse type: a number strictly between 0 and 1."""
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 # ---------------------------------------------------------------------------------------------------- device, dtype
 
 def pick_device(name="auto"):

@@ -9,15 +9,17 @@ are documented in data/README.md).
 A step's global batch is a function of (seed, step) alone, and each process takes its slice of it: the data order
 survives a resume and does not depend on how many processes share the work.
 """
+import argparse
 import csv
 import json
 import os
+import time
 import urllib.request
 
 import numpy as np
 import torch
 
-from common import Error, atomic_path, read_json, write_json
+from common import ArgumentParser, Error, atomic_path, read_json, write_json
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 
@@ -175,6 +177,25 @@ def write_lm(out_dir, splits, tok, source):
         save_array(os.path.join(out_dir, f"{name}.bin"), np.asarray(ids, dtype=dtype))
     write_meta(out_dir, task="lm", tokenizer=tok.spec, vocab_size=tok.vocab_size, dtype=np.dtype(dtype).name,
                splits={name: len(ids) for name, ids in splits.items()}, source=source)
+
+
+def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
+    """The prepare script of a corpus in one text file, cut 90/10 as nanoGPT cuts Tiny Shakespeare: --source FILE,
+    or the text downloaded from url. tokenizer_for(text) makes the tokenizer. The text is cut first and each part
+    encoded on its own, which gives nanoGPT's token counts."""
+    p = ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", help=f"a local copy of the text (default: download {url})")
+    p.add_argument("--out_dir", default=out_dir, help="where to write (default: %(default)s)")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    check_out_dir(args.out_dir)
+    text = read_text(args.source, url)
+    tok = tokenizer_for(text)
+    n = int(len(text) * 0.9)
+    splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
+    write_lm(args.out_dir, splits, tok, source=args.source or url)
+    print(f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: train {len(splits['train']):,} "
+          f"tokens, val {len(splits['val']):,} tokens -> {args.out_dir} ({time.time() - t0:.1f} s)")
 
 
 def write_classification_split(data_dir, split, rows, labels, dtype):

@@ -48,7 +48,7 @@ def no_repeat_ngram(logits, context, n):
 
 
 def temperature(logits, t):
-    """logits / t, t > 0: below 1 sharpens the distribution, above 1 flattens it (t = 0 is greedy: see below)."""
+    """logits / t: below 1 sharpens the distribution, above 1 flattens it; t = 0 takes the most likely token."""
     return logits / t
 
 

@@ -12,13 +12,17 @@ import time
 
 import torch
 
-from common import ArgumentParser, Error, autocast, pick_device, resolve_dtype, run_script
+from common import ArgumentParser, Error, at_least, autocast, pick_device, resolve_dtype, run_script
+import decoding
 from decoding import make_next_token
 from model import load_pretrained
 from tokenizer import get_tokenizer
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SEPARATOR = "-" * 40
+# make_next_token's options, range-checked there: (type, default); --help shows each decoding function's docstring
+DECODING = dict(temperature=(float, 0.8), top_k=(int, 200), top_p=(float, 1.0), frequency_penalty=(float, 0.0),
+                presence_penalty=(float, 0.0), repetition_penalty=(float, 1.0), no_repeat_ngram_size=(int, 0))
 
 
 def parse_args(argv=None):
@@ -30,9 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--start", default="", help="the prompt, or FILE:path to read it from a file; empty (the "
                    "default) starts from the tokenizer's start token (newline for char models, <|endoftext|> for "
                    "BPE), which is not printed")
-    p.add_argument("--num_samples", type=int, default=1,
+    p.add_argument("--num_samples", type=at_least(1), default=1,
                    help="samples, generated together as one batch (default: %(default)s)")
-    p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample (default: %(default)s)")
+    p.add_argument("--max_new_tokens", type=at_least(0), default=500, help="tokens generated per sample (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1337,
                    help="random seed; the same seed gives the same samples (default: %(default)s)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
@@ -53,25 +57,10 @@ def parse_args(argv=None):
                              "logits, then temperature, top-k, top-p, then sampling)")
     g.add_argument("--greedy", action="store_true", help="take the most likely token instead of sampling "
                    "(the penalties and --no_repeat_ngram_size still apply)")
-    g.add_argument("--temperature", type=float, default=0.8, help="divide the logits by this, >= 0; < 1 is more "
-                   "conservative, > 1 more random, 0 is greedy (default: %(default)s)")
-    g.add_argument("--top_k", type=int, default=200, help="keep only the k most likely tokens, >= 1; ties with the "
-                   "k-th are kept; 0 or a value >= the vocabulary keeps all (default: %(default)s)")
-    g.add_argument("--top_p", type=float, default=1.0, help="nucleus: keep the fewest most likely tokens whose "
-                   "probabilities sum to >= p, in (0, 1]; 1 keeps all (default: %(default)s)")
-    g.add_argument("--frequency_penalty", type=float, default=0.0, help="subtract this times the number of times a "
-                   "token occurs in the context so far from its logit (OpenAI's; default: %(default)s)")
-    g.add_argument("--presence_penalty", type=float, default=0.0, help="subtract this from the logit of every token "
-                   "that occurs in the context so far (OpenAI's; default: %(default)s)")
-    g.add_argument("--repetition_penalty", type=float, default=1.0, help="> 0: for tokens in the context, divide "
-                   "positive logits by this and multiply negative ones (Hugging Face's; 1 = off, 1.2 is common)")
-    g.add_argument("--no_repeat_ngram_size", type=int, default=0, help="never complete an n-gram of this size that "
-                   "already occurs in the prompt or the output (Hugging Face's; 0 = off)")
+    for name, (kind, default) in DECODING.items():
+        text = " ".join(getattr(decoding, name.removesuffix("_size")).__doc__.split())
+        g.add_argument(f"--{name}", type=kind, default=default, help=f"{text} (default: {default})")
     args = p.parse_args(argv)
-    if args.num_samples < 1:
-        p.error(f"--num_samples must be >= 1, got {args.num_samples}")
-    if args.max_new_tokens < 0:
-        p.error(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
     try:
         pick = make_next_token(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p,
                                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,

@@ -530,9 +530,15 @@ def setup(c, given, ddp, device, master):
         return train_data, val_data, model, optimizers, scaler, (0, -float("inf"), 0.0)
     for optimizer, saved in zip(optimizers, state["optimizers"]):
         optimizer.load_state_dict(saved)
-    if scaler.is_enabled() and state["scaler"]:  # a disabled scaler (bf16 and fp32 runs) saved an empty state
-        scaler.load_state_dict(state["scaler"])
+    load_scaler_state(scaler, state["scaler"])
     return train_data, val_data, model, optimizers, scaler, (state["step"], state["best"], state.get("seconds", 0.0))
+
+
+def load_scaler_state(scaler, saved):
+    """fp16's loss scale carries over a resume; a disabled scaler (bf16 and fp32 runs) saved an empty state, which
+    an enabled one cannot load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
+    if scaler.is_enabled() and saved:
+        scaler.load_state_dict(saved)
 
 
 def make_model(c, meta, state, source):

@@ -245,7 +245,7 @@ def test_errors(ckpt, tmp_path, capsys, monkeypatch):
     assert "text,label" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "cols.csv")], capsys)
     (tmp_path / "cols.jsonl").write_text('{"text": "abc"}\n')
     assert "text,label" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "cols.jsonl")], capsys)
-    (tmp_path / "labels.csv").write_text("text,label\nabc,1\nbca,3\ncab,delta\n")
+    (tmp_path / "labels.csv").write_text("text,label\nabc,0\nbca,3\ncab,delta\n")
     classify.main(["--out_dir", ckpt, "--eval", str(tmp_path / "labels.csv")])  # scores the one usable row
     out, err = capsys.readouterr()
     assert "(0 of 1)" in out or "(1 of 1)" in out

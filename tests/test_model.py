@@ -189,3 +189,47 @@ def test_broken_checkpoint_is_one_clear_error(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"half a file")
     with pytest.raises(Error, match="is not a readable checkpoint of this project"):
         from_checkpoint(tmp_path)
+
+
+def test_token_dropout_never_hides_every_token_of_a_row():
+    """A row with every key hidden would attend to nothing (zeros on the CPU, NaN in some GPU kernels): a row whose
+    draw hides all its tokens keeps them all instead; other rows lose about the fraction asked for."""
+    model = tiny_classifier(token_dropout=0.5).train()
+    seen = []
+    model.hidden_states = lambda idx, mask, need_weights=False: seen.append(mask[:, 0, 0, :]) or (torch.zeros(*idx.shape, 16), [])
+    idx = torch.randint(1, 50, (4000, 2))
+    idx[:, 1] = 0  # one real token per row: half the draws hide it
+    model(idx)
+    kept = seen[0]
+    assert kept[:, 0].all() and not kept[:, 1].any()
+    long_rows = torch.randint(1, 50, (200, 16))
+    model(long_rows)
+    assert 0.45 < 1 - seen[1].float().mean() < 0.55 and seen[1].any(1).all()
+
+
+def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
+    """Built on the meta device, the model takes the loaded tensors: peak memory grows by about one model, not two
+    (a random model and the loaded tensors at once). Measured in a fresh process, as the growth of its peak RSS."""
+    import json
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    V, P, L, D = 20000, 256, 4, 512
+    sd = {"wte.weight": torch.randn(V, D), "wpe.weight": torch.randn(P, D), "ln_f.weight": torch.ones(D), "ln_f.bias": torch.zeros(D)}
+    for i in range(L):
+        for name, shape in (("ln_1", (D,)), ("ln_2", (D,)), ("attn.c_attn", (D, 3 * D)), ("attn.c_proj", (D, D)),
+                            ("mlp.c_fc", (D, 4 * D)), ("mlp.c_proj", (4 * D, D))):
+            sd[f"h.{i}.{name}.weight"] = torch.randn(shape)
+            sd[f"h.{i}.{name}.bias"] = torch.zeros(shape[-1])
+    save_file(sd, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": V, "n_positions": P, "n_layer": L, "n_head": 8, "n_embd": D}))
+    size = sum(t.numel() * 4 for t in sd.values())
+    script = ("import resource, sys, torch; sys.path.insert(0, sys.argv[1]); import model; torch.zeros(1)\n"
+              "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+              "base = rss(); model.GPT.from_pretrained(sys.argv[2]); print(rss() - base)")
+    from conftest import ROOT
+    grown = int(subprocess.run([sys.executable, "-c", script, ROOT, str(tmp_path)], capture_output=True, text=True,
+                               check=True).stdout)
+    assert grown < 1.5 * size, (grown / size)  # the old two-copy load grew by 2.0x

@@ -355,3 +355,25 @@ def test_resume_a_run_that_started_from_pretrained_weights(lm_dir, tmp_path):
     run(tuned + ["--max_iters=2", f"--init_from={tmp_path / 'base'}"])
     model, _ = run(tuned + ["--max_iters=3", "--init_from=resume"])
     assert model.config.n_layer == 2 and state(tmp_path / "tuned")["step"] == 3
+
+
+def test_explicit_attention_trains_as_the_fused_path(lm_dir, tmp_path):
+    """attn_impl=explicit runs model.attention(), the math: the same training as SDPA to float rounding."""
+    common = [f"--dataset={lm_dir}", "--max_iters=6", "--eval_interval=3"]
+    _, fused = run(common + [f"--out_dir={tmp_path / 'a'}"])
+    _, explicit = run(common + [f"--out_dir={tmp_path / 'b'}", "--attn_impl=explicit"])
+    assert fused["val/loss"] == pytest.approx(explicit["val/loss"], abs=1e-5)
+    assert fused["val/loss"] < 2.1  # and it did learn: ln(10) = 2.30 at the start
+
+
+def test_scaler_state_is_loaded_only_between_enabled_scalers():
+    enabled = lambda: torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0 ** 10)
+    scaler = enabled()
+    train.load_scaler_state(scaler, {})  # a bf16 or fp32 run resumed with float16: it starts at its own scale
+    assert scaler.get_scale() == 2.0 ** 10
+    saved = enabled().state_dict() | {"scale": 8.0}
+    train.load_scaler_state(scaler, saved)
+    assert scaler.get_scale() == 8.0
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    train.load_scaler_state(disabled, saved)  # float16 resumed as bf16: the scale is dropped
+    assert not disabled.is_enabled()

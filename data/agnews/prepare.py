@@ -21,7 +21,7 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
 import dataset
-from common import ArgumentParser, Error, run_script
+from common import ArgumentParser, Error, at_least, fraction, run_script
 from tokenizer import BPETokenizer
 
 HUB_NAME = "fancyzhx/ag_news"
@@ -79,14 +79,10 @@ def main():
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)")
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
-    p.add_argument("--val_fraction", type=float, default=0.05,
+    p.add_argument("--val_fraction", type=fraction, default=0.05,
                    help="share of train carved out as val when the source has no val split (default: %(default)s)")
-    p.add_argument("--max_length", type=int, default=128, help="tokens kept per row (default: %(default)s)")
+    p.add_argument("--max_length", type=at_least(1), default=128, help="tokens kept per row (default: %(default)s)")
     args = p.parse_args()
-    if not 0 < args.val_fraction < 1:
-        raise Error(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.05")
-    if args.max_length < 1:
-        raise Error(f"--max_length {args.max_length}: must be at least 1, e.g. 128")
     t0 = time.time()
     dataset.check_out_dir(args.out_dir)
     splits = load_local(args.source) if args.source else load_hub()

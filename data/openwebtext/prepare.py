@@ -19,7 +19,7 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
 import dataset
-from common import ArgumentParser, Error, run_script
+from common import ArgumentParser, Error, at_least, fraction, run_script
 from tokenizer import BPETokenizer
 
 HUB_NAME = "Skylion007/openwebtext"
@@ -61,15 +61,10 @@ def main():
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet")
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
-    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
+    p.add_argument("--num_proc", type=at_least(1), default=min(8, os.cpu_count() or 1),
                    help="processes for download and tokenizing (default: %(default)s)")
-    p.add_argument("--val_fraction", type=float, default=0.0005,
-                   help="share of documents for val (default: %(default)s)")
+    p.add_argument("--val_fraction", type=fraction, default=0.0005, help="share of documents for val (default: %(default)s)")
     args = p.parse_args()
-    if not 0 < args.val_fraction < 1:
-        raise Error(f"--val_fraction {args.val_fraction}: must be between 0 and 1, e.g. 0.0005")
-    if args.num_proc < 1:
-        raise Error(f"--num_proc {args.num_proc}: must be at least 1, e.g. {min(8, os.cpu_count() or 1)}")
     t0 = time.time()
     global tok
     dataset.check_out_dir(args.out_dir)
