@@ -409,9 +409,12 @@ def train(c, given, ddp, rank, world_size, device):
         model = torch.compile(model)
     dtype = resolve_dtype(c["dtype"], device)
     ctx, (peak, peak_source) = autocast(device, dtype), peak_flops(device, dtype)
-    info = {"task": c["task"], "dataset": c["dataset"], "tokenizer": train_data.meta["tokenizer"], "command": sys.argv}
-    if c["task"] == "classify":
-        info.update(label_names=train_data.meta["label_names"], max_length=train_data.meta["max_length"])
+    info = {"task": c["task"], "dataset": c["dataset"], "init_from": c["init_from"], "tokenizer": train_data.meta["tokenizer"],
+            "command": ["python"] + sys.argv}
+    if c["task"] == "classify":  # Hugging Face's id2label and label2id beside ours
+        names = train_data.meta["label_names"]
+        info.update(label_names=names, max_length=train_data.meta["max_length"], id2label=dict(enumerate(names)),
+                    label2id={name: i for i, name in enumerate(names)})
     if master:
         write_json(os.path.join(out_dir, "train_config.json"), c)
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, {world_size} process(es) on {device}, {dtype}; MFU "

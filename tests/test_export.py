@@ -1,0 +1,69 @@
+"""export.py: a GPT checkpoint becomes a folder that transformers loads as GPT2LMHeadModel, with the same logits, the
+same token ids (GPT-2's BPE) and a working text-generation pipeline; options GPT-2 lacks are refused."""
+import json
+import os
+
+import pytest
+import torch
+
+from common import Error
+from conftest import needs_shared
+from export import export
+from model import GPT, GPTConfig
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test extra: pip install -e '.[test]'")
+
+
+def checkpoint(path, tokenizer, **options):
+    torch.manual_seed(0)
+    vocab = 50304 if tokenizer["type"] == "bpe" else len(tokenizer["chars"])
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, **options))
+    with torch.no_grad():  # weights larger than training's init, so the logits differ visibly between tokens
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(path, task="lm", dataset="toy", tokenizer=tokenizer, metrics={"step": 7, "val/loss": 1.5},
+                          command=["python", "train.py", "config/toy.py"])
+    return model.eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_transformers_loads_the_same_logits(tmp_path, bias):
+    ours = checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"}, bias=bias)
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    idx = torch.randint(0, 8, (2, 20))
+    with torch.no_grad():
+        assert torch.allclose(hf(idx).logits, ours(idx)[0], atol=1e-4)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["model_type"], config["n_positions"], config["activation_function"]) == ("gpt2", 32, "gelu_new")
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "python train.py config/toy.py" in card and "val/loss | 1.5000" in card
+    assert not (tmp_path / "hf" / "vocab.json").exists()  # characters: no Hugging Face tokenizer
+
+
+@needs_shared
+def test_bpe_tokenizer_files_and_the_pipeline(tmp_path):
+    import tiktoken
+
+    ours = checkpoint(tmp_path / "ckpt", {"type": "bpe", "encoding": "r50k_base"})
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    enc = tiktoken.get_encoding("r50k_base")
+    for text in ["Hello, wörld! ROMEO: what say'st thou?\n\n  spaces\t", "日本語の文章 🎉 naïve café", "x" * 50]:
+        assert tokenizer.encode(text) == enc.encode_ordinary(text), text
+    prompt = enc.encode_ordinary("ROMEO: what")
+    greedy = [t.item() for t in ours.generate(torch.tensor([prompt]), 8)]
+    pipe = transformers.pipeline("text-generation", model=str(tmp_path / "hf"))
+    out = pipe("ROMEO: what", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    assert out == "ROMEO: what" + enc.decode(greedy)
+
+
+@pytest.mark.parametrize("option", [dict(rope=True), dict(rmsnorm=True), dict(tie_embeddings=False),
+                                    dict(logit_softcap=15.0), dict(relu2=True), dict(qk_norm=True)])
+def test_options_gpt2_lacks_are_refused(tmp_path, option):
+    checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"}, **option)
+    name = next(iter(option))
+    with pytest.raises(Error, match=f"{name}=.* has no place in GPT-2's layout"):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    assert not os.path.exists(tmp_path / "hf")
