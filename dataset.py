@@ -200,6 +200,7 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
 
 def write_classification_split(data_dir, split, rows, labels, dtype):
     """rows: token id lists; labels: class ids. Writes {split}.bin, {split}.offsets.npy, {split}.labels.npy."""
+    os.makedirs(data_dir, exist_ok=True)
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
     save_array(os.path.join(data_dir, f"{split}.bin"), np.fromiter((t for r in rows for t in r), dtype, lengths.sum()))
     save_array(os.path.join(data_dir, f"{split}.offsets.npy"), np.concatenate([[0], np.cumsum(lengths)]))

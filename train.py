@@ -139,7 +139,8 @@ def parse_config(argv):
         else:
             for key, value in exec_config(arg).items():
                 set_key(key, value, arg)
-    check_config(c)
+    if c["init_from"] != "resume":  # a resumed run is checked once its saved config is in (load_state)
+        check_config(c)
     return c, given
 
 
@@ -296,6 +297,7 @@ def load_state(c, given):
     if changed:
         raise Error(f"cannot resume {path} with a different model: {'; '.join(changed)}")
     c.update({k: v for k, v in saved.items() if k in DEFAULTS and (k not in given or k == "init_from")})
+    check_config(c)
     return state
 
 
