@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from common import Error
-from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention, from_checkpoint, rotary
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+MODERN = dict(rope=True, rmsnorm=True, qk_norm=True, relu2=True, tie_embeddings=False, logit_softcap=15.0, zero_init=True)
+OPTIONS = pytest.mark.parametrize("options", [{}, MODERN], ids=["gpt2", "modern"])  # the defaults, and every option on
 
 
 def tiny_gpt(**kw):
@@ -20,8 +22,18 @@ def tiny_classifier(**kw):
     return EncoderClassifier(EncoderConfig(**{**TINY, "n_classes": 3, "pad_token_id": 0, **kw}))
 
 
-def test_gpt_is_causal():
-    model = tiny_gpt().eval()
+def randomised(model):
+    """Weights drawn afresh: zero_init's zero projections would make the blocks the identity, which proves nothing
+    about masks and caches."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+@OPTIONS
+def test_gpt_is_causal(options):
+    model = randomised(tiny_gpt(**options)).eval()
     idx = torch.randint(0, 50, (2, 12))
     changed = idx.clone()
     changed[:, 6:] = (changed[:, 6:] + 1) % 50
@@ -31,8 +43,9 @@ def test_gpt_is_causal():
     assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6) and not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-3)
 
 
-def test_classifier_ignores_padding():
-    model = tiny_classifier().eval()
+@OPTIONS
+def test_classifier_ignores_padding(options):
+    model = randomised(tiny_classifier(**{k: v for k, v in options.items() if k != 'tie_embeddings'})).eval()
     idx = torch.randint(1, 50, (2, 5))
     logits, _ = model(idx, torch.ones_like(idx))
     padded = torch.cat([idx, torch.zeros(2, 3, dtype=torch.long)], 1)
@@ -62,9 +75,10 @@ def test_untrained_loss_is_ln_vocab():
     assert abs(loss.item() - math.log(1000)) < 0.1
 
 
+@OPTIONS
 @pytest.mark.parametrize("kind", ["gpt", "classifier"])
-def test_overfits_one_batch(kind):
-    model = tiny_gpt() if kind == "gpt" else tiny_classifier()
+def test_overfits_one_batch(kind, options):
+    model = tiny_gpt(**options) if kind == "gpt" else tiny_classifier(**options)
     torch.manual_seed(1)
     idx = torch.randint(1, 50, (4, 16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
@@ -91,8 +105,9 @@ def test_tied_head_parameter_count_and_decay_groups():
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params(non_embedding=False)
 
 
-def test_kv_cache_logits_match_full_forward():
-    model = tiny_gpt().eval()
+@OPTIONS
+def test_kv_cache_logits_match_full_forward(options):
+    model = randomised(tiny_gpt(**options)).eval()
     idx = torch.randint(0, 50, (3, 10))
     full, _ = model(idx)
     cache = [{} for _ in model.blocks]
@@ -101,8 +116,9 @@ def test_kv_cache_logits_match_full_forward():
     assert torch.allclose(torch.cat([prefill] + steps, 1), full, atol=1e-5)
 
 
-def test_greedy_generation_identical_with_and_without_cache():
-    model = tiny_gpt().eval()
+@OPTIONS
+def test_greedy_generation_identical_with_and_without_cache(options):
+    model = randomised(tiny_gpt(**options)).eval()
     prompt = torch.randint(0, 50, (2, 3))
     with_cache = torch.stack(list(model.generate(prompt, 13)), 1)
     without = torch.stack(list(model.generate(prompt, 13, use_cache=False)), 1)
@@ -233,3 +249,49 @@ def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
     grown = int(subprocess.run([sys.executable, "-c", script, ROOT, str(tmp_path)], capture_output=True, text=True,
                                check=True).stdout)
     assert grown < 1.5 * size, (grown / size)  # the old two-copy load grew by 2.0x
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8)
+    scores = lambda start: rotary(q, start) @ rotary(k, start).transpose(-1, -2)
+    assert torch.allclose(scores(0), scores(37), atol=1e-4)  # every position shifted by the same amount
+    assert not torch.allclose(scores(0), q @ k.transpose(-1, -2), atol=1e-2)  # yet the positions do enter
+    assert torch.allclose(rotary(q, 5).norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation: lengths kept
+
+
+def test_rmsnorm_and_qk_norm_follow_their_formulas():
+    torch.manual_seed(0)
+    model = randomised(tiny_gpt(rmsnorm=True, qk_norm=True)).eval()
+    x = torch.randn(2, 7, 16)
+    norm = model.blocks[0].ln_1
+    rms = lambda t, eps: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps)
+    assert torch.allclose(norm(x), rms(x, torch.finfo(x.dtype).eps) * norm.weight, atol=1e-5)
+    attn = model.blocks[0].attn  # queries and keys RMS-normalised per head, before the scores
+    q, k, v = attn.qkv(x).view(2, 7, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    q, k = rms(q, torch.finfo(x.dtype).eps), rms(k, torch.finfo(x.dtype).eps)
+    y, _ = attention(q, k, v, torch.ones(7, 7, dtype=torch.bool).tril())
+    assert torch.allclose(attn(x, causal=True)[0], attn.proj(y.transpose(1, 2).reshape(2, 7, 16)), atol=1e-5)
+
+
+def test_relu2_logit_softcap_and_zero_init():
+    torch.manual_seed(0)
+    block = randomised(tiny_gpt(relu2=True)).blocks[0].eval()
+    x = torch.randn(2, 5, 16)
+    a = x + block.attn(block.ln_1(x), causal=True)[0]
+    assert torch.allclose(block(x)[0], a + block.mlp.proj(torch.relu(block.mlp.fc(block.ln_2(a))) ** 2), atol=1e-5)
+    capped = tiny_gpt(logit_softcap=5.0)
+    with torch.no_grad():
+        capped.lm_head.weight.mul_(1000)  # logits in the hundreds before the cap
+    logits, _ = capped(torch.randint(0, 50, (2, 8)))
+    assert logits.abs().max() <= 5.0 and logits.abs().max() > 4.9  # tanh: bounded by the cap (reached in float32)
+    fresh = tiny_gpt(zero_init=True)  # every block starts as the identity
+    idx = torch.randint(0, 50, (2, 8))
+    embedded = fresh.wte(idx) + fresh.wpe(torch.arange(8))
+    assert torch.allclose(fresh.hidden_states(idx)[0], fresh.ln_f(embedded), atol=1e-6)
+
+
+def test_untied_head_is_its_own_matrix():
+    model = tiny_gpt(tie_embeddings=False)
+    assert model.lm_head.weight is not model.wte.weight
+    assert model.num_params() == tiny_gpt().num_params() + 50 * 16

@@ -1,0 +1,58 @@
+"""common.py: the one dtype rule, device errors, atomic writes, the peak MFU is measured against."""
+import os
+
+import pytest
+import torch
+
+import common
+from common import Error, atomic_path, auto_dtype
+
+
+@pytest.mark.parametrize("device, capability, cpu_bf16, expected", [
+    ("cuda", (9, 0), False, "bfloat16"),  # H100, H200
+    ("cuda", (8, 0), False, "bfloat16"),  # A100
+    ("cuda", (8, 6), False, "bfloat16"),  # RTX 30xx, A10
+    ("cuda", (7, 5), False, "float16"),  # T4, RTX 20xx: bf16 only emulated there
+    ("cuda", (7, 0), False, "float16"),  # V100
+    ("cpu", (0, 0), True, "bfloat16"),  # AMX or AVX-512 BF16
+    ("cpu", (0, 0), False, "float32"),
+    ("mps", (0, 0), False, "float32"),
+])
+def test_the_dtype_rule(device, capability, cpu_bf16, expected):
+    assert auto_dtype(device, capability, cpu_bf16) == expected
+
+
+def test_resolve_dtype_refuses_what_the_device_cannot_run():
+    with pytest.raises(Error, match="dtype=float16 needs a CUDA GPU; on cpu use bfloat16 or float32"):
+        common.resolve_dtype("float16", "cpu")
+    with pytest.raises(Error, match="dtype must be auto, float32, bfloat16 or float16, got 'float8'"):
+        common.resolve_dtype("float8", "cpu")
+    assert common.resolve_dtype("auto", "cpu") == ("bfloat16" if common.cpu_has_bf16() else "float32")
+
+
+def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "state.pt"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(str(target)) as tmp:
+            open(tmp, "w").write("half")
+            raise KeyboardInterrupt
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["state.pt"]  # no temporary left behind
+    with atomic_path(str(target)) as a, atomic_path(str(target)) as b:
+        assert a != b  # two writers never share a temporary file
+        open(a, "w").write("a")
+        open(b, "w").write("b")
+    assert target.read_text() == "a"  # the last to finish wins, whole
+
+
+def test_peak_flops_is_measured_on_the_cpu():
+    flops, source = common.peak_flops("cpu", "float32")
+    assert 1e9 < flops < 1e14 and source == "measured float32 matmul"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_absent_devices_are_one_line():
+    with pytest.raises(Error, match="--device cuda:1: this machine or this build of torch has no cuda device"):
+        common.pick_device("cuda:1")
+    with pytest.raises(Error, match="--device tpu: Expected one of"):
+        common.pick_device("tpu")
