@@ -12,12 +12,15 @@ Every figure is timed --repeats times after a warm-up; the tables show the best 
   python bench.py --json bench.json            the full run (6 to 7 minutes on 2 CPU cores)
   python bench.py --device cuda --no-compile
   python bench.py --profile config/shakespeare_char.py   where one training step spends its time, fp32 and bf16
+  python bench.py --time_to_loss config/shakespeare_char_cpu.py config/shakespeare_char_fast.py --repeats 3
+                                               wall time to a validation loss, the runs side by side, and a plot
 """
 import argparse
 import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -31,6 +34,7 @@ from tqdm import tqdm
 
 from common import ArgumentParser, Error, cpu_has_bf16, matmul_flops, pick_device, run_script, sync
 from dataset import read_meta
+from records import read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, build_model
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -352,6 +356,52 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
         print(f"\nNote: {note}")
 
 
+def time_to_loss(runs, target, repeats, png):
+    """Each run (a config file and --key=value overrides) as `python train.py RUN`, into a fresh out_dir, the runs
+    taking turns repeats times, so a busy neighbour slows them alike. Per run: the wall time start to finish, the
+    final validation loss and when (seconds since its process started) an evaluation first reached target."""
+    results = {run: [] for run in runs}
+    bar = tqdm(total=len(runs) * repeats, desc="time to loss", file=sys.stderr, dynamic_ncols=True)
+    for _ in range(repeats):
+        for run in runs:
+            out_dir, t0 = tempfile.mkdtemp(prefix="time-to-loss-"), time.time()
+            r = subprocess.run([sys.executable, "train.py", *shlex.split(run), f"--out_dir={out_dir}",
+                                "--overwrite_out_dir=True"], cwd=ROOT, capture_output=True, text=True)
+            wall = time.time() - t0
+            if r.returncode:
+                raise Error(f"train.py {run} failed: {r.stderr.strip().splitlines()[-1]}")
+            curve = [(m["time"] - t0, m["val/loss"]) for m in read_metrics(out_dir) if "val/loss" in m]
+            results[run].append({"wall_s": wall, "curve": curve, "final": curve[-1][1],
+                                 "reached_s": next((s for s, loss in curve if loss <= target), None)})
+            bar.update()
+    bar.close()
+    base = statistics.median(r["wall_s"] for r in results[runs[0]])
+    table(f"Time to validation loss {target}: `python train.py RUN`, start to finish, {repeats} turn(s) each, taking "
+          f"turns", ["run", "wall s (each turn)", "final val loss (each turn)", f"first eval <= {target} at s",
+                     f"wall time / {runs[0].split()[0]}'s (medians)"],
+          [[f"`{run}`", ", ".join(f"{r['wall_s']:.1f}" for r in rs), ", ".join(f"{r['final']:.4f}" for r in rs),
+            ", ".join("never" if r["reached_s"] is None else f"{r['reached_s']:.1f}" for r in rs),
+            f"{statistics.median(r['wall_s'] for r in rs) / base:.2f}x"] for run, rs in results.items()])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    for i, (run, rs) in enumerate(results.items()):
+        for j, r in enumerate(rs):
+            ax.plot(*zip(*r["curve"]), "-o", color=f"C{i}", markersize=3, alpha=1 if j == 0 else 0.4,
+                    label=run if j == 0 else None)
+    ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target}")
+    ax.set(xlabel="seconds since `python train.py` started", ylabel="validation loss", ylim=(target - 0.3, target + 1.2),
+           title="validation loss against wall time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(png, dpi=110)
+    print(f"\nwrote {png}")
+    return results
+
+
 def main(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cuda, cuda:1, mps or cpu")
@@ -362,7 +412,19 @@ def main(argv=None):
     p.add_argument("--json", metavar="PATH", help="also save every figure (with the raw times) as JSON")
     p.add_argument("--profile", metavar="CONFIG", help="instead: where one training step of CONFIG's shape spends its "
                    "time, fp32 and bf16 (torch.profiler's operators)")
+    p.add_argument("--time_to_loss", metavar="RUN", nargs="+", help="instead: run each RUN (a config file, then any "
+                   "--key=value overrides, quoted as one argument) as `python train.py RUN`, taking turns --repeats "
+                   "times; print the wall times and the val loss each reached, and plot val loss against seconds")
+    p.add_argument("--target", type=float, default=1.8818, help="with --time_to_loss: the validation loss to reach "
+                   "(default: %(default)s, what config/shakespeare_char_cpu.py reaches)")
+    p.add_argument("--png", default="time_to_loss.png", help="with --time_to_loss: the plot (default: %(default)s)")
     a = p.parse_args(argv)
+    if a.time_to_loss:
+        results = time_to_loss(a.time_to_loss, a.target, a.repeats, os.path.abspath(a.png))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"machine": machine("cpu"), "target": a.target, "runs": results}, f, indent=2)
+        return
     json_path, profile = a.json and os.path.abspath(a.json), a.profile and os.path.abspath(a.profile)
     if profile and not os.path.isfile(profile):
         p.error(f"--profile {a.profile}: no such config file (try config/shakespeare_char.py)")

@@ -11,8 +11,9 @@ from common import Error
 
 
 class RunRecord:
-    """Appends {"step", "seconds", ...metrics} lines to out_dir/metrics.jsonl and logs the same to wandb, if given.
-    seconds count from this run's start plus the seconds a resumed run had already spent."""
+    """Appends {"step", "seconds", "time", ...metrics} lines to out_dir/metrics.jsonl and logs the same to wandb, if
+    given. seconds count from this run's start plus the seconds a resumed run had already spent; time is the clock
+    (Unix time), to line runs up with anything else."""
 
     def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0):
         self.path, self.wandb = os.path.join(out_dir, "metrics.jsonl"), wandb_run
@@ -23,7 +24,8 @@ class RunRecord:
 
     def log(self, step, **metrics):
         with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, "seconds": round(self.seconds(), 3), **metrics}) + "\n")
+            f.write(json.dumps({"step": step, "seconds": round(self.seconds(), 3), "time": round(time.time(), 3),
+                                **metrics}) + "\n")
         if self.wandb:
             self.wandb.log(metrics, step=step)
 
