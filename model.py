@@ -50,6 +50,7 @@ class EncoderConfig(GPTConfig):
     n_classes: int = 4
     pad_token_id: int = 0
     token_dropout: float = 0.0  # training only: hide this fraction of each row's tokens, as if padding (augmentation)
+    bigram_buckets: int = 0  # > 0: each token also embeds (previous token, token), hashed into this many rows (fastText)
 
 
 def attention(q, k, v, mask=None, dropout_p=0.0):
@@ -162,13 +163,14 @@ class Transformer(nn.Module):
             if name.startswith("blocks.") and name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.0 if self.config.zero_init else 0.02 / math.sqrt(2 * self.config.n_layer))
 
-    def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
-        """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones)."""
+    def hidden_states(self, idx, mask=None, cache=None, need_weights=False, extra=None):
+        """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones). extra: embeddings
+        [B, T, d] added to the tokens' (the encoder's bigrams)."""
         start = cache[0]["k"].size(2) if cache and cache[0] else 0
         T = idx.size(1)
         if start + T > self.config.block_size:
             raise Error(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
-        x = self.wte(idx)
+        x = self.wte(idx) if extra is None else self.wte(idx) + extra
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         x = self.drop(x)
@@ -321,8 +323,15 @@ class EncoderClassifier(Transformer):
 
     def __init__(self, config):
         super().__init__(config, causal=False)
+        self.bigrams = nn.Embedding(config.bigram_buckets, config.n_embd) if config.bigram_buckets else None
         self.head = nn.Linear(config.n_embd, config.n_classes)
         self.init_weights()
+
+    def bigram_embeddings(self, idx):
+        """Each position's (previous token, token) pair, hashed into bigram_buckets rows: local phrases ("New York",
+        "oil prices") as features of their own, the lever of fastText's bigrams."""
+        previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
+        return self.bigrams((previous * 1_000_003 + idx) % self.config.bigram_buckets)
 
     def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
         """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face), by default
@@ -332,7 +341,8 @@ class EncoderClassifier(Transformer):
             kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
             # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
-        x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)  # hide padding keys
+        bigrams = None if self.bigrams is None else self.bigram_embeddings(idx)
+        x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights, extra=bigrams)  # hide padding keys
         real = real.unsqueeze(-1).to(x.dtype)
         pooled = (x * real).sum(1) / real.sum(1).clamp(min=1)
         logits = self.head(pooled)

@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from common import Error, atomic_path, autocast, peak_flops, pick_device, resolve_dtype, run_script, write_json
@@ -72,6 +73,7 @@ DEFAULTS = dict(
     logit_softcap=0.0,  # > 0: logits = cap * tanh(logits / cap)
     zero_init=False,  # residual output projections start at zero
     token_dropout=0.0,  # classify: hide this fraction of each training row's tokens, a regularizer for small data
+    bigram_buckets=0,  # classify: > 0 adds hashed (previous token, token) embeddings, fastText's bigrams
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
     optimizer="adamw",  # adamw; muon: Muon for the blocks' matrices, AdamW for the rest
     learning_rate=6e-4,  # peak learning rate
@@ -84,15 +86,16 @@ DEFAULTS = dict(
     beta1=0.9,  # Adam's first-moment decay
     beta2=0.95,  # Adam's second-moment decay
     grad_clip=1.0,  # clip the gradient's global norm to this; 0 turns clipping off
+    ema_decay=0.0,  # > 0: evaluate and save an exponential moving average of the weights (0.999: the last ~1000 steps)
 )
 ARCH_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "rmsnorm", "qk_norm", "relu2",
-             "tie_embeddings", "logit_softcap")  # what a checkpoint's tensors depend on: a resume cannot change them
+             "tie_embeddings", "logit_softcap", "bigram_buckets")  # what a checkpoint's tensors depend on: a resume cannot change them
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 AT_LEAST_ONE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
                 "block_size", "n_layer", "n_head", "n_embd")
 NON_NEGATIVE = ("max_iters", "warmup_iters", "lr_decay_iters", "vocab_size", "learning_rate", "min_lr", "weight_decay",
-                "grad_clip", "logit_softcap")
-FRACTIONS = ("dropout", "token_dropout", "beta1", "beta2")  # in [0, 1)
+                "grad_clip", "logit_softcap", "bigram_buckets")
+FRACTIONS = ("dropout", "token_dropout", "beta1", "beta2", "ema_decay")  # in [0, 1)
 CHOICES = {"task": ("lm", "classify"), "attn_impl": ("sdpa", "explicit"), "optimizer": ("adamw", "muon"),
            "dtype": ("auto", "float32", "bfloat16", "float16")}
 
@@ -199,8 +202,8 @@ def check_config(c):
     close = difflib.get_close_matches(c["init_from"], forms, n=1)
     need(c["init_from"] in forms or os.path.isdir(c["init_from"]), "init_from", f"one of {', '.join(forms)} or a "
          f"folder of GPT weights" + (f" (did you mean {close[0]}?)" if close else ""))
-    need(not c["token_dropout"] or c["task"] == "classify", "token_dropout", "0 unless task=classify (it hides "
-         "tokens of classification rows)")
+    for key in ("token_dropout", "bigram_buckets"):
+        need(not c[key] or c["task"] == "classify", key, "0 unless task=classify (an option of the encoder)")
 
 
 def get_lr(step, c):
@@ -308,7 +311,8 @@ def pretrained_source(c):
     source, info = load_pretrained(c["init_from"])
     if info["architecture"] != "GPT":
         raise Error(f"init_from={c['init_from']!r} holds an {info['architecture']}, not a GPT to start from")
-    c.update({k: getattr(source.config, k) for k in ARCH_KEYS}, block_size=min(c["block_size"], source.config.block_size))
+    c.update({k: getattr(source.config, k) for k in ARCH_KEYS if hasattr(source.config, k)},
+             block_size=min(c["block_size"], source.config.block_size))
     return source
 
 
@@ -377,10 +381,12 @@ def evaluate(model, data, c, ctx, device, rank, world_size):
     return {"loss": loss, "accuracy": correct / n} if data.labelled else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
 
 
-def save_state(path, model, optimizers, scaler, step, best, c, seconds):
+def save_state(path, model, ema, optimizers, scaler, step, best, c, seconds):
     """The whole trainer state in one file, written atomically (a crash mid-write leaves the previous one)."""
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
              "scaler": scaler.state_dict(), "step": step, "best": best, "config": c, "seconds": seconds}
+    if ema is not None:
+        state["ema"] = ema.state_dict()
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
@@ -403,7 +409,8 @@ def main(argv):
 
 def train(c, given, ddp, rank, world_size, device):
     master, out_dir = rank == 0, c["out_dir"]
-    train_data, val_data, raw_model, optimizers, scaler, (step, best, seconds) = setup(c, given, ddp, device, master)
+    train_data, val_data, raw_model, ema, optimizers, scaler, (step, best, seconds) = setup(c, given, ddp, device, master)
+    evaluated = raw_model if ema is None else ema.module  # what is evaluated and saved as the best model
     model = raw_model
     if ddp:  # DDP first, then compile: the recommended order, which overlaps the gradient all-reduce with backward
         model = DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
@@ -423,8 +430,8 @@ def train(c, given, ddp, rank, world_size, device):
               f"against {peak / 1e12:.3g} TFLOP/s ({peak_source})", file=sys.stderr)
     run = start_wandb(c, raw_model.num_params()) if c["wandb_log"] and master else None
     record, guard = RunRecord(out_dir, run, seconds) if master else None, StepGuard(ddp, device)
-    save = lambda: save_state(os.path.join(out_dir, "trainer_state.pt"), raw_model, optimizers, scaler, step, best, c,
-                              record.seconds())
+    save = lambda: save_state(os.path.join(out_dir, "trainer_state.pt"), raw_model, ema, optimizers, scaler, step, best,
+                              c, record.seconds())
     best_name, goal = train_data.best
     sign = 1 if goal == "max" else -1
 
@@ -440,14 +447,14 @@ def train(c, given, ddp, rank, world_size, device):
         if step % c["eval_interval"] == 0 or step == c["max_iters"] or c["eval_only"]:
             eval_start = time.perf_counter()
             metrics = {f"{split}/{k}": v for split, data in (("train", train_data), ("val", val_data))
-                       for k, v in evaluate(raw_model, data, c, ctx, device, rank, world_size).items()}
+                       for k, v in evaluate(evaluated, data, c, ctx, device, rank, world_size).items()}
             if master:
                 bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
                 record.log(step, **metrics, lr=lr)
                 if step > start_step and not c["eval_only"]:  # nothing new to save at the first evaluation
                     if sign * metrics[best_name] > best:
                         best, best_step = sign * metrics[best_name], step
-                        raw_model.save_pretrained(out_dir, **info, metrics={"step": step, **metrics})
+                        evaluated.save_pretrained(out_dir, **info, metrics={"step": step, **metrics})
                     if best_step == step or c["always_save_checkpoint"]:
                         save()
             bar.unpause()  # the bar's rate and ETA count training steps, not evaluations; so does the log's speed
@@ -487,6 +494,8 @@ def train(c, given, ddp, rank, world_size, device):
             scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         scaler.update()
+        if ema is not None:
+            ema.update_parameters(raw_model)
         step += 1
         bar.update(1)
 
@@ -502,7 +511,7 @@ def train(c, given, ddp, rank, world_size, device):
     bar.close()
     if master:
         finish(c, record, run, best, best_step, sign, best_name, step - start_step, metrics)
-    return raw_model, metrics
+    return evaluated, metrics
 
 
 def setup(c, given, ddp, device, master):
@@ -531,12 +540,16 @@ def setup(c, given, ddp, device, master):
     optimizers = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
                                             device_type, c["optimizer"])
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+    # the average of the weights over the last ~1 / (1 - decay) steps, a second copy of the model
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(c["ema_decay"])) if c["ema_decay"] else None
     if state is None:
-        return train_data, val_data, model, optimizers, scaler, (0, -float("inf"), 0.0)
+        return train_data, val_data, model, ema, optimizers, scaler, (0, -float("inf"), 0.0)
     for optimizer, saved in zip(optimizers, state["optimizers"]):
         optimizer.load_state_dict(saved)
     load_scaler_state(scaler, state["scaler"])
-    return train_data, val_data, model, optimizers, scaler, (state["step"], state["best"], state.get("seconds", 0.0))
+    if ema is not None:
+        ema.load_state_dict(state["ema"])
+    return train_data, val_data, model, ema, optimizers, scaler, (state["step"], state["best"], state.get("seconds", 0.0))
 
 
 def load_scaler_state(scaler, saved):
@@ -559,7 +572,7 @@ def make_model(c, meta, state, source):
     weights = {k: v for k, v in source.state_dict().items() if not k.startswith(("lm_head", "head"))}
     if "wpe.weight" in weights:
         weights["wpe.weight"] = weights["wpe.weight"][:c["block_size"]]  # a shorter context keeps the first positions
-    return model.load_weights(weights, new=("head",) if c["task"] == "classify" else ())
+    return model.load_weights(weights, new=[m for m in ("head", "bigrams") if getattr(model, m, None) is not None])
 
 
 def finish(c, record, run, best, best_step, sign, best_name, steps, metrics):
