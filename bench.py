@@ -40,6 +40,7 @@ from model import GPT, GPTConfig, MultiHeadAttention, build_model
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
 META_FALLBACK = {"shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/meta.json was never prepared
+                 "shakespeare": {"vocab_size": 50257}, "openwebtext": {"vocab_size": 50257},
                  "agnews": {"vocab_size": 50257, "pad_token_id": 50256, "label_names": ["W", "S", "B", "T"]}}
 MODES = ["fp32", "bf16", "bf16+compile"]
 ATTENTION_PATHS = ["fused", "fused bf16", "explicit", "loop"]
@@ -325,7 +326,7 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
           ["config", "parameters", *OPTIMIZERS, "loop / fused (medians)"],
           [[cfg, f"{optims[(cfg, 'loop')]['params'] / 1e6:.2f}M", *(two(optims[(cfg, k)], "ms", "{:.2f}") for k in OPTIMIZERS),
             f"{optims[(cfg, 'loop')]['median_s'] / optims[(cfg, 'fused')]['median_s']:.1f}x"]
-           for cfg in CONFIGS if all("median_s" in optims[(cfg, k)] for k in OPTIMIZERS)])
+           for cfg in dict.fromkeys(cfg for cfg, _ in optims) if all("median_s" in optims[(cfg, k)] for k in OPTIMIZERS)])
     table(f"Generation: GPT 6 x 384, vocab 65, block 256, fp32, greedy, {gens[True]['new_tokens']} new tokens from 1",
           ["KV cache", "tokens/s (best / median)"], [["yes" if k else "no", two(r, "tokens_per_s", "{:,.1f}")] for k, r in gens.items()])
     print(f"\nKV cache speed-up (medians): {gens[False]['median_s'] / gens[True]['median_s']:.2f}x")
@@ -348,10 +349,11 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
         print(f"- n={n}, medians: fused {speedup('fused')} the per-head loop's speed, fused bf16 {speedup('fused bf16')}; "
               f"the loop runs at {loop['flops_best'] / peak('loop'):.0%} of the fp32 matmul peak, so no fp32 path can be "
               f"more than {peak('loop') / loop['flops_best']:.1f}x faster" + " (target: fused >= 3x)" * (n == 512))
-    cfg = next(iter(infers.values()))[0]
-    rows = [[mode, f"{two(trains[(cfg, mode)], 'examples_per_s')} ({trains[(cfg, mode)]['rows']} rows)"
-             if "rows" in trains.get((cfg, mode), {}) else "n/a", two(r, "examples_per_s")] for mode, (_, r) in infers.items()]
-    table(f"Classifier examples/s, best / median ({cfg})", ["mode", "train (eager)", "inference (batch 256, eval, no_grad)"], rows)
+    if infers:
+        cfg = next(iter(infers.values()))[0]
+        rows = [[mode, f"{two(trains[(cfg, mode)], 'examples_per_s')} ({trains[(cfg, mode)]['rows']} rows)"
+                 if "rows" in trains.get((cfg, mode), {}) else "n/a", two(r, "examples_per_s")] for mode, (_, r) in infers.items()]
+        table(f"Classifier examples/s, best / median ({cfg})", ["mode", "train (eager)", "inference (batch 256, eval, no_grad)"], rows)
     for note in notes:
         print(f"\nNote: {note}")
 
@@ -410,6 +412,8 @@ def main(argv=None):
                    "of at most 4 rows, torch.compile on the first config only")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
     p.add_argument("--json", metavar="PATH", help="also save every figure (with the raw times) as JSON")
+    p.add_argument("--configs", nargs="+", default=CONFIGS, metavar="CONFIG", help="the configs whose shapes the "
+                   "training and AdamW tables measure (default: %(default)s)")
     p.add_argument("--profile", metavar="CONFIG", help="instead: where one training step of CONFIG's shape spends its "
                    "time, fp32 and bf16 (torch.profiler's operators)")
     p.add_argument("--time_to_loss", metavar="RUN", nargs="+", help="instead: run each RUN (a config file, then any "
@@ -438,14 +442,16 @@ def main(argv=None):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-"))
     repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
     print(f"# bench.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
-    shapes = {cfg: load_shape(cfg) for cfg in CONFIGS}
+    configs = a.configs
+    shapes = {cfg: load_shape(cfg) for cfg in configs}
     notes = [f"{cfg}: data/{c['dataset']} not prepared, so the vocabulary is a stand-in of {c['vocab_size']}"
              for cfg, (c, meta) in shapes.items() if meta is META_FALLBACK.get(c["dataset"])]
-    plan = [(cfg, mode) for i, cfg in enumerate(CONFIGS) for mode in MODES
+    plan = [(cfg, mode) for i, cfg in enumerate(configs) for mode in MODES
             if not (mode.endswith("compile") and (a.no_compile or (a.quick and i > 0)))]
     ns = [128, 512] if a.quick else [128, 512, 1024, 2048, 4096]
-    cls = next(cfg for cfg in CONFIGS if shapes[cfg][0]["task"] == "classify")
-    bar = tqdm(total=4 + len(plan) + len(CONFIGS) * len(OPTIMIZERS) + 2 + len(ATTENTION_PATHS) * len(ns) + 2, file=sys.stderr, dynamic_ncols=True)
+    cls = next((cfg for cfg in configs if shapes[cfg][0]["task"] == "classify"), None)
+    bar = tqdm(total=4 + len(plan) + len(configs) * len(OPTIMIZERS) + 2 + len(ATTENTION_PATHS) * len(ns) + 2 * bool(cls),
+               file=sys.stderr, dynamic_ncols=True)
 
     def run(label, fn, *args, catch=False):
         bar.set_description(label)
@@ -470,13 +476,13 @@ def main(argv=None):
     trains = {(cfg, mode): run(f"train {os.path.basename(cfg)} {mode}", bench_train, *shapes[cfg][:2], mode, device,
                                repeats, 4 if a.quick else None, catch=True) for cfg, mode in plan}
     optims = {(cfg, kind): run(f"AdamW {kind} {os.path.basename(cfg)}", bench_optimizer, *shapes[cfg][:2], kind, device,
-                               repeats, catch=True) for cfg in CONFIGS for kind in OPTIMIZERS}
+                               repeats, catch=True) for cfg in configs for kind in OPTIMIZERS}
     gens = {cache: run(f"generate, cache={cache}", bench_generate, device, 100 if a.quick else 500, cache, repeats)
             for cache in (True, False)}
     attns = {(path, n): run(f"attention {path} n={n}", bench_attention, path, n, device, repeats, catch=path.endswith("bf16"))
              for n in ns for path in ATTENTION_PATHS}
     infers = {mode: (cls, run(f"classify inference {mode}", bench_classify_inference, *shapes[cls][:2], mode, device, repeats,
-                              catch=True)) for mode in ("fp32", "bf16")}
+                              catch=True)) for mode in ("fp32", "bf16")} if cls else {}
     matmul_peaks()
     bar.close()
     for r in [*trains.values(), *optims.values(), *attns.values()]:

@@ -2,12 +2,12 @@
 AG News, measured so that the figure is not flattered: our recipe beside bag-of-words peers, trained on the same rows.
   python bench_agnews.py                           val.csv only: the split that recipe choices may look at
   python bench_agnews.py --holdout                 and the hold-out, which no choice looks at: report it once
-  python bench_agnews.py --runs "" "--token_dropout=0.2"   each RUN is overrides for config/agnews.py (one quoted arg)
+  python bench_agnews.py --runs config/agnews.py "config/agnews.py --token_dropout=0.2"   RUN: train.py's arguments
 The hold-out is the 2,000 rows of train.csv whose texts have the smallest md5 (fixed, whatever the file's order);
 everything trains on the other rows. The peers (scikit-learn, a bench extra: pip install -e ".[bench]"): TF-IDF of
 words (sublinear tf) with a linear SVM or logistic regression, and TF-IDF of words and word bigrams with a linear SVM.
-Each of our runs is `python data/agnews/prepare.py` once, then per seed `python train.py config/agnews.py RUN` and
-`python classify.py --eval` on each split, as a user runs them.
+Each of our runs is `python data/agnews/prepare.py` once, then per seed `python train.py RUN` (a config and overrides)
+and `python classify.py --eval` on each split, as a user runs them.
 """
 import argparse
 import csv
@@ -68,7 +68,7 @@ def run(command, env):
 
 
 def ours(splits, runs, seeds, scored, work):
-    """{run: {split: [accuracy per seed], "seconds": [...]}} for config/agnews.py with each run's overrides."""
+    """{run: {split: [accuracy per seed], "seconds": [...]}}: each run is train.py's arguments (a config, overrides)."""
     source, data = os.path.join(work, "source"), os.path.join(work, "data")
     os.makedirs(source, exist_ok=True)
     paths = {"train": os.path.join(source, "train.csv"), "val": os.path.join(source, "val.csv"),
@@ -84,18 +84,18 @@ def ours(splits, runs, seeds, scored, work):
     run(["data/agnews/prepare.py", "--source", source, "--out_dir", data], env)
     prepare_s = time.time() - t0
     results = {}
-    for overrides in runs:
-        r = results.setdefault(overrides, {"seconds": [], **{s: [] for s in scored}})
+    for arguments in runs:
+        r = results.setdefault(arguments, {"seconds": [], **{s: [] for s in scored}})
         for seed in seeds:
             out_dir = os.path.join(work, f"run-{len(results)}-seed{seed}")
             t0 = time.time()
-            run(["train.py", "config/agnews.py", f"--dataset={data}", f"--out_dir={out_dir}", f"--seed={seed}",
-                 "--overwrite_out_dir=True", *shlex.split(overrides)], env)
+            run(["train.py", *shlex.split(arguments), f"--dataset={data}", f"--out_dir={out_dir}", f"--seed={seed}",
+                 "--overwrite_out_dir=True"], env)
             r["seconds"].append(time.time() - t0 + prepare_s)
             for split in scored:
                 out = run(["classify.py", f"--out_dir={out_dir}", f"--eval={paths[split]}"], env)
                 r[split].append(float(re.search(r"accuracy: ([0-9.]+)", out).group(1)))
-            print(f"{overrides or '(config/agnews.py)'} seed {seed}: " + ", ".join(f"{s} {r[s][-1]:.4f}" for s in scored)
+            print(f"{arguments} seed {seed}: " + ", ".join(f"{s} {r[s][-1]:.4f}" for s in scored)
                   + f", {r['seconds'][-1]:.0f} s", file=sys.stderr)
     return results
 
@@ -106,8 +106,8 @@ def main(argv=None):
                    help="a folder with train.csv and val.csv (default: ../shared/data/agnews_sample)")
     p.add_argument("--holdout", action="store_true", help="also score the hold-out (report the final recipe once)")
     p.add_argument("--holdout_rows", type=int, default=2000, help="rows of train.csv held out (default: %(default)s)")
-    p.add_argument("--runs", nargs="*", default=[""], help="overrides for config/agnews.py, one quoted string per run "
-                   "(default: the config as it is)")
+    p.add_argument("--runs", nargs="+", default=["config/agnews.py"], metavar="RUN", help="train.py's arguments, a "
+                   "config file and overrides, one quoted string per run (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="seeds per run (default: %(default)s)")
     p.add_argument("--no_peers", action="store_true", help="skip the scikit-learn peers")
     a = p.parse_args(argv)
@@ -120,8 +120,8 @@ def main(argv=None):
         for name, r in peers(splits, scored).items():
             rows.append([f"{name} (C = {r['C']}, chosen on val)", *(f"{r[s]:.4f}" for s in scored), f"{r['seconds']:.1f} s"])
     with tempfile.TemporaryDirectory(prefix="bench-agnews-") as work:
-        for overrides, r in ours(splits, a.runs, a.seeds, scored, work).items():
-            rows.append([f"`python train.py config/agnews.py {overrides}`".replace(" `", "`"),
+        for arguments, r in ours(splits, a.runs, a.seeds, scored, work).items():
+            rows.append([f"`python train.py {arguments}`",
                          *(" / ".join(f"{x:.4f}" for x in r[s]) + f" (mean {statistics.mean(r[s]):.4f})" for s in scored),
                          " / ".join(f"{x:.0f}" for x in r["seconds"]) + " s"])
     print(f"\n| method | {' | '.join(f'{s} accuracy' for s in scored)} | time (ours: prepare + train, per seed) |")

@@ -8,8 +8,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, ROOT)
 
-if os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(SHARED, "tiktoken_cache"))
+if os.environ.get("TIKTOKEN_CACHE_DIR"):  # a relative path would break in the tests that run from other folders
+    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
+elif os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
+    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(SHARED, "tiktoken_cache")
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach a server
 
 needs_shared = pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"needs the shared data folder {SHARED}")
