@@ -359,6 +359,19 @@ class StepGuard:
         """The signal to stop with now, or 0: the one all ranks agreed on at the last read; one process's own."""
         return self.agreed if self.ddp else self.signum
 
+    def stop(self, save, step, out_dir):
+        """Rank 0 saves (save is None elsewhere); every rank waits until it has (torchrun stops the other ranks once
+        one exits); then exit with 128 + the signal, as a process killed by it would."""
+        self.saving = True
+        if save:
+            save()
+        if self.ddp:
+            dist.barrier()
+        signum = self.stop_now()
+        print(f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: resume with "
+              f"--init_from=resume", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
 
 @torch.no_grad()
 def evaluate(model, data, c, ctx, device, rank, world_size):
@@ -418,12 +431,7 @@ def train(c, given, ddp, rank, world_size, device):
         model = torch.compile(model)
     dtype = resolve_dtype(c["dtype"], device)
     ctx, (peak, peak_source) = autocast(device, dtype), peak_flops(device, dtype)
-    info = {"task": c["task"], "dataset": c["dataset"], "init_from": c["init_from"], "tokenizer": train_data.meta["tokenizer"],
-            "command": ["python"] + sys.argv}
-    if c["task"] == "classify":  # Hugging Face's id2label and label2id beside ours
-        names = train_data.meta["label_names"]
-        info.update(label_names=names, max_length=train_data.meta["max_length"], id2label=dict(enumerate(names)),
-                    label2id={name: i for i, name in enumerate(names)})
+    info = checkpoint_info(c, train_data.meta)
     if master:
         write_json(os.path.join(out_dir, "train_config.json"), c)
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, {world_size} process(es) on {device}, {dtype}; MFU "
@@ -462,15 +470,8 @@ def train(c, given, ddp, rank, world_size, device):
         if step >= c["max_iters"] or c["eval_only"]:
             break
         if guard.stop_now():  # here, after this step's evaluation: a resumed run loses none
-            guard.saving = True
-            if master:
-                save()
-            if ddp:
-                dist.barrier()  # every rank waits for rank 0's save: torchrun stops the others once one exits
             bar.close()
-            print(f"stopped by signal {guard.stop_now()} at step {step}; {out_dir}/trainer_state.pt holds it: resume "
-                  f"with --init_from=resume", file=sys.stderr)
-            raise SystemExit(128 + guard.stop_now())
+            guard.stop(save if master else None, step, out_dir)
 
         rows = train_data.rows(c["seed"], step, rows_per_step)
         torch.manual_seed(hash((c["seed"], rank, step)))  # dropout masks: a function of (seed, rank, step)
@@ -550,6 +551,18 @@ def setup(c, given, ddp, device, master):
     if ema is not None:
         ema.load_state_dict(state["ema"])
     return train_data, val_data, model, ema, optimizers, scaler, (state["step"], state["best"], state.get("seconds", 0.0))
+
+
+def checkpoint_info(c, meta):
+    """What config.json says beside the model: task, data, tokenizer, the command; a classifier's label names, also
+    as Hugging Face's id2label and label2id."""
+    info = {"task": c["task"], "dataset": c["dataset"], "init_from": c["init_from"], "tokenizer": meta["tokenizer"],
+            "command": ["python"] + sys.argv}
+    if c["task"] == "classify":
+        names = meta["label_names"]
+        info.update(label_names=names, max_length=meta["max_length"], id2label=dict(enumerate(names)),
+                    label2id={name: i for i, name in enumerate(names)})
+    return info
 
 
 def load_scaler_state(scaler, saved):
