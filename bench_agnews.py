@@ -46,9 +46,10 @@ def peers(splits, scored):
     from sklearn.linear_model import LogisticRegression
     from sklearn.svm import LinearSVC
 
-    models = {"TF-IDF words + linear SVM": (dict(sublinear_tf=True), LinearSVC),
+    svm = lambda C: LinearSVC(C=C, max_iter=10000)
+    models = {"TF-IDF words + linear SVM": (dict(sublinear_tf=True), svm),
               "TF-IDF words + logistic regression": (dict(sublinear_tf=True), lambda C: LogisticRegression(C=C, max_iter=3000)),
-              "TF-IDF words and bigrams + linear SVM": (dict(sublinear_tf=True, ngram_range=(1, 2)), LinearSVC)}
+              "TF-IDF words and bigrams + linear SVM": (dict(sublinear_tf=True, ngram_range=(1, 2)), svm)}
     results = {}
     for name, (features, make) in models.items():
         t0, vectorizer = time.time(), TfidfVectorizer(**features)
