@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from common import ArgumentParser, Error, cpu_has_bf16, matmul_flops, pick_device, run_script, sync
 from dataset import read_meta
-from records import read_metrics
+from records import pyplot, read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, build_model
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -384,11 +384,7 @@ def time_to_loss(runs, target, repeats, png):
           [[f"`{run}`", ", ".join(f"{r['wall_s']:.1f}" for r in rs), ", ".join(f"{r['final']:.4f}" for r in rs),
             ", ".join("never" if r["reached_s"] is None else f"{r['reached_s']:.1f}" for r in rs),
             f"{statistics.median(r['wall_s'] for r in rs) / base:.2f}x"] for run, rs in results.items()])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
     for i, (run, rs) in enumerate(results.items()):
         for j, r in enumerate(rs):

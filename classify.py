@@ -16,9 +16,10 @@ import sys
 import torch
 from tqdm import tqdm
 
-from common import ArgumentParser, Error, pick_device, run_script
+from common import ArgumentParser, Error, at_least, pick_device, run_script
 from dataset import pad_batch, read_labelled
 from model import from_checkpoint
+from records import pyplot
 from tokenizer import get_tokenizer
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
@@ -72,15 +73,6 @@ def report(labels, preds, names):
     lines.append(" " * w + "".join(f"  {n:>{c}}" for n in names))
     lines += [f"{name:<{w}}" + "".join(f"  {v:>{c}d}" for v in row) for name, row in zip(names, cm)]
     return lines, cm
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    matplotlib.rcParams["text.parse_math"] = False  # "$5 billion ... $3": plain text, not TeX
-    import matplotlib.pyplot as plt
-    return plt
 
 
 def plot_confusion(cm, names, path, title):
@@ -153,7 +145,7 @@ def main(argv=None):
     p.add_argument("texts", nargs="*", help="texts to classify; none: --file, else stdin (one text per line)")
     p.add_argument("--out_dir", default="out-agnews", help="a classifier checkpoint written by train.py (default: %(default)s)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
-    p.add_argument("--batch_size", type=int, default=64, help="texts per forward pass (default: %(default)s)")
+    p.add_argument("--batch_size", type=at_least(1), default=64, help="texts per forward pass (default: %(default)s)")
     p.add_argument("--file", help="read the texts from this file, one per line (blank lines are skipped)")
     p.add_argument("--json", action="store_true", help="print one JSON object per text: text, label, label_id, probs")
     p.add_argument("--eval", metavar="FILE", help="score a labelled .csv, .parquet or .jsonl file (columns text,label): "
@@ -162,8 +154,6 @@ def main(argv=None):
     p.add_argument("--attention_maps", metavar="PNG", help="draw every head of every layer for one text into this "
                    "image (rows = layers, columns = heads)")
     a = p.parse_args(argv)
-    if a.batch_size < 1:
-        p.error("--batch_size must be >= 1")
     if a.plot and not a.eval:
         p.error("--plot draws the confusion matrix of --eval: pass --eval FILE too")
     if a.eval and (a.texts or a.file or a.attention_maps or a.json):

@@ -26,6 +26,9 @@ def run_script(main, prog):
     except Error as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
@@ -72,6 +75,8 @@ def pick_device(name="auto"):
     except (RuntimeError, AssertionError) as e:  # no such device type, or no such index
         raise Error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}") from None
     if device.type == "cuda":
+        if device.index is None:  # "cuda" is the current GPU
+            device, name = torch.device("cuda", torch.cuda.current_device()), f"cuda:{torch.cuda.current_device()}"
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls on tensor cores (TF32), as nanoGPT
         torch.backends.cudnn.allow_tf32 = True

@@ -18,6 +18,8 @@ from safetensors.torch import load_file, save_model
 
 from common import Error, atomic_path, read_json, write_json
 
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's weights on the Hugging Face hub
+
 
 def init_module(module):
     if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -190,7 +192,8 @@ class Transformer(nn.Module):
         attention scores. Embedding rows are looked up, not multiplied; a tied table is multiplied, as the head."""
         c = self.config
         tied = getattr(self, "lm_head", None) is not None and self.lm_head.weight is self.wte.weight
-        lookups = (0 if tied else self.wte.weight.numel()) + (self.wpe.weight.numel() if self.wpe is not None else 0)
+        tables = [self.wte] * (not tied) + [m for m in (self.wpe, getattr(self, "bigrams", None)) if m is not None]
+        lookups = sum(m.weight.numel() for m in tables)
         return 6 * (self.num_params(non_embedding=False) - lookups) + 12 * c.n_layer * c.n_embd * seq_len
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer="adamw"):
@@ -288,8 +291,8 @@ class GPT(Transformer):
         takes the loaded tensors, so loading holds one copy of the weights in memory, not two."""
         path = name_or_dir
         if not os.path.isdir(path):
-            if name_or_dir not in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
-                raise Error(f"{name_or_dir!r} is neither a directory nor one of gpt2, gpt2-medium, gpt2-large, gpt2-xl")
+            if name_or_dir not in GPT2_NAMES:
+                raise Error(f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}")
             from huggingface_hub import snapshot_download
 
             path = snapshot_download(f"openai-community/{name_or_dir}", allow_patterns=["model.safetensors", "config.json"])

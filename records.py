@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from common import Error
+from common import Error, atomic_path
 
 
 class RunRecord:
@@ -15,9 +15,21 @@ class RunRecord:
     given. seconds count from this run's start plus the seconds a resumed run had already spent; time is the clock
     (Unix time), to line runs up with anything else."""
 
-    def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0):
+    def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0, resumed_step=None):
+        """A new run starts the file afresh; a resumed one keeps the lines before the step it resumes from (a run
+        that crashed after its last save had logged steps that it will now run again)."""
         self.path, self.wandb = os.path.join(out_dir, "metrics.jsonl"), wandb_run
         self.t0 = time.perf_counter() - resumed_seconds
+        kept = [] if resumed_step is None or not os.path.isfile(self.path) else \
+            [line for line in open(self.path) if line.strip() and self.before(json.loads(line), resumed_step)]
+        with atomic_path(self.path) as tmp, open(tmp, "w") as f:
+            f.writelines(kept)
+
+    @staticmethod
+    def before(record, step):
+        """Whether a record precedes the state at step: its log lines up to step (each written after the update that
+        made it), its evaluations before step (a resumed run evaluates at its first step again)."""
+        return record["step"] < step or record["step"] == step and "val/loss" not in record
 
     def seconds(self):
         return time.perf_counter() - self.t0
@@ -45,18 +57,19 @@ def read_metrics(out_dir):
     path = os.path.join(out_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise Error(f"{path}: no such file: point at an out_dir that train.py wrote")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        raise Error(f"{path}: not a readable metrics file ({type(e).__name__}): was it cut short?") from None
 
 
 def plot_runs(out_dirs, path, x="step"):
     """Validation (solid) and training (dashed) loss of each run against step or seconds, one colour a run; a second
     panel with validation accuracy when any run is a classifier. Saved to path (PNG, SVG, PDF: by its extension)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-
+    if not path.lower().endswith((".png", ".svg", ".pdf")) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise Error(f"{path}: give an image path ending in .png, .svg or .pdf, in an existing folder")
+    plt = pyplot()
     runs = {d: [r for r in read_metrics(d) if "val/loss" in r] for d in out_dirs}
     accuracy = any("val/accuracy" in r for rows in runs.values() for r in rows)
     fig, axes = plt.subplots(1, 1 + accuracy, figsize=(7 + 5 * accuracy, 4.5), squeeze=False, layout="constrained")
@@ -74,3 +87,13 @@ def plot_runs(out_dirs, path, x="step"):
         ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def pyplot():
+    """matplotlib's pyplot drawing into files only (no window), with plain-text labels ("$5" is not TeX)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    import matplotlib.pyplot as plt
+    return plt

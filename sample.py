@@ -15,10 +15,9 @@ import torch
 from common import ArgumentParser, Error, at_least, autocast, pick_device, resolve_dtype, run_script
 import decoding
 from decoding import make_next_token
-from model import load_pretrained
+from model import GPT2_NAMES, load_pretrained
 from tokenizer import get_tokenizer
 
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SEPARATOR = "-" * 40
 # make_next_token's options, range-checked there: (type, default); --help shows each decoding function's docstring
 DECODING = dict(temperature=(float, 0.8), top_k=(int, 200), top_p=(float, 1.0), frequency_penalty=(float, 0.0),

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from common import Error, atomic_path, autocast, peak_flops, pick_device, resolve_dtype, run_script, write_json
 from dataset import load_split
-from model import build_model, load_pretrained
+from model import GPT2_NAMES, build_model, load_pretrained
 from records import RunRecord, plot_runs, start_wandb
 
 DEFAULTS = dict(
@@ -89,8 +89,8 @@ DEFAULTS = dict(
     ema_decay=0.0,  # > 0: evaluate and save an exponential moving average of the weights (0.999: the last ~1000 steps)
 )
 ARCH_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "rmsnorm", "qk_norm", "relu2",
-             "tie_embeddings", "logit_softcap", "bigram_buckets")  # what a checkpoint's tensors depend on: a resume cannot change them
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+             "tie_embeddings", "logit_softcap", "bigram_buckets")  # what a checkpoint's tensors depend on
+KEPT_ON_RESUME = ARCH_KEYS + ("task", "optimizer", "ema_decay")  # and what its optimizer and EMA states depend on
 AT_LEAST_ONE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
                 "block_size", "n_layer", "n_head", "n_embd")
 NON_NEGATIVE = ("max_iters", "warmup_iters", "lr_decay_iters", "vocab_size", "learning_rate", "min_lr", "weight_decay",
@@ -143,7 +143,7 @@ def parse_config(argv):
             for key, value in exec_config(arg).items():
                 set_key(key, value, arg)
     if c["init_from"] != "resume":  # a resumed run is checked once its saved config is in (load_state)
-        check_config(c)
+        check_config(c, resuming=False)
     return c, given
 
 
@@ -180,8 +180,9 @@ def exec_config(path, scope=None):
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 
 
-def check_config(c):
-    """Every key within its range, before anything runs: one line naming the key, the value and the range."""
+def check_config(c, resuming):
+    """Every key within its range, before anything runs: one line naming the key, the value and the range. A resumed
+    run's init_from names where its weights once came from, which need not exist any more."""
     def need(ok, key, what):
         if not ok:
             raise Error(f"{key}={c[key]!r}: must be {what}")
@@ -197,10 +198,12 @@ def check_config(c):
     for key, choices in CHOICES.items():
         need(c[key] in choices, key, "one of " + ", ".join(choices))
     need(c["n_embd"] % c["n_head"] == 0, "n_head", f"a divisor of n_embd={c['n_embd']}")
+    need(not c["rope"] or c["n_embd"] // c["n_head"] % 2 == 0, "n_head", f"such that the head size n_embd / n_head "
+         f"is even: rotary embeddings rotate pairs of channels")
     need(not c["decay_lr"] or c["min_lr"] <= c["learning_rate"], "min_lr", f"<= learning_rate={c['learning_rate']}")
     forms = ("scratch", "resume") + GPT2_NAMES
     close = difflib.get_close_matches(c["init_from"], forms, n=1)
-    need(c["init_from"] in forms or os.path.isdir(c["init_from"]), "init_from", f"one of {', '.join(forms)} or a "
+    need(resuming or c["init_from"] in forms or os.path.isdir(c["init_from"]), "init_from", f"one of {', '.join(forms)} or a "
          f"folder of GPT weights" + (f" (did you mean {close[0]}?)" if close else ""))
     for key in ("token_dropout", "bigram_buckets"):
         need(not c[key] or c["task"] == "classify", key, "0 unless task=classify (an option of the encoder)")
@@ -225,9 +228,8 @@ def init_distributed(c):
     if "RANK" not in os.environ:
         return False, 0, 1, pick_device(c["device"])
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    device = pick_device(c["device"])
-    if device.startswith("cuda"):
-        device = pick_device(f"cuda:{local_rank}")
+    cuda = c["device"] in ("auto", "cuda") and torch.cuda.is_available()  # each process its own GPU, never GPU 0
+    device = pick_device(f"cuda:{local_rank}" if cuda else c["device"])
     # a long checkpoint save on rank 0 must not trip NCCL's 10-minute watchdog on the ranks waiting for it
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60))
     if c["gradient_accumulation_steps"] % world_size:
@@ -296,11 +298,11 @@ def load_state(c, given):
         raise Error(f"cannot resume from {path} ({type(e).__name__}): not a trainer state that train.py wrote") from None
     if saved["init_from"] != "scratch":  # the shape came from pretrained weights, not from the keys given
         given = given - set(ARCH_KEYS)
-    changed = [f"{k}={saved[k]!r} there, {c[k]!r} here" for k in ARCH_KEYS + ("task",) if k in given and saved[k] != c[k]]
+    changed = [f"{k}={saved[k]!r} there, {c[k]!r} here" for k in KEPT_ON_RESUME if k in given and saved[k] != c[k]]
     if changed:
-        raise Error(f"cannot resume {path} with a different model: {'; '.join(changed)}")
+        raise Error(f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}")
     c.update({k: v for k, v in saved.items() if k in DEFAULTS and (k not in given or k == "init_from")})
-    check_config(c)
+    check_config(c, resuming=True)
     return state
 
 
@@ -345,10 +347,13 @@ class StepGuard:
 
     def read(self, step, loss_sum, norm, scaler, out_dir):
         flag = torch.full((), float(self.signum), device=self.device)
-        if self.ddp:
+        loss_sum = loss_sum.float()
+        if self.ddp:  # the signal, and the mean loss over the ranks: a NaN on one rank stops every rank
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        loss, norm, signum = torch.stack([loss_sum.float(), norm.float(), flag]).tolist()
-        # a NaN on any rank reaches every rank's gradient norm through the all-reduce; fp16's scaler skips such steps
+            dist.all_reduce(loss_sum)
+            loss_sum /= dist.get_world_size()
+        loss, norm, signum = torch.stack([loss_sum, norm.float(), flag]).tolist()
+        # a NaN gradient on any rank reaches every rank's norm through DDP's all-reduce; fp16's scaler skips such steps
         if not math.isfinite(loss) or not scaler.is_enabled() and not math.isfinite(norm):
             raise Error(f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in {out_dir} "
                         f"is untouched (try a lower learning_rate, or dtype=float32)")
@@ -380,12 +385,14 @@ def evaluate(model, data, c, ctx, device, rank, world_size):
     model.eval()
     rows = data.eval_rows(c["eval_iters"] * c["batch_size"])[rank::world_size]
     sums = torch.zeros(3, device=device)  # loss x rows, correct predictions, rows
+    sums[2] = len(rows)
     for i in range(0, len(rows), c["batch_size"]):
         batch = to_device(data.batch(rows[i:i + c["batch_size"]]), device)
         with ctx:
             logits, loss = model(**batch)
-        correct = (logits.argmax(-1) == batch["labels"]).sum() if data.labelled else torch.zeros((), device=device)
-        sums += torch.stack([loss.float() * len(batch["idx"]), correct.float(), torch.tensor(len(batch["idx"]), device=device, dtype=torch.float)])
+        sums[0] += loss.float() * len(batch["idx"])
+        if data.labelled:
+            sums[1] += (logits.argmax(-1) == batch["labels"]).sum()
     if world_size > 1:
         dist.all_reduce(sums)
     loss_sum, correct, n = sums.tolist()
@@ -394,10 +401,10 @@ def evaluate(model, data, c, ctx, device, rank, world_size):
     return {"loss": loss, "accuracy": correct / n} if data.labelled else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
 
 
-def save_state(path, model, ema, optimizers, scaler, step, best, c, seconds):
+def save_state(path, model, ema, optimizers, scaler, step, best_score, c, seconds):
     """The whole trainer state in one file, written atomically (a crash mid-write leaves the previous one)."""
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-             "scaler": scaler.state_dict(), "step": step, "best": best, "config": c, "seconds": seconds}
+             "scaler": scaler.state_dict(), "step": step, "best": best_score, "config": c, "seconds": seconds}
     if ema is not None:
         state["ema"] = ema.state_dict()
     with atomic_path(path) as tmp:
@@ -412,24 +419,27 @@ def main(argv):
         print(json.dumps(c, indent=2))
         return None, {}
     ddp, rank, world_size, device = init_distributed(c)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # StepGuard's, for the run only
     try:
         with locked_out_dir(c) if rank == 0 else nullcontext():
             return train(c, given, ddp, rank, world_size, device)
     finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
         if ddp:
             dist.destroy_process_group()
 
 
 def train(c, given, ddp, rank, world_size, device):
-    master, out_dir = rank == 0, c["out_dir"]
-    train_data, val_data, raw_model, ema, optimizers, scaler, (step, best, seconds) = setup(c, given, ddp, device, master)
+    master, out_dir, resuming = rank == 0, c["out_dir"], c["init_from"] == "resume"
+    train_data, val_data, raw_model, ema, optimizers, scaler, (step, best_score, seconds) = setup(c, given, ddp, device, master)
+    dtype = c["dtype"]  # resolved by setup
     evaluated = raw_model if ema is None else ema.module  # what is evaluated and saved as the best model
     model = raw_model
     if ddp:  # DDP first, then compile: the recommended order, which overlaps the gradient all-reduce with backward
         model = DDP(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
     if c["compile"]:
         model = torch.compile(model)
-    dtype = resolve_dtype(c["dtype"], device)
     ctx, (peak, peak_source) = autocast(device, dtype), peak_flops(device, dtype)
     info = checkpoint_info(c, train_data.meta)
     if master:
@@ -437,11 +447,12 @@ def train(c, given, ddp, rank, world_size, device):
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters, {world_size} process(es) on {device}, {dtype}; MFU "
               f"against {peak / 1e12:.3g} TFLOP/s ({peak_source})", file=sys.stderr)
     run = start_wandb(c, raw_model.num_params()) if c["wandb_log"] and master else None
-    record, guard = RunRecord(out_dir, run, seconds) if master else None, StepGuard(ddp, device)
-    save = lambda: save_state(os.path.join(out_dir, "trainer_state.pt"), raw_model, ema, optimizers, scaler, step, best,
+    record = RunRecord(out_dir, run, seconds, step if resuming else None) if master else None
+    guard = StepGuard(ddp, device)
+    save = lambda: save_state(os.path.join(out_dir, "trainer_state.pt"), raw_model, ema, optimizers, scaler, step, best_score,
                               c, record.seconds())
     best_name, goal = train_data.best
-    sign = 1 if goal == "max" else -1
+    sign = 1 if goal == "max" else -1  # best_score = sign x the metric: higher is better, whichever way the metric goes
 
     # every step's global batch is drawn from (seed, step); dropout from (seed, rank, step): resume is exact
     micro_steps = c["gradient_accumulation_steps"] // world_size
@@ -460,8 +471,8 @@ def train(c, given, ddp, rank, world_size, device):
                 bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
                 record.log(step, **metrics, lr=lr)
                 if step > start_step and not c["eval_only"]:  # nothing new to save at the first evaluation
-                    if sign * metrics[best_name] > best:
-                        best, best_step = sign * metrics[best_name], step
+                    if sign * metrics[best_name] > best_score:
+                        best_score, best_step = sign * metrics[best_name], step
                         evaluated.save_pretrained(out_dir, **info, metrics={"step": step, **metrics})
                     if best_step == step or c["always_save_checkpoint"]:
                         save()
@@ -503,7 +514,8 @@ def train(c, given, ddp, rank, world_size, device):
         if master and (step % c["log_interval"] == 0 or step == c["max_iters"]):
             elapsed, t0 = time.perf_counter() - t0, time.perf_counter()
             achieved = raw_model.flops_per_token(batch["idx"].size(1)) * tokens * world_size / elapsed
-            peak = max(peak, achieved)  # a peak measured while the machine was busy: MFU never passes 100%
+            if device == "cpu":  # a peak measured while the machine was busy: MFU never passes 100%
+                peak = max(peak, achieved)
             rate, unit = seen * world_size / elapsed, train_data.unit
             bar.set_postfix_str(f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * achieved / peak:.1f}%")
             record.log(step, **{"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate, "mfu": achieved / peak,
@@ -511,7 +523,7 @@ def train(c, given, ddp, rank, world_size, device):
             seen = tokens = 0
     bar.close()
     if master:
-        finish(c, record, run, best, best_step, sign, best_name, step - start_step, metrics)
+        finish(c, record, run, best_score, best_step, sign, best_name, step - start_step, metrics)
     return evaluated, metrics
 
 
@@ -537,7 +549,8 @@ def setup(c, given, ddp, device, master):
     torch.manual_seed(c["seed"])
     model = make_model(c, meta, state, source).to(device)
     del source  # the pretrained tensors belong to the model now: nothing else may hold them for the whole run
-    dtype, device_type = resolve_dtype(c["dtype"], device), device.split(":")[0]
+    c["dtype"], device_type = resolve_dtype(c["dtype"], device), device.split(":")[0]
+    dtype = c["dtype"]
     optimizers = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
                                             device_type, c["optimizer"])
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
@@ -557,7 +570,7 @@ def checkpoint_info(c, meta):
     """What config.json says beside the model: task, data, tokenizer, the command; a classifier's label names, also
     as Hugging Face's id2label and label2id."""
     info = {"task": c["task"], "dataset": c["dataset"], "init_from": c["init_from"], "tokenizer": meta["tokenizer"],
-            "command": ["python"] + sys.argv}
+            "command": ["torchrun ..." if "RANK" in os.environ else "python"] + sys.argv}
     if c["task"] == "classify":
         names = meta["label_names"]
         info.update(label_names=names, max_length=meta["max_length"], id2label=dict(enumerate(names)),
@@ -588,7 +601,7 @@ def make_model(c, meta, state, source):
     return model.load_weights(weights, new=[m for m in ("head", "bigrams") if getattr(model, m, None) is not None])
 
 
-def finish(c, record, run, best, best_step, sign, best_name, steps, metrics):
+def finish(c, record, run, best_score, best_step, sign, best_name, steps, metrics):
     """The run's summary on stderr, the loss curve in out_dir, the best metric in the wandb summary."""
     out_dir = c["out_dir"]
     try:
@@ -597,13 +610,13 @@ def finish(c, record, run, best, best_step, sign, best_name, steps, metrics):
         print(f"warning: could not draw {out_dir}/loss.png ({type(e).__name__}: {e})", file=sys.stderr)
     lines = [f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"]
     if best_step is not None:
-        lines.append(f"best {best_name} {sign * best:.4f} at step {best_step}: {out_dir}/model.safetensors + config.json")
+        lines.append(f"best {best_name} {sign * best_score:.4f} at step {best_step}: {out_dir}/model.safetensors + config.json")
     elif metrics:
-        lines.append(f"no better {best_name} than before ({sign * best:.4f}): {out_dir}/model.safetensors unchanged")
+        lines.append(f"no better {best_name} than before ({sign * best_score:.4f}): {out_dir}/model.safetensors unchanged")
     lines.append(f"records: {out_dir}/metrics.jsonl, {out_dir}/loss.png; state: {out_dir}/trainer_state.pt")
     print("\n".join(lines), file=sys.stderr)
     if run:
-        run.summary[f"best {best_name}"] = sign * best
+        run.summary[f"best {best_name}"] = sign * best_score
         run.finish()
 
 

@@ -212,7 +212,7 @@ def test_token_dropout_never_hides_every_token_of_a_row():
     draw hides all its tokens keeps them all instead; other rows lose about the fraction asked for."""
     model = tiny_classifier(token_dropout=0.5).train()
     seen = []
-    model.hidden_states = lambda idx, mask, need_weights=False: seen.append(mask[:, 0, 0, :]) or (torch.zeros(*idx.shape, 16), [])
+    model.hidden_states = lambda idx, mask, **kw: seen.append(mask[:, 0, 0, :]) or (torch.zeros(*idx.shape, 16), [])
     idx = torch.randint(1, 50, (4000, 2))
     idx[:, 1] = 0  # one real token per row: half the draws hide it
     model(idx)

@@ -422,6 +422,6 @@ def test_mfu_never_passes_100_percent_and_records_are_written(lm_dir, tmp_path, 
     logs, evals = [r for r in lines if "mfu" in r], [r for r in lines if "val/loss" in r]
     assert [r["step"] for r in logs] == [1, 2, 3, 4, 5, 6] and all(0 < r["mfu"] <= 1 for r in logs)
     assert all({"train/step_loss", "lr", "tok/s", "grad_norm", "seconds"} <= set(r) for r in logs)
-    assert [r["step"] for r in evals] == [0, 2, 4, 4, 6]  # the resumed run evaluates where it starts, too
+    assert [r["step"] for r in evals] == [0, 2, 4, 6]  # the resumed run's own evaluation at 4 replaces the first
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(lines, lines[1:]))  # a resume's clock goes on
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
