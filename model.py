@@ -336,10 +336,13 @@ class EncoderClassifier(Transformer):
         previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
         return self.bigrams((previous * 1_000_003 + idx) % self.config.bigram_buckets)
 
-    def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
+    def forward(self, idx, attention_mask=None, labels=None, need_weights=False, mlm_vocab=None):
         """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face), by default
-        idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the attention maps if need_weights."""
+        idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the attention maps if need_weights.
+        With mlm_vocab: (None, the masked language modelling loss) instead, for pretraining (see masked_lm_loss)."""
         real = (idx != self.config.pad_token_id) if attention_mask is None else attention_mask.bool()
+        if mlm_vocab is not None:
+            return None, self.masked_lm_loss(idx, real, mlm_vocab)
         if self.training and self.config.token_dropout > 0:  # hidden tokens read as padding: a shorter text
             kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
             # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
@@ -351,6 +354,21 @@ class EncoderClassifier(Transformer):
         logits = self.head(pooled)
         loss = None if labels is None else F.cross_entropy(logits.float(), labels)
         return (logits, loss, maps) if need_weights else (logits, loss)
+
+
+    def masked_lm_loss(self, idx, real, vocab):
+        """BERT's pretraining on the texts themselves: 15% of the real tokens are replaced by the padding token (never
+        attended to as padding, it reads as [MASK] where it is a real position) and predicted from the rest, through
+        the token embedding (tied, as GPT's head). The softmax runs over vocab, the ids that occur in the training
+        data (a few thousand), not over all of GPT-2's 50,257, which would cost far more than the model itself."""
+        masked = real & (torch.rand(real.shape, device=idx.device) < 0.15)
+        inputs = idx.masked_fill(masked, self.config.pad_token_id)
+        bigrams = None if self.bigrams is None else self.bigram_embeddings(inputs)
+        x, _ = self.hidden_states(inputs, real[:, None, None, :], extra=bigrams)
+        position = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=idx.device)
+        position[vocab] = torch.arange(len(vocab), device=idx.device)  # token id -> its row among vocab
+        logits = x[masked] @ self.wte.weight[vocab].t()
+        return F.cross_entropy(logits.float(), position[idx[masked]])
 
 
 ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}

@@ -22,6 +22,7 @@ import traceback
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -74,6 +75,7 @@ DEFAULTS = dict(
     zero_init=False,  # residual output projections start at zero
     token_dropout=0.0,  # classify: hide this fraction of each training row's tokens, a regularizer for small data
     bigram_buckets=0,  # classify: > 0 adds hashed (previous token, token) embeddings, fastText's bigrams
+    pretrain_iters=0,  # classify: first this many steps of masked-token prediction on the training texts, then max_iters
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
     optimizer="adamw",  # adamw; muon: Muon for the blocks' matrices, AdamW for the rest
     learning_rate=6e-4,  # peak learning rate
@@ -93,7 +95,7 @@ ARCH_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", 
 KEPT_ON_RESUME = ARCH_KEYS + ("task", "optimizer", "ema_decay")  # and what its optimizer and EMA states depend on
 AT_LEAST_ONE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
                 "block_size", "n_layer", "n_head", "n_embd")
-NON_NEGATIVE = ("max_iters", "warmup_iters", "lr_decay_iters", "vocab_size", "learning_rate", "min_lr", "weight_decay",
+NON_NEGATIVE = ("max_iters", "pretrain_iters", "warmup_iters", "lr_decay_iters", "vocab_size", "learning_rate", "min_lr", "weight_decay",
                 "grad_clip", "logit_softcap", "bigram_buckets")
 FRACTIONS = ("dropout", "token_dropout", "beta1", "beta2", "ema_decay")  # in [0, 1)
 CHOICES = {"task": ("lm", "classify"), "attn_impl": ("sdpa", "explicit"), "optimizer": ("adamw", "muon"),
@@ -205,12 +207,16 @@ def check_config(c, resuming):
     close = difflib.get_close_matches(c["init_from"], forms, n=1)
     need(resuming or c["init_from"] in forms or os.path.isdir(c["init_from"]), "init_from", f"one of {', '.join(forms)} or a "
          f"folder of GPT weights" + (f" (did you mean {close[0]}?)" if close else ""))
-    for key in ("token_dropout", "bigram_buckets"):
+    for key in ("token_dropout", "bigram_buckets", "pretrain_iters"):
         need(not c[key] or c["task"] == "classify", key, "0 unless task=classify (an option of the encoder)")
 
 
 def get_lr(step, c):
-    """Linear warmup for warmup_iters steps, then cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    """Linear warmup for warmup_iters steps, then cosine decay to min_lr at lr_decay_iters, then min_lr. A pretraining
+    stage (its pretrain_iters steps come first) has a schedule of its own: warmup, then decay over its steps."""
+    if step < c["pretrain_iters"]:
+        return get_lr(step, {**c, "pretrain_iters": 0, "lr_decay_iters": c["pretrain_iters"]})
+    step -= c["pretrain_iters"]
     if not c["decay_lr"]:
         return c["learning_rate"]
     if step < c["warmup_iters"]:
@@ -457,13 +463,15 @@ def train(c, given, ddp, rank, world_size, device):
     # every step's global batch is drawn from (seed, step); dropout from (seed, rank, step): resume is exact
     micro_steps = c["gradient_accumulation_steps"] // world_size
     rows_per_step = c["batch_size"] * c["gradient_accumulation_steps"]
-    bar = tqdm(total=c["max_iters"], initial=step, disable=not master, dynamic_ncols=True, file=sys.stderr)
+    pretrain, last = c["pretrain_iters"], c["pretrain_iters"] + c["max_iters"]  # pretraining steps come first
+    vocab = torch.from_numpy(np.unique(train_data.tokens).astype(np.int64)).to(device) if pretrain else None
+    bar = tqdm(total=last, initial=step, disable=not master, dynamic_ncols=True, file=sys.stderr)
     start_step, best_step, metrics, seen, tokens, t0 = step, None, {}, 0, 0, time.perf_counter()
     while True:
         lr = get_lr(step, c)
         for group in (g for optimizer in optimizers for g in optimizer.param_groups):
             group["lr"] = lr
-        if step % c["eval_interval"] == 0 or step == c["max_iters"] or c["eval_only"]:
+        if step >= pretrain and ((step - pretrain) % c["eval_interval"] == 0 or step == last) or c["eval_only"]:
             eval_start = time.perf_counter()
             metrics = {f"{split}/{k}": v for split, data in (("train", train_data), ("val", val_data))
                        for k, v in evaluate(evaluated, data, c, ctx, device, rank, world_size).items()}
@@ -478,7 +486,7 @@ def train(c, given, ddp, rank, world_size, device):
                         save()
             bar.unpause()  # the bar's rate and ETA count training steps, not evaluations; so does the log's speed
             t0 += time.perf_counter() - eval_start
-        if step >= c["max_iters"] or c["eval_only"]:
+        if step >= last or c["eval_only"]:
             break
         if guard.stop_now():  # here, after this step's evaluation: a resumed run loses none
             bar.close()
@@ -493,7 +501,7 @@ def train(c, given, ddp, rank, world_size, device):
             # without no_sync DDP would all-reduce on every micro-step; it must wrap the forward as well as backward
             with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
                 with ctx:
-                    _, loss = model(**batch)
+                    _, loss = model(**batch, **({"mlm_vocab": vocab} if step < pretrain else {}))
                     loss = loss / micro_steps
                 scaler.scale(loss).backward()
             loss_sum += loss.detach()
@@ -511,7 +519,7 @@ def train(c, given, ddp, rank, world_size, device):
         step += 1
         bar.update(1)
 
-        if master and (step % c["log_interval"] == 0 or step == c["max_iters"]):
+        if master and (step % c["log_interval"] == 0 or step == last):
             elapsed, t0 = time.perf_counter() - t0, time.perf_counter()
             achieved = raw_model.flops_per_token(batch["idx"].size(1)) * tokens * world_size / elapsed
             if device == "cpu":  # a peak measured while the machine was busy: MFU never passes 100%
