@@ -295,3 +295,21 @@ def test_untied_head_is_its_own_matrix():
     model = tiny_gpt(tie_embeddings=False)
     assert model.lm_head.weight is not model.wte.weight
     assert model.num_params() == tiny_gpt().num_params() + 50 * 16
+
+
+def test_masked_lm_loss_starts_at_ln_vocab_and_hides_the_masked_tokens():
+    """Pretraining's loss: a fresh model predicts each masked token with about uniform odds over the vocabulary it is
+    given (ln |vocab|), and what stood at a masked position cannot reach the prediction (it is replaced)."""
+    model = tiny_classifier(vocab_size=1000, n_embd=32)
+    vocab = torch.arange(1, 801)
+    idx = torch.randint(1, 801, (8, 16))
+    real = torch.ones(8, 16, dtype=torch.bool)
+    torch.manual_seed(3)
+    loss = model.masked_lm_loss(idx, real, vocab)
+    assert abs(loss.item() - math.log(800)) < 0.1
+    seen = []
+    model.hidden_states = lambda inputs, mask, **kw: seen.append(inputs) or (torch.zeros(8, 16, 32), [])
+    torch.manual_seed(3)
+    model.masked_lm_loss(idx, real, vocab)
+    hidden = seen[0] == 0  # pad_token_id stands for [MASK]
+    assert 0.05 < hidden.float().mean() < 0.3 and torch.equal(seen[0][~hidden], idx[~hidden])

@@ -144,6 +144,25 @@ def test_print_config_prints_the_resolved_config_and_exits(capsys, monkeypatch):
     assert c["n_layer"] == 3 and c["n_embd"] == 32 and c["token_dropout"] == 0.0 and c["out_dir"] == "out-agnews-notes"
 
 
+def test_lr_schedule_with_a_pretraining_stage():
+    c = dict(train.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110, pretrain_iters=50)
+    assert train.get_lr(0, c) == pytest.approx(1 / 11) and train.get_lr(10, c) == pytest.approx(1.0)
+    assert train.get_lr(49, c) == pytest.approx(0.1, abs=0.01)  # the stage decays over its own 50 steps
+    assert train.get_lr(50, c) == pytest.approx(1 / 11)  # then classification warms up again from its step 0
+    assert train.get_lr(50 + 60, c) == pytest.approx(0.55)
+
+
+def test_pretraining_then_classifying(toy_classify_dir, tmp_path):
+    _, metrics = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path}", "--task=classify", "--max_iters=40",
+                      "--pretrain_iters=60", "--eval_interval=20", "--eval_iters=100", "--batch_size=16", "--log_interval=5"])
+    lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    mlm = [r["train/step_loss"] for r in lines if "mfu" in r and r["step"] <= 60]
+    # ln(19 ids) = 2.94 at first; a row's tokens come from one half of them, which the context tells: ln(9.5) = 2.25
+    assert mlm[0] > 2.8 and mlm[-1] < 2.6, mlm
+    assert [r["step"] for r in lines if "val/loss" in r] == [60, 80, 100]  # evaluated from the classifier's step 0
+    assert metrics["val/accuracy"] > 0.9
+
+
 def test_lr_schedule():
     c = dict(train.DEFAULTS, learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110)
     assert train.get_lr(0, c) == pytest.approx(1 / 11)  # warmup starts above zero
