@@ -374,7 +374,7 @@ def time_to_loss(runs, target, repeats, png):
                 raise Error(f"train.py {run} failed: {r.stderr.strip().splitlines()[-1]}")
             curve = [(m["time"] - t0, m["val/loss"]) for m in read_metrics(out_dir) if "val/loss" in m]
             results[run].append({"wall_s": wall, "curve": curve, "final": curve[-1][1],
-                                 "reached_s": next((s for s, loss in curve if loss <= target), None)})
+                                 "reached_s": next((s for s, loss in curve if round(loss, 4) <= target), None)})
             bar.update()
     bar.close()
     base = statistics.median(r["wall_s"] for r in results[runs[0]])

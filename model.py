@@ -65,15 +65,20 @@ def attention(q, k, v, mask=None, dropout_p=0.0):
     return F.dropout(weights, dropout_p) @ v, weights
 
 
-def rotary(x, start):
-    """Rotary position embedding of x [B, h, T, d_k] at positions start ... start + T - 1: each pair of channels
-    (i, i + d_k/2) is rotated by the angle position * 10000^(-2i/d_k). A query-key product then depends only on
-    the two positions' difference, so attention sees relative positions."""
+def rotation(start, T, d_k, device):
+    """(cos, sin) [T, d_k/2] of rotary position embedding at positions start ... start + T - 1: channel pair
+    (i, i + d_k/2) turns by the angle position * 10000^(-2i/d_k). Computed once per forward, used by every layer."""
+    half = d_k // 2
+    inv_freq = 10000.0 ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+    angles = torch.arange(start, start + T, device=device, dtype=torch.float32)[:, None] * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def rotary(x, cos, sin):
+    """x [B, h, T, d_k] rotated pair by pair: a query-key product then depends only on the two positions'
+    difference, so attention sees relative positions."""
     half = x.size(-1) // 2
-    inv_freq = 10000.0 ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = torch.arange(start, start + x.size(-2), device=x.device, dtype=torch.float32)[:, None] * inv_freq
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
+    x1, x2, cos, sin = x[..., :half], x[..., half:], cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
@@ -89,9 +94,10 @@ class MultiHeadAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, causal=False, cache=None, need_weights=False):
+    def forward(self, x, mask=None, causal=False, cache=None, need_weights=False, rope=None):
         """x [B, T, d]; mask boolean, broadcastable to [B, h, T, keys]; cache: a dict holding this layer's earlier
-        keys and values (decoding), extended in place. need_weights also returns the maps (the explicit path)."""
+        keys and values (decoding), extended in place. need_weights also returns the maps (the explicit path).
+        rope: the (cos, sin) of rotation() for these positions, with config.rope."""
         B, T, C = x.shape
         c = self.config
         q, k, v = self.qkv(x).view(B, T, 3, c.n_head, C // c.n_head).permute(2, 0, 3, 1, 4)  # 3 x [B, h, T, d_k]
@@ -99,7 +105,8 @@ class MultiHeadAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         start = cache["k"].size(2) if cache else 0  # the position of the first new token
         if c.rope:
-            q, k = rotary(q, start), rotary(k, start)
+            rope = rope or rotation(start, T, q.size(-1), x.device)
+            q, k = rotary(q, *rope), rotary(k, *rope)
         if cache is not None:
             if cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -136,8 +143,8 @@ class Block(nn.Module):
         self.mlp = nn.ModuleDict(dict(fc=nn.Linear(d, 4 * d, bias=config.bias), proj=nn.Linear(4 * d, d, bias=config.bias)))
         self.mlp_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, cache=None, need_weights=False):
-        a, weights = self.attn(self.ln_1(x), mask, self.causal, cache, need_weights)
+    def forward(self, x, mask=None, cache=None, need_weights=False, rope=None):
+        a, weights = self.attn(self.ln_1(x), mask, self.causal, cache, need_weights, rope)
         x = x + a
         h = self.mlp.fc(self.ln_2(x))
         h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")  # GPT-2's GELU: its weights load exactly
@@ -175,10 +182,11 @@ class Transformer(nn.Module):
         x = self.wte(idx) if extra is None else self.wte(idx) + extra
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+        rope = rotation(start, T, self.config.n_embd // self.config.n_head, idx.device) if self.config.rope else None
         x = self.drop(x)
         maps = []
         for i, block in enumerate(self.blocks):
-            x, weights = block(x, mask, None if cache is None else cache[i], need_weights)
+            x, weights = block(x, mask, None if cache is None else cache[i], need_weights, rope)
             maps.append(weights)
         return self.ln_f(x), maps
 

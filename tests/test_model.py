@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from common import Error
-from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention, from_checkpoint, rotary
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention, from_checkpoint, rotary, rotation
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
 MODERN = dict(rope=True, rmsnorm=True, qk_norm=True, relu2=True, tie_embeddings=False, logit_softcap=15.0, zero_init=True)
@@ -254,10 +254,11 @@ def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
 def test_rotary_scores_depend_only_on_relative_position():
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8)
-    scores = lambda start: rotary(q, start) @ rotary(k, start).transpose(-1, -2)
+    turn = lambda t, start: rotary(t, *rotation(start, 10, 8, "cpu"))
+    scores = lambda start: turn(q, start) @ turn(k, start).transpose(-1, -2)
     assert torch.allclose(scores(0), scores(37), atol=1e-4)  # every position shifted by the same amount
     assert not torch.allclose(scores(0), q @ k.transpose(-1, -2), atol=1e-2)  # yet the positions do enter
-    assert torch.allclose(rotary(q, 5).norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation: lengths kept
+    assert torch.allclose(turn(q, 5).norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation: lengths kept
 
 
 def test_rmsnorm_and_qk_norm_follow_their_formulas():
