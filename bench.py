@@ -384,20 +384,27 @@ def time_to_loss(runs, target, repeats, png):
           [[f"`{run}`", ", ".join(f"{r['wall_s']:.1f}" for r in rs), ", ".join(f"{r['final']:.4f}" for r in rs),
             ", ".join("never" if r["reached_s"] is None else f"{r['reached_s']:.1f}" for r in rs),
             f"{statistics.median(r['wall_s'] for r in rs) / base:.2f}x"] for run, rs in results.items()])
+    plot_time_to_loss(results, target, png)
+    return results
+
+
+def plot_time_to_loss(results, target, png):
+    """Validation loss against seconds since each run's process started; later turns paler."""
+    import textwrap
+
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
     for i, (run, rs) in enumerate(results.items()):
         for j, r in enumerate(rs):
             ax.plot(*zip(*r["curve"]), "-o", color=f"C{i}", markersize=3, alpha=1 if j == 0 else 0.4,
-                    label=run if j == 0 else None)
+                    label=textwrap.fill(run, 90) if j == 0 else None)
     ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target}")
     ax.set(xlabel="seconds since `python train.py` started", ylabel="validation loss", ylim=(target - 0.3, target + 1.2),
            title="validation loss against wall time")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig.legend(fontsize=7, loc="outside lower center")
     fig.savefig(png, dpi=110)
     print(f"\nwrote {png}")
-    return results
 
 
 def main(argv=None):

@@ -68,7 +68,7 @@ def run(command, env):
     return r.stdout
 
 
-def ours(splits, runs, seeds, scored, work):
+def ours(splits, runs, seeds, scored, work, prepare_args=()):
     """{run: {split: [accuracy per seed], "seconds": [...]}}: each run is train.py's arguments (a config, overrides)."""
     source, data = os.path.join(work, "source"), os.path.join(work, "data")
     os.makedirs(source, exist_ok=True)
@@ -82,7 +82,7 @@ def ours(splits, runs, seeds, scored, work):
     if os.path.isdir(shared_bpe):  # offline machines: GPT-2's BPE file from ../shared
         env.setdefault("TIKTOKEN_CACHE_DIR", shared_bpe)
     t0 = time.time()
-    run(["data/agnews/prepare.py", "--source", source, "--out_dir", data], env)
+    run(["data/agnews/prepare.py", "--source", source, "--out_dir", data, *prepare_args], env)
     prepare_s = time.time() - t0
     results = {}
     for arguments in runs:
@@ -111,6 +111,7 @@ def main(argv=None):
                    "config file and overrides, one quoted string per run (default: %(default)s)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="seeds per run (default: %(default)s)")
     p.add_argument("--no_peers", action="store_true", help="skip the scikit-learn peers")
+    p.add_argument("--prepare", default="", help="arguments for data/agnews/prepare.py, e.g. \"--cased\"")
     a = p.parse_args(argv)
     scored = ["val", "holdout"] if a.holdout else ["val"]
     splits = split_holdout(a.source, a.holdout_rows)
@@ -121,7 +122,7 @@ def main(argv=None):
         for name, r in peers(splits, scored).items():
             rows.append([f"{name} (C = {r['C']}, chosen on val)", *(f"{r[s]:.4f}" for s in scored), f"{r['seconds']:.1f} s"])
     with tempfile.TemporaryDirectory(prefix="bench-agnews-") as work:
-        for arguments, r in ours(splits, a.runs, a.seeds, scored, work).items():
+        for arguments, r in ours(splits, a.runs, a.seeds, scored, work, shlex.split(a.prepare)).items():
             rows.append([f"`python train.py {arguments}`",
                          *(" / ".join(f"{x:.4f}" for x in r[s]) + f" (mean {statistics.mean(r[s]):.4f})" for s in scored),
                          " / ".join(f"{x:.0f}" for x in r["seconds"]) + " s"])

@@ -53,6 +53,7 @@ class EncoderConfig(GPTConfig):
     pad_token_id: int = 0
     token_dropout: float = 0.0  # training only: hide this fraction of each row's tokens, as if padding (augmentation)
     bigram_buckets: int = 0  # > 0: each token also embeds (previous token, token), hashed into this many rows (fastText)
+    bow_head: bool = False  # add a linear bag-of-words classifier's logits (one weight per token and class) to the head's
 
 
 def attention(q, k, v, mask=None, dropout_p=0.0):
@@ -200,7 +201,8 @@ class Transformer(nn.Module):
         attention scores. Embedding rows are looked up, not multiplied; a tied table is multiplied, as the head."""
         c = self.config
         tied = getattr(self, "lm_head", None) is not None and self.lm_head.weight is self.wte.weight
-        tables = [self.wte] * (not tied) + [m for m in (self.wpe, getattr(self, "bigrams", None)) if m is not None]
+        extra = (self.wpe, getattr(self, "bigrams", None), getattr(self, "bow", None))  # tables only looked up
+        tables = [self.wte] * (not tied) + [m for m in extra if m is not None]
         lookups = sum(m.weight.numel() for m in tables)
         return 6 * (self.num_params(non_embedding=False) - lookups) + 12 * c.n_layer * c.n_embd * seq_len
 
@@ -336,6 +338,7 @@ class EncoderClassifier(Transformer):
         super().__init__(config, causal=False)
         self.bigrams = nn.Embedding(config.bigram_buckets, config.n_embd) if config.bigram_buckets else None
         self.head = nn.Linear(config.n_embd, config.n_classes)
+        self.bow = nn.Embedding(config.vocab_size, config.n_classes) if config.bow_head else None
         self.init_weights()
 
     def bigram_embeddings(self, idx):
@@ -360,6 +363,8 @@ class EncoderClassifier(Transformer):
         real = real.unsqueeze(-1).to(x.dtype)
         pooled = (x * real).sum(1) / real.sum(1).clamp(min=1)
         logits = self.head(pooled)
+        if self.bow is not None:  # logistic regression on the mean of one-hot tokens, trained with the rest
+            logits = logits + (self.bow(idx) * real).sum(1) / real.sum(1).clamp(min=1)
         loss = None if labels is None else F.cross_entropy(logits.float(), labels)
         return (logits, loss, maps) if need_weights else (logits, loss)
 

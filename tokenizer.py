@@ -5,8 +5,8 @@ from common import Error
 
 
 def get_tokenizer(spec):
-    """spec: {"type": "bpe", "encoding": "r50k_base"} or {"type": "char", "chars": "..."}."""
-    return CharTokenizer(spec["chars"]) if spec["type"] == "char" else BPETokenizer(spec["encoding"])
+    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false} or {"type": "char", "chars": "..."}."""
+    return CharTokenizer(spec["chars"]) if spec["type"] == "char" else BPETokenizer(spec["encoding"], spec.get("lowercase", False))
 
 
 class CharTokenizer:
@@ -30,20 +30,21 @@ class CharTokenizer:
 
 
 class BPETokenizer:
-    def __init__(self, encoding="r50k_base"):  # r50k_base is GPT-2's encoding, the same ranks as tiktoken's "gpt2"
+    def __init__(self, encoding="r50k_base", lowercase=False):  # r50k_base: GPT-2's, tiktoken's "gpt2" ranks
         try:
             self.enc = tiktoken.get_encoding(encoding)
         except Exception as e:  # tiktoken downloads the file once, then reads its cache
             raise Error(f"cannot load the tiktoken encoding {encoding!r} ({type(e).__name__}); offline, set "
                                f"TIKTOKEN_CACHE_DIR to a folder holding its cache file") from None
         self.vocab_size, self.start_token = self.enc.n_vocab, self.enc.eot_token  # <|endoftext|> = 50256
-        self.spec = {"type": "bpe", "encoding": encoding}
+        # lowercase: "Oil", " oil" and "OIL" become one token, which small labelled sets spread thinly otherwise
+        self.lowercase, self.spec = lowercase, {"type": "bpe", "encoding": encoding, **({"lowercase": True} if lowercase else {})}
 
     def encode(self, text):
-        return self.enc.encode_ordinary(text)  # special tokens in the text are plain text
+        return self.enc.encode_ordinary(text.lower() if self.lowercase else text)  # special tokens are plain text
 
     def encode_batch(self, texts):
-        return self.enc.encode_ordinary_batch(texts, num_threads=8)
+        return self.enc.encode_ordinary_batch([t.lower() for t in texts] if self.lowercase else texts, num_threads=8)
 
     def decode(self, ids):
         return self.enc.decode(ids)

@@ -82,6 +82,8 @@ def main():
     p.add_argument("--val_fraction", type=fraction, default=0.05,
                    help="share of train carved out as val when the source has no val split (default: %(default)s)")
     p.add_argument("--max_length", type=at_least(1), default=128, help="tokens kept per row (default: %(default)s)")
+    p.add_argument("--cased", action="store_true", help="keep the texts' case (default: lowercase them before BPE, "
+                   "as bag-of-words models do; the tokenizer in meta.json says so, and classify.py does the same)")
     args = p.parse_args()
     t0 = time.time()
     dataset.check_out_dir(args.out_dir)
@@ -108,7 +110,7 @@ def main():
             raise Error(f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
                         f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction")
 
-    tok = BPETokenizer("r50k_base")
+    tok = BPETokenizer("r50k_base", lowercase=not args.cased)
     rows, truncated = {}, Counter()
     for split, (texts, _) in splits.items():
         rows[split] = []
