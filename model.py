@@ -15,10 +15,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_model
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import Error, atomic_path, read_json, write_json
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's weights on the Hugging Face hub
+# Attention kernels for calls whose lengths change from one call to the next (decoding token by token, batches padded
+# to their longest row): all but cuDNN's, which prepares a plan for every new length, a cost that training at one
+# fixed block_size pays once
+VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def init_module(module):
@@ -282,14 +287,15 @@ class GPT(Transformer):
         next_token = next_token or (lambda logits, context: logits.argmax(dim=-1))
         block_size, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
-            if not use_cache:
-                logits, _ = self(idx[:, -block_size:])
-            elif cache is None or cache[0]["k"].size(2) == block_size:
-                window = block_size if cache is None else max(1, block_size // 2)
-                cache = [{} for _ in self.blocks]
-                logits, _ = self(idx[:, -window:], cache=cache)
-            else:
-                logits, _ = self(idx[:, -1:], cache=cache)
+            with sdpa_kernel(VARYING_LENGTHS):
+                if not use_cache:
+                    logits, _ = self(idx[:, -block_size:])
+                elif cache is None or cache[0]["k"].size(2) == block_size:
+                    window = block_size if cache is None else max(1, block_size // 2)
+                    cache = [{} for _ in self.blocks]
+                    logits, _ = self(idx[:, -window:], cache=cache)
+                else:
+                    logits, _ = self(idx[:, -1:], cache=cache)
             token = next_token(logits[:, -1, :].float(), idx)
             idx = torch.cat([idx, token[:, None]], dim=1)
             yield token
@@ -359,7 +365,8 @@ class EncoderClassifier(Transformer):
             # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
         bigrams = None if self.bigrams is None else self.bigram_embeddings(idx)
-        x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights, extra=bigrams)  # hide padding keys
+        with sdpa_kernel(VARYING_LENGTHS):  # hide padding keys
+            x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights, extra=bigrams)
         real = real.unsqueeze(-1).to(x.dtype)
         pooled = (x * real).sum(1) / real.sum(1).clamp(min=1)
         logits = self.head(pooled)
@@ -377,7 +384,8 @@ class EncoderClassifier(Transformer):
         masked = real & (torch.rand(real.shape, device=idx.device) < 0.15)
         inputs = idx.masked_fill(masked, self.config.pad_token_id)
         bigrams = None if self.bigrams is None else self.bigram_embeddings(inputs)
-        x, _ = self.hidden_states(inputs, real[:, None, None, :], extra=bigrams)
+        with sdpa_kernel(VARYING_LENGTHS):
+            x, _ = self.hidden_states(inputs, real[:, None, None, :], extra=bigrams)
         position = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=idx.device)
         position[vocab] = torch.arange(len(vocab), device=idx.device)  # token id -> its row among vocab
         logits = x[masked] @ self.wte.weight[vocab].t()
