@@ -64,7 +64,7 @@ def agnews(tmp_path_factory):
     os.makedirs(tmp / "src")
     write_csv(tmp / "src" / "train.csv", agnews_rows())
     r = prepare("agnews", "--source", tmp / "src", "--out_dir", tmp / "out", "--val_fraction", 0.3,
-                "--max_length", 16)
+                "--max_length", 16, "--cased")
     assert r.returncode == 0, r.stderr
     return tmp / "out", r
 
@@ -131,7 +131,20 @@ def test_agnews_parquet_jsonl_and_malformed_rows(tmp_path):
     assert read_rows(tmp_path / "out", "train")[2].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 2]
     assert read_rows(tmp_path / "out", "val")[2].tolist() == [3, 0]
     tokens, offsets, labels = read_rows(tmp_path / "out", "test")
-    assert bpe().decode(tokens.tolist()) == "Test row" and labels.tolist() == [1]
+    assert bpe().decode(tokens.tolist()) == "test row" and labels.tolist() == [1]  # lowercased: the default
+    assert meta["tokenizer"] == {"type": "bpe", "encoding": "r50k_base", "lowercase": True}
+
+
+@needs_shared
+def test_agnews_labels_1_to_4_are_read_as_1_based_with_a_note(tmp_path):
+    """The original AG News CSVs number the classes 1..4: mapped down, said in one line, never shifted silently."""
+    os.makedirs(tmp_path / "src")
+    write_csv(tmp_path / "src" / "train.csv", [(f"Story number {i}", i % 4 + 1) for i in range(20)])
+    r = prepare("agnews", "--source", tmp_path / "src", "--out_dir", tmp_path / "out", "--val_fraction", 0.2)
+    assert r.returncode == 0, r.stderr
+    assert "labels run 1..4 with no 0: read as 1-based, 1 = World, 2 = Sports, 3 = Business, 4 = Sci/Tech" in r.stderr
+    labels = np.concatenate([read_rows(tmp_path / "out", s)[2] for s in ("train", "val")])
+    assert sorted(labels.tolist()) == sorted(i % 4 for i in range(20))
 
 
 def test_agnews_file_without_valid_rows_fails_and_writes_nothing(tmp_path):
