@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
 import dataset
 from common import ArgumentParser, Error, at_least, fraction, run_script
-from tokenizer import BPETokenizer
+from tokenizer import BPETokenizer, WordTokenizer
 
 HUB_NAME = "fancyzhx/ag_news"
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
@@ -82,6 +82,9 @@ def main():
     p.add_argument("--val_fraction", type=fraction, default=0.05,
                    help="share of train carved out as val when the source has no val split (default: %(default)s)")
     p.add_argument("--max_length", type=at_least(1), default=128, help="tokens kept per row (default: %(default)s)")
+    p.add_argument("--tokenizer", choices=["bpe", "words"], default="bpe", help="bpe: GPT-2's byte-pair encoding; "
+                   "words: lowercased words and punctuation, a vocabulary of the training split's words seen twice or "
+                   "more (default: %(default)s)")
     p.add_argument("--cased", action="store_true", help="keep the texts' case (default: lowercase them before BPE, "
                    "as bag-of-words models do; the tokenizer in meta.json says so, and classify.py does the same)")
     args = p.parse_args()
@@ -110,7 +113,8 @@ def main():
             raise Error(f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
                         f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction")
 
-    tok = BPETokenizer("r50k_base", lowercase=not args.cased)
+    tok = BPETokenizer("r50k_base", lowercase=not args.cased) if args.tokenizer == "bpe" else \
+        WordTokenizer.fit(splits["train"][0])
     rows, truncated = {}, Counter()
     for split, (texts, _) in splits.items():
         rows[split] = []
@@ -137,7 +141,7 @@ def main():
               + ", ".join(f"{name} {counts[i]:,}" for i, name in enumerate(LABEL_NAMES)))
     dataset.write_meta(args.out_dir, task="classify", tokenizer=tok.spec, vocab_size=tok.vocab_size,
                        dtype=np.dtype(dtype).name, label_names=LABEL_NAMES, max_length=args.max_length,
-                       pad_token_id=tok.start_token, splits={s: len(rows[s]) for s in splits},
+                       pad_token_id=tok.pad_token_id, splits={s: len(rows[s]) for s in splits},
                        source=args.source or HUB_NAME)
     print(f"wrote {args.out_dir} ({time.time() - t0:.1f} s)")
 
