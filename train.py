@@ -380,8 +380,9 @@ class StepGuard:
         if self.ddp:
             dist.barrier()
         signum = self.stop_now()
-        print(f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: resume with "
-              f"--init_from=resume", file=sys.stderr)
+        # one write: every rank prints this line at once, and print() writes the text and its newline separately
+        sys.stderr.write(f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: resume "
+                         f"with --init_from=resume\n")
         raise SystemExit(128 + signum)
 
 
