@@ -353,6 +353,13 @@ class EncoderClassifier(Transformer):
         previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
         return self.bigrams((previous * 1_000_003 + idx) % self.config.bigram_buckets)
 
+    def encode(self, idx, real, need_weights=False):
+        """(hidden states [B, n, d], maps) of idx, the keys where real [B, n] is False (padding) hidden. Padded
+        lengths change from batch to batch: no cuDNN attention (VARYING_LENGTHS)."""
+        bigrams = None if self.bigrams is None else self.bigram_embeddings(idx)
+        with sdpa_kernel(VARYING_LENGTHS):
+            return self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights, extra=bigrams)
+
     def forward(self, idx, attention_mask=None, labels=None, need_weights=False, mlm_vocab=None):
         """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face), by default
         idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the attention maps if need_weights.
@@ -364,14 +371,12 @@ class EncoderClassifier(Transformer):
             kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
             # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
-        bigrams = None if self.bigrams is None else self.bigram_embeddings(idx)
-        with sdpa_kernel(VARYING_LENGTHS):  # hide padding keys
-            x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights, extra=bigrams)
+        x, maps = self.encode(idx, real, need_weights)
         real = real.unsqueeze(-1).to(x.dtype)
-        pooled = (x * real).sum(1) / real.sum(1).clamp(min=1)
-        logits = self.head(pooled)
+        mean = lambda t: (t * real).sum(1) / real.sum(1).clamp(min=1)  # over each row's real tokens
+        logits = self.head(mean(x))
         if self.bow is not None:  # logistic regression on the mean of one-hot tokens, trained with the rest
-            logits = logits + (self.bow(idx) * real).sum(1) / real.sum(1).clamp(min=1)
+            logits = logits + mean(self.bow(idx))
         loss = None if labels is None else F.cross_entropy(logits.float(), labels)
         return (logits, loss, maps) if need_weights else (logits, loss)
 
@@ -383,9 +388,7 @@ class EncoderClassifier(Transformer):
         data (a few thousand), not over all of GPT-2's 50,257, which would cost far more than the model itself."""
         masked = real & (torch.rand(real.shape, device=idx.device) < 0.15)
         inputs = idx.masked_fill(masked, self.config.pad_token_id)
-        bigrams = None if self.bigrams is None else self.bigram_embeddings(inputs)
-        with sdpa_kernel(VARYING_LENGTHS):
-            x, _ = self.hidden_states(inputs, real[:, None, None, :], extra=bigrams)
+        x, _ = self.encode(inputs, real)
         position = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=idx.device)
         position[vocab] = torch.arange(len(vocab), device=idx.device)  # token id -> its row among vocab
         logits = x[masked] @ self.wte.weight[vocab].t()

@@ -43,7 +43,7 @@ def test_gpt_is_causal(options):
     assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6) and not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-3)
 
 
-@OPTIONS
+@pytest.mark.parametrize("options", [{}, MODERN, dict(bow_head=True, bigram_buckets=64)], ids=["gpt2", "modern", "encoder"])
 def test_classifier_ignores_padding(options):
     model = randomised(tiny_classifier(**{k: v for k, v in options.items() if k != 'tie_embeddings'})).eval()
     idx = torch.randint(1, 50, (2, 5))
@@ -314,3 +314,14 @@ def test_masked_lm_loss_starts_at_ln_vocab_and_hides_the_masked_tokens():
     model.masked_lm_loss(idx, real, vocab)
     hidden = seen[0] == 0  # pad_token_id stands for [MASK]
     assert 0.05 < hidden.float().mean() < 0.3 and torch.equal(seen[0][~hidden], idx[~hidden])
+
+
+def test_bow_head_adds_the_mean_of_its_rows_over_real_tokens():
+    """bow_head: the logits gain a linear bag-of-words model's, the mean of one weight row per real token."""
+    model = randomised(tiny_classifier(bow_head=True)).eval()
+    idx = torch.tensor([[5, 9, 9, 0, 0], [3, 4, 6, 7, 8]])
+    logits, _ = model(idx)
+    expected = torch.stack([model.bow.weight[[5, 9, 9]].mean(0), model.bow.weight[[3, 4, 6, 7, 8]].mean(0)])
+    with torch.no_grad():
+        model.bow.weight.zero_()
+    assert torch.allclose(logits - model(idx)[0], expected, atol=1e-5)
