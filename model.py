@@ -57,8 +57,8 @@ class EncoderConfig(GPTConfig):
     n_classes: int = 4
     pad_token_id: int = 0
     token_dropout: float = 0.0  # training only: hide this fraction of each row's tokens, as if padding (augmentation)
-    bigram_buckets: int = 0  # > 0: each token also embeds (previous token, token), hashed into this many rows (fastText)
-    bow_head: bool = False  # add a linear bag-of-words classifier's logits (one weight per token and class) to the head's
+    bow_head: bool = False  # fastText beside the encoder: a linear classifier over the tokens, trained by its own loss
+    bow_buckets: int = 0  # > 0: bow_head also counts each (previous token, token) pair, hashed into this many rows
 
 
 def attention(q, k, v, mask=None, dropout_p=0.0):
@@ -178,14 +178,13 @@ class Transformer(nn.Module):
             if name.startswith("blocks.") and name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.0 if self.config.zero_init else 0.02 / math.sqrt(2 * self.config.n_layer))
 
-    def hidden_states(self, idx, mask=None, cache=None, need_weights=False, extra=None):
-        """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones). extra: embeddings
-        [B, T, d] added to the tokens' (the encoder's bigrams)."""
+    def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
+        """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones)."""
         start = cache[0]["k"].size(2) if cache and cache[0] else 0
         T = idx.size(1)
         if start + T > self.config.block_size:
             raise Error(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
-        x = self.wte(idx) if extra is None else self.wte(idx) + extra
+        x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         rope = rotation(start, T, self.config.n_embd // self.config.n_head, idx.device) if self.config.rope else None
@@ -206,8 +205,7 @@ class Transformer(nn.Module):
         attention scores. Embedding rows are looked up, not multiplied; a tied table is multiplied, as the head."""
         c = self.config
         tied = getattr(self, "lm_head", None) is not None and self.lm_head.weight is self.wte.weight
-        extra = (self.wpe, getattr(self, "bigrams", None), getattr(self, "bow", None))  # tables only looked up
-        tables = [self.wte] * (not tied) + [m for m in extra if m is not None]
+        tables = [m for m in (self.wte if not tied else None, self.wpe, getattr(self, "bow", None)) if m is not None]  # looked up
         lookups = sum(m.weight.numel() for m in tables)
         return 6 * (self.num_params(non_embedding=False) - lookups) + 12 * c.n_layer * c.n_embd * seq_len
 
@@ -217,9 +215,12 @@ class Transformer(nn.Module):
         the rest; Muon's update is scaled to AdamW's size (match_rms_adamw), so one learning rate serves both."""
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         hidden = [p for n, p in params.items() if n.startswith("blocks.") and p.dim() == 2] if optimizer == "muon" else []
-        rest = [p for p in params.values() if all(p is not q for q in hidden)]
+        bow = [p for n, p in params.items() if n == "bow.weight"]
+        rest = [p for p in params.values() if all(p is not q for q in hidden + bow)]
         groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+        if bow:  # a linear model's rows, each met only by the rows that hold its token: fastText's rate, no decay
+            groups.append({"params": bow, "weight_decay": 0.0, "lr_scale": self.BOW_LR_SCALE})
         # fused: each tensor updated in one pass over memory, not a dozen elementwise ops (2.4x to 5.8x on our CPU)
         optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))]
         if hidden:
@@ -339,26 +340,31 @@ class EncoderClassifier(Transformer):
     """The same Blocks without the causal mask, a padding mask, mean pooling over real tokens and a class head.
     Mean pooling rather than a CLS token: every real token gets a gradient from the loss, which trains faster and
     better for small models learned from scratch; a CLS token must first learn to gather the sentence."""
+    BOW_LR_SCALE = 200  # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
 
     def __init__(self, config):
         super().__init__(config, causal=False)
-        self.bigrams = nn.Embedding(config.bigram_buckets, config.n_embd) if config.bigram_buckets else None
         self.head = nn.Linear(config.n_embd, config.n_classes)
-        self.bow = nn.Embedding(config.vocab_size, config.n_classes) if config.bow_head else None
+        self.bow = nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes) if config.bow_head else None
         self.init_weights()
 
-    def bigram_embeddings(self, idx):
-        """Each position's (previous token, token) pair, hashed into bigram_buckets rows: local phrases ("New York",
-        "oil prices") as features of their own, the lever of fastText's bigrams."""
-        previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
-        return self.bigrams((previous * 1_000_003 + idx) % self.config.bigram_buckets)
+    def bow_logits(self, idx, real):
+        """fastText's linear classifier [B, n_classes]: one weight row per real token and, with bow_buckets, one per
+        (previous token, token) pair hashed into that many rows (phrases such as "oil prices" as features of their
+        own; the first token's previous is padding); summed over the square root of their count, so that long texts
+        do not get larger logits."""
+        features, real = idx, real.float()
+        if self.config.bow_buckets:
+            previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
+            bigrams = self.config.vocab_size + (previous * 1_000_003 + idx) % self.config.bow_buckets
+            features, real = torch.cat([idx, bigrams], 1), torch.cat([real, real], 1)
+        return (self.bow(features).float() * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True).clamp(min=1).sqrt()
 
     def encode(self, idx, real, need_weights=False):
         """(hidden states [B, n, d], maps) of idx, the keys where real [B, n] is False (padding) hidden. Padded
         lengths change from batch to batch: no cuDNN attention (VARYING_LENGTHS)."""
-        bigrams = None if self.bigrams is None else self.bigram_embeddings(idx)
         with sdpa_kernel(VARYING_LENGTHS):
-            return self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights, extra=bigrams)
+            return self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
 
     def forward(self, idx, attention_mask=None, labels=None, need_weights=False, mlm_vocab=None):
         """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face), by default
@@ -372,12 +378,16 @@ class EncoderClassifier(Transformer):
             # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
         x, maps = self.encode(idx, real, need_weights)
-        real = real.unsqueeze(-1).to(x.dtype)
-        mean = lambda t: (t * real).sum(1) / real.sum(1).clamp(min=1)  # over each row's real tokens
-        logits = self.head(mean(x))
-        if self.bow is not None:  # logistic regression on the mean of one-hot tokens, trained with the rest
-            logits = logits + mean(self.bow(idx))
-        loss = None if labels is None else F.cross_entropy(logits.float(), labels)
+        weights = real.unsqueeze(-1).to(x.dtype)
+        logits = self.head((x * weights).sum(1) / weights.sum(1).clamp(min=1)).float()  # mean over real tokens
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        if self.bow is not None:
+            # Two classifiers side by side on the same batches, each trained by its own loss, and their probabilities
+            # multiplied: an ensemble of unlike models. Trained on the sum of their logits instead, the fast linear
+            # model fits the batch first and leaves the encoder little to learn (BENCHMARKS.md).
+            bow = self.bow_logits(idx, real)
+            loss = None if labels is None else (loss + F.cross_entropy(bow, labels)) / 2
+            logits = F.log_softmax(logits, -1) + F.log_softmax(bow, -1)
         return (logits, loss, maps) if need_weights else (logits, loss)
 
 

@@ -74,8 +74,8 @@ DEFAULTS = dict(
     logit_softcap=0.0,  # > 0: logits = cap * tanh(logits / cap)
     zero_init=False,  # residual output projections start at zero
     token_dropout=0.0,  # classify: hide this fraction of each training row's tokens, a regularizer for small data
-    bigram_buckets=0,  # classify: > 0 adds hashed (previous token, token) embeddings, fastText's bigrams
-    bow_head=False,  # classify: add a linear bag-of-words classifier's logits to the head's, trained jointly
+    bow_head=False,  # classify: a linear bag-of-words classifier beside the encoder (fastText), probabilities multiplied
+    bow_buckets=0,  # classify: > 0: bow_head also counts (previous token, token) pairs, hashed into this many rows
     pretrain_iters=0,  # classify: first this many steps of masked-token prediction on the training texts, then max_iters
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
     optimizer="adamw",  # adamw; muon: Muon for the blocks' matrices, AdamW for the rest
@@ -92,12 +92,12 @@ DEFAULTS = dict(
     ema_decay=0.0,  # > 0: evaluate and save an exponential moving average of the weights (0.999: the last ~1000 steps)
 )
 ARCH_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "rmsnorm", "qk_norm", "relu2",
-             "tie_embeddings", "logit_softcap", "bigram_buckets", "bow_head")  # what a checkpoint's tensors depend on
+             "tie_embeddings", "logit_softcap", "bow_head", "bow_buckets")  # a checkpoint's tensors
 KEPT_ON_RESUME = ARCH_KEYS + ("task", "optimizer", "ema_decay")  # and what its optimizer and EMA states depend on
 AT_LEAST_ONE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
                 "block_size", "n_layer", "n_head", "n_embd")
 NON_NEGATIVE = ("max_iters", "pretrain_iters", "warmup_iters", "lr_decay_iters", "vocab_size", "learning_rate", "min_lr", "weight_decay",
-                "grad_clip", "logit_softcap", "bigram_buckets")
+                "grad_clip", "logit_softcap", "bow_buckets")
 FRACTIONS = ("dropout", "token_dropout", "beta1", "beta2", "ema_decay")  # in [0, 1)
 CHOICES = {"task": ("lm", "classify"), "attn_impl": ("sdpa", "explicit"), "optimizer": ("adamw", "muon"),
            "dtype": ("auto", "float32", "bfloat16", "float16")}
@@ -208,8 +208,9 @@ def check_config(c, resuming):
     close = difflib.get_close_matches(c["init_from"], forms, n=1)
     need(resuming or c["init_from"] in forms or os.path.isdir(c["init_from"]), "init_from", f"one of {', '.join(forms)} or a "
          f"folder of GPT weights" + (f" (did you mean {close[0]}?)" if close else ""))
-    for key in ("token_dropout", "bigram_buckets", "bow_head", "pretrain_iters"):
+    for key in ("token_dropout", "bow_head", "bow_buckets", "pretrain_iters"):
         need(not c[key] or c["task"] == "classify", key, "0 unless task=classify (an option of the encoder)")
+    need(not c["bow_buckets"] or c["bow_head"], "bow_buckets", "0 unless bow_head=True (the bigrams of its classifier)")
 
 
 def get_lr(step, c):
@@ -472,7 +473,7 @@ def train(c, given, ddp, rank, world_size, device):
     while True:
         lr = get_lr(step, c)
         for group in (g for optimizer in optimizers for g in optimizer.param_groups):
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         if step >= pretrain and ((step - pretrain) % c["eval_interval"] == 0 or step == last) or c["eval_only"]:
             eval_start = time.perf_counter()
             metrics = {f"{split}/{k}": v for split, data in (("train", train_data), ("val", val_data))
@@ -608,7 +609,7 @@ def make_model(c, meta, state, source):
     weights = {k: v for k, v in source.state_dict().items() if not k.startswith(("lm_head", "head"))}
     if "wpe.weight" in weights:
         weights["wpe.weight"] = weights["wpe.weight"][:c["block_size"]]  # a shorter context keeps the first positions
-    return model.load_weights(weights, new=[m for m in ("head", "bigrams", "bow") if getattr(model, m, None) is not None])
+    return model.load_weights(weights, new=[m for m in ("head", "bow") if getattr(model, m, None) is not None])
 
 
 def finish(c, record, run, best_score, best_step, sign, best_name, steps, metrics):

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from common import Error
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention, from_checkpoint, rotary, rotation
@@ -43,7 +44,7 @@ def test_gpt_is_causal(options):
     assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6) and not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-3)
 
 
-@pytest.mark.parametrize("options", [{}, MODERN, dict(bow_head=True, bigram_buckets=64)], ids=["gpt2", "modern", "encoder"])
+@pytest.mark.parametrize("options", [{}, MODERN, dict(bow_head=True, bow_buckets=32)], ids=["gpt2", "modern", "encoder"])
 def test_classifier_ignores_padding(options):
     model = randomised(tiny_classifier(**{k: v for k, v in options.items() if k != 'tie_embeddings'})).eval()
     idx = torch.randint(1, 50, (2, 5))
@@ -316,12 +317,22 @@ def test_masked_lm_loss_starts_at_ln_vocab_and_hides_the_masked_tokens():
     assert 0.05 < hidden.float().mean() < 0.3 and torch.equal(seen[0][~hidden], idx[~hidden])
 
 
-def test_bow_head_adds_the_mean_of_its_rows_over_real_tokens():
-    """bow_head: the logits gain a linear bag-of-words model's, the mean of one weight row per real token."""
-    model = randomised(tiny_classifier(bow_head=True)).eval()
-    idx = torch.tensor([[5, 9, 9, 0, 0], [3, 4, 6, 7, 8]])
-    logits, _ = model(idx)
-    expected = torch.stack([model.bow.weight[[5, 9, 9]].mean(0), model.bow.weight[[3, 4, 6, 7, 8]].mean(0)])
+def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_multiplied_in():
+    """bow_head: a second classifier, the sum of one weight row per real token and per hashed (previous, token) pair
+    over the square root of their count; the prediction adds the two models' log-probabilities; the loss is the mean
+    of their cross-entropies; its table learns at BOW_LR_SCALE times the rate, without weight decay."""
+    model = randomised(tiny_classifier(bow_head=True, bow_buckets=7)).eval()
+    idx, labels = torch.tensor([[5, 9, 9, 0, 0], [3, 4, 6, 7, 8]]), torch.tensor([0, 2])
+    logits, loss = model(idx, labels=labels)
+    rows = lambda seq: [model.bow.weight[t] for t in seq] + [model.bow.weight[50 + (p * 1_000_003 + t) % 7]
+                                                            for p, t in zip([0] + seq[:-1], seq)]
+    bow = torch.stack([sum(rows(seq)) / math.sqrt(2 * len(seq)) for seq in ([5, 9, 9], [3, 4, 6, 7, 8])])
     with torch.no_grad():
-        model.bow.weight.zero_()
-    assert torch.allclose(logits - model(idx)[0], expected, atol=1e-5)
+        model.bow.weight.zero_()  # a uniform second model: what is left is the encoder's prediction
+        encoder, _ = model(idx)
+    assert torch.allclose(logits, encoder + math.log(3) + torch.log_softmax(bow, -1), atol=1e-5)
+    encoder_loss = F.cross_entropy(encoder + math.log(3), labels)
+    assert torch.allclose(loss, (encoder_loss + F.cross_entropy(bow, labels)) / 2, atol=1e-5)
+    *_, table = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")[0].param_groups
+    assert table["params"] == [model.bow.weight] and table["weight_decay"] == 0.0
+    assert table["lr_scale"] == model.BOW_LR_SCALE > 1

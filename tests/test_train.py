@@ -93,6 +93,8 @@ def test_config_file_overrides_and_types(tmp_path):
     (["--attn_impl=flash"], "attn_impl='flash': must be one of sdpa, explicit"),
     (["--optimizer=sgd"], "optimizer='sgd': must be one of adamw, muon"),
     (["--token_dropout=0.2"], "token_dropout=0.2: must be 0 unless task=classify"),
+    (["config/agnews.py", "--bow_head=False", "--bow_buckets=64"], "bow_buckets=64: must be 0 unless bow_head=True"),
+    (["config/agnews.py", "--bow_buckets=-1"], "bow_buckets=-1: must be >= 0"),
 ])
 def test_config_errors_are_one_clear_line(argv, message):
     with pytest.raises(Error, match=message):
