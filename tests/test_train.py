@@ -14,7 +14,7 @@ import torch
 
 import train
 from common import Error
-from model import GPT
+from model import GPT, EncoderClassifier
 from conftest import ROOT
 from dataset import save_array, write_classification_split, write_meta
 
@@ -331,6 +331,19 @@ def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
     import json
     info = json.load(open(tmp_path / "config.json"))
     assert info["architecture"] == "EncoderClassifier" and info["label_names"] == ["low", "high"]
+
+
+def test_bow_head_table_learns_at_its_multiple_of_the_scheduled_rate(toy_classify_dir, tmp_path):
+    """The schedule sets every group's rate; bow_head's table gets BOW_LR_SCALE times it, and the pair still learns."""
+    _, metrics = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path}", "--task=classify", "--max_iters=40",
+                      "--eval_interval=20", "--eval_iters=100", "--batch_size=16", "--bow_head=True", "--bow_buckets=16",
+                      "--learning_rate=1e-4", "--min_lr=1e-5"])
+    assert metrics["val/accuracy"] > 0.9
+    (groups,) = [o["param_groups"] for o in state(tmp_path)["optimizers"]]
+    scheduled = train.get_lr(40, {**train.DEFAULTS, "learning_rate": 1e-4, "min_lr": 1e-5, "warmup_iters": 2,
+                                  "lr_decay_iters": 10})
+    assert [g["lr"] for g in groups] == pytest.approx([scheduled] * (len(groups) - 1) + [scheduled * 200])
+    assert EncoderClassifier.BOW_LR_SCALE == 200
 
 
 def test_wandb_offline_run_has_metrics(lm_dir, tmp_path, monkeypatch):
