@@ -5,7 +5,8 @@ AG News, measured so that the figure is not flattered: our recipe beside bag-of-
   python bench_agnews.py --runs config/agnews.py "config/agnews.py --token_dropout=0.2"   RUN: train.py's arguments
 The hold-out is the 2,000 rows of train.csv whose texts have the smallest md5 (fixed, whatever the file's order);
 everything trains on the other rows. The peers (scikit-learn, a bench extra: pip install -e ".[bench]"): TF-IDF of
-words (sublinear tf) with a linear SVM or logistic regression, and TF-IDF of words and word bigrams with a linear SVM.
+words (sublinear tf) with a linear SVM or logistic regression, and TF-IDF of words and word bigrams, or of the BPE
+tokens our recipe reads and their bigrams, with a linear SVM.
 Each of our runs is `python data/agnews/prepare.py` once, then per seed `python train.py RUN` (a config and overrides)
 and `python classify.py --eval` on each split, as a user runs them.
 """
@@ -23,6 +24,7 @@ import time
 
 from common import ArgumentParser, Error, run_script
 from dataset import read_labelled
+from tokenizer import get_tokenizer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
@@ -47,9 +49,16 @@ def peers(splits, scored):
     from sklearn.svm import LinearSVC
 
     svm = lambda C: LinearSVC(C=C, max_iter=10000)
+    bpe = get_tokenizer({"type": "bpe", "encoding": "r50k_base", "lowercase": True})
+
+    def bpe_ngrams(text):  # what our recipe reads: prepare.py's lowercased GPT-2 BPE, cut at 128, and its pairs
+        ids = [str(t) for t in bpe.encode(text)[:128]]
+        return ids + [f"{a} {b}" for a, b in zip(ids, ids[1:])]
+
     models = {"TF-IDF words + linear SVM": (dict(sublinear_tf=True), svm),
               "TF-IDF words + logistic regression": (dict(sublinear_tf=True), lambda C: LogisticRegression(C=C, max_iter=3000)),
-              "TF-IDF words and bigrams + linear SVM": (dict(sublinear_tf=True, ngram_range=(1, 2)), svm)}
+              "TF-IDF words and bigrams + linear SVM": (dict(sublinear_tf=True, ngram_range=(1, 2)), svm),
+              "TF-IDF BPE tokens and bigrams + linear SVM": (dict(sublinear_tf=True, analyzer=bpe_ngrams), svm)}
     results = {}
     for name, (features, make) in models.items():
         t0, vectorizer = time.time(), TfidfVectorizer(**features)
@@ -78,9 +87,6 @@ def ours(splits, runs, seeds, scored, work, prepare_args=()):
         with open(paths[split], "w", newline="", encoding="utf-8") as f:
             csv.writer(f).writerows([("text", "label"), *zip(texts, labels)])
     env = {**os.environ, "WANDB_MODE": "offline"}
-    shared_bpe = os.path.join(os.path.dirname(ROOT), "shared", "tiktoken_cache")
-    if os.path.isdir(shared_bpe):  # offline machines: GPT-2's BPE file from ../shared
-        env.setdefault("TIKTOKEN_CACHE_DIR", shared_bpe)
     t0 = time.time()
     run(["data/agnews/prepare.py", "--source", source, "--out_dir", data, *prepare_args], env)
     prepare_s = time.time() - t0
@@ -113,6 +119,9 @@ def main(argv=None):
     p.add_argument("--no_peers", action="store_true", help="skip the scikit-learn peers")
     p.add_argument("--prepare", default="", help="arguments for data/agnews/prepare.py, e.g. \"--cased\"")
     a = p.parse_args(argv)
+    shared_bpe = os.path.join(os.path.dirname(ROOT), "shared", "tiktoken_cache")
+    if os.path.isdir(shared_bpe):  # offline machines: GPT-2's BPE file from ../shared, for the peers and our runs
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", shared_bpe)
     scored = ["val", "holdout"] if a.holdout else ["val"]
     splits = split_holdout(a.source, a.holdout_rows)
     print(f"train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}, hold-out {len(splits['holdout'][0]):,}"
