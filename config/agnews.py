@@ -19,8 +19,8 @@ dropout = 0.1
 # augmentation, and with strong weight decay lifted validation accuracy by about a point (BENCHMARKS.md)
 token_dropout = 0.3
 # fastText beside the encoder: a linear classifier over the tokens and their hashed bigrams, trained by its own loss
-# at 200x the learning rate; the prediction multiplies the two models' probabilities. Alone each scores about what
-# TF-IDF + SVM does; together they beat it (BENCHMARKS.md: the protocol, the hold-out, the ablation)
+# at 200x the learning rate; the prediction multiplies the two models' probabilities. The bigrams lifted hold-out
+# accuracy from 0.894 (the encoder alone) to 0.902 (BENCHMARKS.md: the protocol, the hold-out, the ablation)
 bow_head = True
 bow_buckets = 262144
 
