@@ -16,11 +16,12 @@ import sys
 import torch
 from tqdm import tqdm
 
-from common import ArgumentParser, Error, at_least, pick_device, run_script
-from dataset import pad_batch, read_labelled
+from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
+from lib.batches import pad_batch
+from lib.prepare import read_labelled
 from model import from_checkpoint
-from records import pyplot
-from tokenizer import get_tokenizer
+from lib.records import pyplot
+from lib.tokenizer import get_tokenizer
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 

@@ -7,8 +7,8 @@ classifiers. The picture to compare recipes with.
 import argparse
 import sys
 
-from common import ArgumentParser, run_script
-from records import plot_runs
+from lib.common import ArgumentParser, run_script
+from lib.records import plot_runs
 
 
 def main(argv=None):

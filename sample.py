@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from common import ArgumentParser, Error, at_least, autocast, pick_device, resolve_dtype, run_script
+from lib.common import ArgumentParser, Error, at_least, autocast, pick_device, resolve_dtype, run_script
 import decoding
 from decoding import make_next_token
 from model import GPT2_NAMES, load_pretrained
-from tokenizer import get_tokenizer
+from lib.tokenizer import get_tokenizer
 
 SEPARATOR = "-" * 40
 # make_next_token's options, range-checked there: (type, default); --help shows each decoding function's docstring

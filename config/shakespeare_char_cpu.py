@@ -14,4 +14,4 @@ n_embd = 128
 max_iters = 2000
 lr_decay_iters = 2000
 dropout = 0.0
-dtype = "float32"  # bf16 autocast is no faster at this size on a CPU (0.99x, BENCHMARKS.md)
+dtype = "float32"  # bf16 autocast is no faster at this size on a CPU (BENCHMARKS.md)

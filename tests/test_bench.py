@@ -1,8 +1,8 @@
-"""bench.py: the notebook-style per-head loop computes what the fused projection computes; measurements run."""
+"""bench/speed.py: the notebook-style per-head loop computes what the fused projection computes; measurements run."""
 import torch
 
-import bench
-from bench import ATTENTION_PATHS, LoopAttention, bench_attention
+from bench import speed as bench
+from bench.speed import ATTENTION_PATHS, LoopAttention, bench_attention
 
 
 def test_loop_reference_matches_fused_and_explicit_paths():

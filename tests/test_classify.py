@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import classify
-from common import run_script
+from lib.common import run_script
 from conftest import ROOT, needs_shared
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint
 
@@ -270,7 +270,7 @@ def test_help_documents_every_flag(capsys):
 @needs_shared
 def test_bpe_checkpoint_truncates_to_block_size(tmp_path, capsys):
     """GPT-2's BPE through tiktoken; max_length 64 > block_size 32, so texts are cut to 32 tokens."""
-    from tokenizer import BPETokenizer
+    from lib.tokenizer import BPETokenizer
     tok = BPETokenizer("r50k_base")
     torch.manual_seed(0)
     model = EncoderClassifier(EncoderConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16,

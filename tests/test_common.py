@@ -4,8 +4,8 @@ import os
 import pytest
 import torch
 
-import common
-from common import Error, atomic_path, auto_dtype
+from lib import common
+from lib.common import Error, atomic_path, auto_dtype
 
 
 @pytest.mark.parametrize("device, capability, cpu_bf16, expected", [

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import decoding as d
-from common import Error
+from lib.common import Error
 from model import GPT, GPTConfig
 
 INF = float("inf")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, SHARED, needs_shared
-from dataset import ClassificationData, LMData, load_split, read_meta
+from lib.batches import ClassificationData, LMData, load_split, read_meta
 
 SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -244,20 +244,3 @@ def test_openwebtext_local_folder(tmp_path):
     assert meta["task"] == "lm" and meta["dtype"] == "uint16" and meta["vocab_size"] == 50257
     assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]
     assert load_split(str(tmp_path / "out"), "train", block_size=4).batch(np.array([0]))["idx"].shape == (1, 4)
-
-
-def test_word_tokenizer_from_the_training_texts(tmp_path):
-    """--tokenizer words: lowercased words and punctuation; the vocabulary holds the training split's words seen at
-    least twice (never val's), id 0 pads and id 1 stands for the rest; classify.py reads it from meta.json."""
-    from tokenizer import WordTokenizer, get_tokenizer
-
-    os.makedirs(tmp_path / "src")
-    write_csv(tmp_path / "src" / "train.csv", [("Oil prices rise, oil falls.", 2), ("Oil rises again", 2), ("Lakers win", 1)])
-    write_csv(tmp_path / "src" / "val.csv", [("Oil wins big", 1)])
-    r = prepare("agnews", "--source", tmp_path / "src", "--out_dir", tmp_path / "out", "--tokenizer", "words")
-    assert r.returncode == 0, r.stderr
-    meta = read_meta(tmp_path / "out")
-    assert meta["tokenizer"] == {"type": "words", "words": ["<pad>", "<unk>", "oil"]} and meta["pad_token_id"] == 0
-    tok = get_tokenizer(meta["tokenizer"])
-    assert isinstance(tok, WordTokenizer) and tok.encode("OIL, oil!") == [2, 1, 2, 1]
-    assert read_rows(tmp_path / "out", "val")[0].tolist() == [2, 1, 1]  # "oil wins big": two words it never kept

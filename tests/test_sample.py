@@ -9,7 +9,7 @@ import torch
 
 from conftest import ROOT, needs_shared
 from model import GPT, GPTConfig, from_checkpoint
-from common import run_script
+from lib.common import run_script
 from sample import SEPARATOR, main, printable
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65

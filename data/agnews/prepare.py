@@ -19,10 +19,10 @@ import numpy as np
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
-import dataset
-from common import ArgumentParser, Error, at_least, fraction, run_script
-from tokenizer import BPETokenizer, WordTokenizer
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
+from lib import prepare
+from lib.common import ArgumentParser, Error, at_least, fraction, run_script
+from lib.tokenizer import BPETokenizer
 
 HUB_NAME = "fancyzhx/ag_news"
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
@@ -35,7 +35,7 @@ def keep(texts, labels, warnings):
 
 
 def find_file(source, split):
-    found = [os.path.join(source, split + ext) for ext in dataset.LABELLED_FORMATS]
+    found = [os.path.join(source, split + ext) for ext in prepare.LABELLED_FORMATS]
     found = [p for p in found if os.path.isfile(p)]
     if len(found) > 1:
         raise Error(f"--source {source}: both {' and '.join(found)}; keep one file per split")
@@ -53,7 +53,7 @@ def load_local(source):
     splits = {}
     for split in ("train", "val", "test"):
         if find_file(source, split):
-            splits[split] = keep(*dataset.read_labelled(find_file(source, split), LABEL_NAMES))
+            splits[split] = keep(*prepare.read_labelled(find_file(source, split), LABEL_NAMES))
     return splits
 
 
@@ -66,7 +66,7 @@ def load_hub():
         reason = (str(e).splitlines() or [""])[0][:200]
         raise Error(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass --source DIR "
                     f"with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample") from None
-    return {split: keep(*dataset.clean_labelled(zip(ds[split]["text"], ds[split]["label"]), LABEL_NAMES,
+    return {split: keep(*prepare.clean_labelled(zip(ds[split]["text"], ds[split]["label"]), LABEL_NAMES,
                                                 f"{HUB_NAME}:{split}")) for split in ds}
 
 
@@ -82,14 +82,11 @@ def main():
     p.add_argument("--val_fraction", type=fraction, default=0.05,
                    help="share of train carved out as val when the source has no val split (default: %(default)s)")
     p.add_argument("--max_length", type=at_least(1), default=128, help="tokens kept per row (default: %(default)s)")
-    p.add_argument("--tokenizer", choices=["bpe", "words"], default="bpe", help="bpe: GPT-2's byte-pair encoding; "
-                   "words: lowercased words and punctuation, a vocabulary of the training split's words seen twice or "
-                   "more (default: %(default)s)")
     p.add_argument("--cased", action="store_true", help="keep the texts' case (default: lowercase them before BPE, "
                    "as bag-of-words models do; the tokenizer in meta.json says so, and classify.py does the same)")
     args = p.parse_args()
     t0 = time.time()
-    dataset.check_out_dir(args.out_dir)
+    prepare.check_out_dir(args.out_dir)
     splits = load_local(args.source) if args.source else load_hub()
     if "val" not in splits:
         texts, labels = splits["train"]
@@ -113,8 +110,7 @@ def main():
             raise Error(f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
                         f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction")
 
-    tok = BPETokenizer("r50k_base", lowercase=not args.cased) if args.tokenizer == "bpe" else \
-        WordTokenizer.fit(splits["train"][0])
+    tok = BPETokenizer("r50k_base", lowercase=not args.cased)
     rows, truncated = {}, Counter()
     for split, (texts, _) in splits.items():
         rows[split] = []
@@ -125,21 +121,21 @@ def main():
                     rows[split].append(ids[:args.max_length])
                 bar.update(len(texts[i:i + 1000]))
 
-    dtype = dataset.token_dtype(tok.vocab_size)
-    dataset.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
+    dtype = prepare.token_dtype(tok.vocab_size)
+    prepare.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
     for split in ("train", "val", "test"):
         if split not in splits:  # a test split left over from an earlier run would no longer match meta.json
             for suffix in (".bin", ".offsets.npy", ".labels.npy"):
                 if os.path.exists(os.path.join(args.out_dir, split + suffix)):
                     os.remove(os.path.join(args.out_dir, split + suffix))
             continue
-        dataset.write_classification_split(args.out_dir, split, rows[split], splits[split][1], dtype)
+        prepare.write_classification_split(args.out_dir, split, rows[split], splits[split][1], dtype)
         lengths = np.array([len(r) for r in rows[split]])
         counts = Counter(splits[split][1])
         print(f"{split}: {len(lengths):,} rows, {lengths.sum():,} tokens, mean {lengths.mean():.1f} tokens/row "
               f"({truncated[split]:,} cut to {args.max_length}); classes "
               + ", ".join(f"{name} {counts[i]:,}" for i, name in enumerate(LABEL_NAMES)))
-    dataset.write_meta(args.out_dir, task="classify", tokenizer=tok.spec, vocab_size=tok.vocab_size,
+    prepare.write_meta(args.out_dir, task="classify", tokenizer=tok.spec, vocab_size=tok.vocab_size,
                        dtype=np.dtype(dtype).name, label_names=LABEL_NAMES, max_length=args.max_length,
                        pad_token_id=tok.pad_token_id, splits={s: len(rows[s]) for s in splits},
                        source=args.source or HUB_NAME)

@@ -17,10 +17,10 @@ import numpy as np
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
-import dataset
-from common import ArgumentParser, Error, at_least, fraction, run_script
-from tokenizer import BPETokenizer
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
+from lib import prepare
+from lib.common import ArgumentParser, Error, at_least, fraction, run_script
+from lib.tokenizer import BPETokenizer
 
 HUB_NAME = "Skylion007/openwebtext"
 tok = None  # the tokenizer, made once per process (map's workers make their own)
@@ -67,7 +67,7 @@ def main():
     args = p.parse_args()
     t0 = time.time()
     global tok
-    dataset.check_out_dir(args.out_dir)
+    prepare.check_out_dir(args.out_dir)
     tok = BPETokenizer("r50k_base")  # fail here, in one line, rather than inside num_proc workers
 
     ds = load(args.source, args.num_proc)
@@ -80,8 +80,8 @@ def main():
                              num_proc=min(args.num_proc, len(d)) if args.num_proc > 1 else None)  # <= rows: map warns
                  for name, d in split.items()}
 
-    dtype = dataset.token_dtype(tok.vocab_size)
-    dataset.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
+    dtype = prepare.token_dtype(tok.vocab_size)
+    prepare.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
     counts = {}
     for name, d in tokenized.items():
         # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory as a list
@@ -99,7 +99,7 @@ def main():
         os.replace(path + ".tmp", path)  # only a whole file takes the name
         counts[name] = n
         print(f"{name}: {len(d):,} documents, {n:,} tokens")
-    dataset.write_meta(args.out_dir, task="lm", tokenizer=tok.spec, vocab_size=tok.vocab_size,
+    prepare.write_meta(args.out_dir, task="lm", tokenizer=tok.spec, vocab_size=tok.vocab_size,
                        dtype=np.dtype(dtype).name, splits=counts, source=args.source or HUB_NAME)
     print(f"wrote {args.out_dir} ({time.time() - t0:.1f} s)")
 

@@ -10,10 +10,10 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: common.py, dataset.py, tokenizer.py
-from common import run_script
-from dataset import prepare_text
-from tokenizer import BPETokenizer
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
+from lib.common import run_script
+from lib.prepare import prepare_text
+from lib.tokenizer import BPETokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 

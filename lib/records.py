@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from common import Error, atomic_path
+from lib.common import Error, atomic_path
 
 
 class RunRecord:
@@ -42,12 +42,44 @@ class RunRecord:
             self.wandb.log(metrics, step=step)
 
 
-def start_wandb(c, n_params):
-    """A wandb run named after out_dir and the start time (unless wandb_run_name is set), its files in out_dir/wandb."""
+class Speed:
+    """What a log line reports of the training since the last one: examples (or tokens) per second over all the
+    processes, and MFU, the FLOP/s of this device against its peak. Evaluations are left out (skip their seconds).
+    clamp: the peak is a measurement (on CPUs) which a busy machine makes too low: it rises to the achieved rate, so
+    MFU never passes 100%."""
+
+    def __init__(self, peak, clamp):
+        self.peak, self.clamp = peak, clamp
+        self.restart()
+
+    def restart(self):
+        self.t0, self.items, self.flops = time.perf_counter(), 0, 0.0
+
+    def add(self, items, flops):
+        """A micro-batch of this process: its examples (or tokens) and its training FLOPs."""
+        self.items, self.flops = self.items + items, self.flops + flops
+
+    def skip(self, seconds):
+        self.t0 += seconds
+
+    def read(self, world_size):
+        """(items/s of all the processes, MFU of this one) since the last read."""
+        elapsed = time.perf_counter() - self.t0
+        achieved = self.flops / elapsed
+        self.peak = max(self.peak, achieved) if self.clamp else self.peak
+        rate = self.items * world_size / elapsed
+        self.restart()
+        return rate, achieved / self.peak
+
+
+def start_wandb(settings, n_params):
+    """A wandb run named after out_dir and the start time (unless wandb_run_name is set), its files in out_dir/wandb.
+    settings: the run's, as a dict."""
     import wandb
 
-    name = c["wandb_run_name"] or f"{os.path.basename(os.path.abspath(c['out_dir']))}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run = wandb.init(project=c["wandb_project"], name=name, config=c, dir=c["out_dir"])
+    out_dir = settings["out_dir"]
+    name = settings["wandb_run_name"] or f"{os.path.basename(os.path.abspath(out_dir))}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = wandb.init(project=settings["wandb_project"], name=name, config=settings, dir=out_dir)
     run.summary["parameters"] = n_params
     return run
 

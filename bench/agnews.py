@@ -1,8 +1,9 @@
 """
 AG News, measured so that the figure is not flattered: our recipe beside bag-of-words peers, trained on the same rows.
-  python bench_agnews.py                           val.csv only: the split that recipe choices may look at
-  python bench_agnews.py --holdout                 and the hold-out, which no choice looks at: report it once
-  python bench_agnews.py --runs config/agnews.py "config/agnews.py --token_dropout=0.2"   RUN: train.py's arguments
+Usage, from the repository root (config paths in RUN are taken relative to it from any working directory):
+  python bench/agnews.py                           val.csv only: the split that recipe choices may look at
+  python bench/agnews.py --holdout                 and the hold-out, which no choice looks at: report it once
+  python bench/agnews.py --runs config/agnews.py "config/agnews.py --token_dropout=0.2"   RUN: train.py's arguments
 The hold-out is the 2,000 rows of train.csv whose texts have the smallest md5 (fixed, whatever the file's order);
 everything trains on the other rows. The peers (scikit-learn, a bench extra: pip install -e ".[bench]"): TF-IDF of
 words (sublinear tf) with a linear SVM or logistic regression, and TF-IDF of words and word bigrams, or of the BPE
@@ -22,11 +23,12 @@ import sys
 import tempfile
 import time
 
-from common import ArgumentParser, Error, run_script
-from dataset import read_labelled
-from tokenizer import get_tokenizer
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from anywhere: the repository root
+sys.path.insert(0, ROOT)
+from lib.common import ArgumentParser, Error, run_script
+from lib.prepare import read_labelled
+from lib.tokenizer import get_tokenizer
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
 
 
@@ -71,7 +73,10 @@ def peers(splits, scored):
 
 
 def run(command, env):
-    r = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, env=env)
+    """python SCRIPT ARGS, SCRIPT relative to the repository root (and run there): its stdout."""
+    script, *args = command
+    r = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True, text=True,
+                       env=env)
     if r.returncode:
         raise Error(f"{' '.join(command)} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     return r.stdout
@@ -108,7 +113,7 @@ def ours(splits, runs, seeds, scored, work, prepare_args=()):
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="bench_agnews.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="agnews.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", default=os.path.join(os.path.dirname(ROOT), "shared", "data", "agnews_sample"),
                    help="a folder with train.csv and val.csv (default: ../shared/data/agnews_sample)")
     p.add_argument("--holdout", action="store_true", help="also score the hold-out (report the final recipe once)")
@@ -141,4 +146,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_script(main, "bench_agnews.py")
+    run_script(main, "agnews.py")

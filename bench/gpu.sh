@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script: about 5 minutes on an H200. From the repository root, on a CUDA machine:
-#   bash bench_gpu.sh [RESULTS_DIR]          (default: gpu-results; on the device tool, $OUT)
+# The GPU checks, as one script: about 5 minutes on an H200. On a CUDA machine, from the repository root:
+#   bash bench/gpu.sh [RESULTS_DIR]          (default: gpu-results)
+# The checks run in the repository root whatever the working directory; RESULTS_DIR is relative to the latter.
 # It needs the prepared data sets data/shakespeare_char, data/shakespeare and data/agnews (their prepare.py, with
 # --source offline) and, offline, TIKTOKEN_CACHE_DIR for GPT-2's BPE. What it measures goes to RESULTS_DIR/log.txt:
-#   1. bench.py on CUDA: matmul peaks, training steps of three configs' shapes (fp32 = TF32, bf16, bf16 + compile),
-#      AdamW, generation with and without the KV cache, the attention paths
+#   1. bench/speed.py on CUDA: matmul peaks, training steps of three configs' shapes (fp32 = TF32, bf16,
+#      bf16 + compile), AdamW, generation with and without the KV cache, the attention paths
 #   2. GPT-2 124M (config/gpt2.py's shape) trained by train.py: tokens/s and MFU in bf16 with flash attention and compile
 #   3. the fast recipe against GPT-2's on config/shakespeare_char.py's shape: val loss against seconds
 #   4. torchrun (NCCL, DDP then compile), a resume in float16 of a bf16 run, deterministic mode twice, sample, classify
 set -u
-R=$(realpath -m "${1:-${OUT:-gpu-results}}")
+R=$(realpath -m "${1:-gpu-results}")
+cd "$(dirname "$0")/.." || exit 1  # the repository root
 mkdir -p "$R"
 W=$(mktemp -d)  # the runs' out_dirs: only the figures go to RESULTS_DIR
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline TQDM_MININTERVAL=10
@@ -18,14 +20,14 @@ step() { local name=$1 t=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
 
-step bench 200 python bench.py --device cuda --repeats 3 --json "$R/bench-cuda.json"
+step bench 200 python bench/speed.py --device cuda --repeats 3 --json "$R/bench-cuda.json"
 
 step gpt2 150 python train.py config/gpt2.py --dataset=shakespeare --wandb_log=False --gradient_accumulation_steps=1 \
     --max_iters=80 --warmup_iters=10 --eval_interval=80 --eval_iters=2 --log_interval=10 --out_dir="$W/gpt2"
 python -c "import json, sys; [print(l.strip()) for l in open(sys.argv[1]) if 'mfu' in l]" "$W/gpt2/metrics.jsonl"
 
 FAST="--optimizer=muon --learning_rate=2e-2 --min_lr=2e-3 --warmup_iters=30 --rope=True --qk_norm=True"  # shakespeare_char_fast.py's
-step time-to-loss 200 python bench.py --time_to_loss \
+step time-to-loss 200 python bench/speed.py --time_to_loss \
     "config/shakespeare_char.py --max_iters=1500 --lr_decay_iters=1500 --eval_interval=250 --eval_iters=50" \
     "config/shakespeare_char.py --max_iters=1500 --lr_decay_iters=1500 --eval_interval=250 --eval_iters=50 $FAST" \
     --target 1.6 --repeats 1 --png "$R/time_to_loss_gpu.png" --json "$R/time_to_loss_gpu.json"

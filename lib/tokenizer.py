@@ -1,20 +1,14 @@
-"""Tokenizers, named by a dataset's meta.json: GPT-2's byte-pair encoding (tiktoken), a character vocabulary, or a word
-vocabulary made from the training texts."""
-import re
-from collections import Counter
+"""Tokenizers, named by a dataset's meta.json: GPT-2's byte-pair encoding (tiktoken) or a character vocabulary."""
 
 import tiktoken
 
-from common import Error
+from lib.common import Error
 
 
 def get_tokenizer(spec):
-    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false}, {"type": "char", "chars": "..."} or
-    {"type": "words", "words": [...]}."""
+    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false} or {"type": "char", "chars": "..."}."""
     if spec["type"] == "char":
         return CharTokenizer(spec["chars"])
-    if spec["type"] == "words":
-        return WordTokenizer(spec["words"])
     return BPETokenizer(spec["encoding"], spec.get("lowercase", False))
 
 
@@ -58,29 +52,3 @@ class BPETokenizer:
 
     def decode(self, ids):
         return self.enc.decode(ids)
-
-
-class WordTokenizer:
-    """Lowercased words and punctuation marks, each a token, from a vocabulary made from the training texts (as a
-    bag-of-words model sees text): id 0 pads, id 1 stands for every word the vocabulary lacks."""
-    PATTERN = re.compile(r"\w+|[^\w\s]")
-
-    def __init__(self, words):
-        self.words, self.stoi = words, {w: i for i, w in enumerate(words)}
-        self.vocab_size, self.start_token, self.pad_token_id = len(words), 0, 0
-        self.spec = {"type": "words", "words": words}
-
-    @classmethod
-    def fit(cls, texts, min_count=2):
-        """The words of texts that occur at least min_count times, the most frequent first."""
-        counts = Counter(w for text in texts for w in cls.PATTERN.findall(text.lower()))
-        return cls(["<pad>", "<unk>"] + [w for w, n in counts.most_common() if n >= min_count])
-
-    def encode(self, text):
-        return [self.stoi.get(w, 1) for w in self.PATTERN.findall(text.lower())]
-
-    def encode_batch(self, texts):
-        return [self.encode(t) for t in texts]
-
-    def decode(self, ids):
-        return " ".join(self.words[i] for i in ids)

@@ -8,11 +8,13 @@ Benchmarks on one device, in one run; prints markdown tables ready to paste into
      for n = 128 ... 4096
   6. classifier training and inference examples/s
 Every figure is timed --repeats times after a warm-up; the tables show the best (min time) and the median.
-  python bench.py --quick                      under a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
-  python bench.py --json bench.json            the full run (6 to 7 minutes on 2 CPU cores)
-  python bench.py --device cuda --no-compile
-  python bench.py --profile config/shakespeare_char.py   where one training step spends its time, fp32 and bf16
-  python bench.py --time_to_loss config/shakespeare_char_cpu.py config/shakespeare_char_fast.py --repeats 3
+Usage, from the repository root (config paths are taken relative to it from any working directory):
+  python bench/speed.py --quick                under a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
+  python bench/speed.py --json bench.json      the full run (6 to 7 minutes on 2 CPU cores)
+  python bench/speed.py --device cuda --no-compile
+  python bench/speed.py --profile config/shakespeare_char.py   where one training step spends its time, fp32 and bf16
+  python bench/speed.py --time_to_loss config/shakespeare_char_cpu.py config/shakespeare_char_fast.py --repeats 3 \\
+      --png bench/figures/time_to_loss_cpu.png
                                                wall time to a validation loss, the runs side by side, and a plot
 """
 import argparse
@@ -32,12 +34,13 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from common import ArgumentParser, Error, cpu_has_bf16, matmul_flops, pick_device, run_script, sync
-from dataset import read_meta
-from records import pyplot, read_metrics
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from anywhere: the repository root
+sys.path.insert(0, ROOT)
+from lib.common import ArgumentParser, Error, cpu_has_bf16, matmul_flops, pick_device, run_script, sync
+from lib.batches import read_meta
+from lib.records import pyplot, read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, build_model
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
 META_FALLBACK = {"shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/meta.json was never prepared
                  "shakespeare": {"vocab_size": 50257}, "openwebtext": {"vocab_size": 50257},
@@ -362,12 +365,12 @@ def time_to_loss(runs, target, repeats, png):
     """Each run (a config file and --key=value overrides) as `python train.py RUN`, into a fresh out_dir, the runs
     taking turns repeats times, so a busy neighbour slows them alike. Per run: the wall time start to finish, the
     final validation loss and when (seconds since its process started) an evaluation first reached target."""
-    results = {run: [] for run in runs}
+    results, train = {run: [] for run in runs}, os.path.join(ROOT, "train.py")
     bar = tqdm(total=len(runs) * repeats, desc="time to loss", file=sys.stderr, dynamic_ncols=True)
     for _ in range(repeats):
         for run in runs:
             out_dir, t0 = tempfile.mkdtemp(prefix="time-to-loss-"), time.time()
-            r = subprocess.run([sys.executable, "train.py", *shlex.split(run), f"--out_dir={out_dir}",
+            r = subprocess.run([sys.executable, train, *shlex.split(run), f"--out_dir={out_dir}",
                                 "--overwrite_out_dir=True"], cwd=ROOT, capture_output=True, text=True)
             wall = time.time() - t0
             if r.returncode:
@@ -408,7 +411,7 @@ def plot_time_to_loss(results, target, png):
 
 
 def main(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="speed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cuda, cuda:1, mps or cpu")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per figure, after one warm-up")
     p.add_argument("--quick", action="store_true", help="2 repeats, n = 128 and 512, 100 new tokens, training batches "
@@ -432,7 +435,7 @@ def main(argv=None):
             with open(a.json, "w") as f:
                 json.dump({"machine": machine("cpu"), "target": a.target, "runs": results}, f, indent=2)
         return
-    json_path, profile = a.json and os.path.abspath(a.json), a.profile and os.path.abspath(a.profile)
+    json_path, profile = a.json and os.path.abspath(a.json), a.profile and os.path.join(ROOT, a.profile)
     if profile and not os.path.isfile(profile):
         p.error(f"--profile {a.profile}: no such config file (try config/shakespeare_char.py)")
     os.chdir(ROOT)  # config files exec other config files by relative path
@@ -444,7 +447,7 @@ def main(argv=None):
     # "first step with compiling" means a cold compile: inductor's on-disk caches would otherwise make reruns fast
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-"))
     repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
-    print(f"# bench.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
+    print(f"# speed.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
     configs = a.configs
     shapes = {cfg: load_shape(cfg) for cfg in configs}
     notes = [f"{cfg}: data/{c['dataset']} not prepared, so the vocabulary is a stand-in of {c['vocab_size']}"
@@ -504,4 +507,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_script(main, "bench.py")
+    run_script(main, "speed.py")

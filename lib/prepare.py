@@ -1,13 +1,11 @@
 """
-Data: reading labelled text, writing prepared datasets, checking them, and the batches drawn from them (the formats
-are documented in data/README.md).
+What the prepare scripts share (data/<name>/prepare.py): reading text and labelled rows (csv, parquet, jsonl), and
+writing a prepared dataset, meta.json last, in the formats of data/README.md:
   lm:        {split}.bin, every token id of the split in a row
   classify:  {split}.bin, the token ids of all rows in a row; {split}.offsets.npy, where each row starts (n + 1
              entries); {split}.labels.npy, one class id per row
   meta.json: task, tokenizer, vocab_size, dtype (uint16, or uint32 past 65,536 tokens), splits (tokens or rows per
              split); classify adds label_names, max_length and pad_token_id
-A step's global batch is a function of (seed, step) alone, and each process takes its slice of it: the data order
-survives a resume and does not depend on how many processes share the work.
 """
 import argparse
 import csv
@@ -17,14 +15,10 @@ import time
 import urllib.request
 
 import numpy as np
-import torch
 
-from common import ArgumentParser, Error, atomic_path, read_json, write_json
+from lib.common import ArgumentParser, Error, atomic_path, write_json
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
-
-
-# ------------------------------------------------------------------------------------------ reading labelled text
 
 def read_records(path):
     """(text, label) pairs of a .csv, .parquet or .jsonl file with columns text,label, as stored, unchecked; a jsonl
@@ -138,8 +132,6 @@ def read_text(source, url):
     return text
 
 
-# ------------------------------------------------------------------------------------------------ writing, checking
-
 def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
 
@@ -206,126 +198,3 @@ def write_classification_split(data_dir, split, rows, labels, dtype):
     save_array(os.path.join(data_dir, f"{split}.offsets.npy"), np.concatenate([[0], np.cumsum(lengths)]))
     save_array(os.path.join(data_dir, f"{split}.labels.npy"), np.asarray(labels, dtype=np.int64))
 
-
-def read_meta(data_dir):
-    return read_json(os.path.join(data_dir, "meta.json"), "dataset description (meta.json)")
-
-
-def check(ok, path, what):
-    if not ok:
-        raise Error(f"{path}: {what}; the data is damaged or from another version: run its prepare.py again")
-
-
-def load_array(path, **kw):
-    try:
-        return np.load(path, **kw) if path.endswith(".npy") else np.memmap(path, mode="r", **kw)
-    except (OSError, ValueError) as e:
-        raise Error(f"{path}: cannot read it ({type(e).__name__}); run the dataset's prepare.py again") from None
-
-
-# ------------------------------------------------------------------------------------------------------- batches
-
-def pad_batch(rows, pad_token_id):
-    """Token id lists -> (idx [B, width], attention_mask [B, width]), padded to the longest row: the mask is 1 on
-    real tokens, 0 on padding (Hugging Face's convention)."""
-    width = max(1, max(len(r) for r in rows))
-    idx = np.full((len(rows), width), pad_token_id, dtype=np.int64)
-    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        idx[i, :len(r)], attention_mask[i, :len(r)] = r, 1
-    return torch.from_numpy(idx), torch.from_numpy(attention_mask)
-
-
-class LMData:
-    """A token stream; a row is block_size tokens from a random offset, its targets the same shifted by one."""
-    best = ("val/loss", "min")  # the metric that picks the checkpoint to keep, and which way is better
-    labelled, unit = False, "tok"  # evaluations report accuracy for labelled data; the speed counts tokens
-
-    def __init__(self, data_dir, split, block_size, meta):
-        self.meta, self.block_size = meta, block_size
-        path = os.path.join(data_dir, f"{split}.bin")
-        self.tokens = load_array(path, dtype=meta["dtype"])
-        check(len(self.tokens) == meta["splits"][split], path, f"{len(self.tokens):,} tokens, meta.json says "
-              f"{meta['splits'][split]:,}")
-        if len(self.tokens) <= block_size:
-            raise Error(f"{path} holds {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}: use "
-                        f"a smaller block_size or more text")
-        if len(self.tokens) <= 1 << 28:  # a full scan up to 256M tokens (a second or two); the length is checked always
-            check(int(self.tokens.max()) < meta["vocab_size"], path, f"token ids reach {int(self.tokens.max())}, "
-                  f"past vocab_size {meta['vocab_size']}")
-
-    def rows(self, seed, step, n):
-        return np.random.default_rng([seed, step]).integers(0, len(self.tokens) - self.block_size, n)
-
-    def eval_rows(self, n):
-        return self.rows(seed=2 ** 31 - 1, step=0, n=n)  # the same n rows at every evaluation
-
-    def batch(self, rows):
-        x = np.stack([self.tokens[i:i + self.block_size] for i in rows]).astype(np.int64)
-        y = np.stack([self.tokens[i + 1:i + 1 + self.block_size] for i in rows]).astype(np.int64)
-        return {"idx": torch.from_numpy(x), "targets": torch.from_numpy(y)}
-
-    @staticmethod
-    def count(batch):
-        """What the throughput counts: tokens."""
-        return batch["idx"].numel()
-
-
-class ClassificationData:
-    """Labelled rows, read in epochs (a fresh permutation each); a batch is padded to its own longest row."""
-    best = ("val/accuracy", "max")
-    labelled, unit = True, "ex"  # the speed counts examples
-
-    def __init__(self, data_dir, split, block_size, meta):
-        self.meta, self.block_size = meta, block_size
-        path = os.path.join(data_dir, split)
-        self.tokens = load_array(path + ".bin", dtype=meta["dtype"])
-        self.offsets, self.labels = load_array(path + ".offsets.npy"), load_array(path + ".labels.npy")
-        n = meta["splits"][split]
-        check(len(self.labels) == n, path + ".labels.npy", f"{len(self.labels):,} labels for {n:,} rows")
-        check(len(self.offsets) == n + 1 and self.offsets[0] == 0 and (np.diff(self.offsets) >= 0).all(),
-              path + ".offsets.npy", f"not {n + 1:,} rising offsets from 0")
-        check(self.offsets[-1] == len(self.tokens), path + ".bin", f"{len(self.tokens):,} tokens, the offsets "
-              f"say {self.offsets[-1]:,}")
-        check(len(self.tokens) == 0 or int(self.tokens.max()) < meta["vocab_size"], path + ".bin",
-              f"token ids past vocab_size {meta['vocab_size']}")
-        check(n == 0 or 0 <= self.labels.min() and self.labels.max() < len(meta["label_names"]), path + ".labels.npy",
-              f"labels outside 0..{len(meta['label_names']) - 1}")
-        if n == 0:
-            raise Error(f"{path}: the {split} split has no rows: prepare it from more data")
-        self._epoch = (None, None)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def rows(self, seed, step, n):
-        """Rows step * n ... (step + 1) * n - 1 of an endless stream of epochs, each a permutation of (seed, epoch)."""
-        out = []
-        for position in range(step * n, (step + 1) * n):
-            epoch = position // len(self)
-            if self._epoch[0] != epoch:
-                self._epoch = (epoch, np.random.default_rng([seed, epoch]).permutation(len(self)))
-            out.append(self._epoch[1][position % len(self)])
-        return np.array(out)
-
-    def eval_rows(self, n):
-        return np.arange(min(n, len(self)))  # in order, each row once
-
-    def batch(self, rows):
-        seqs = [self.tokens[self.offsets[i]:self.offsets[i + 1]][:self.block_size] for i in rows]
-        idx, attention_mask = pad_batch(seqs, self.meta["pad_token_id"])
-        return {"idx": idx, "attention_mask": attention_mask, "labels": torch.from_numpy(self.labels[rows])}
-
-    @staticmethod
-    def count(batch):
-        """What the throughput counts: examples."""
-        return len(batch["idx"])
-
-
-def load_split(data_dir, split, block_size):
-    """The split's reader for the task that meta.json names, its files checked against meta.json."""
-    meta = read_meta(data_dir)
-    if split not in meta.get("splits", {}):
-        raise Error(f"{data_dir}: no {split} split in meta.json (it has {sorted(meta.get('splits', {}))}): run its "
-                    f"prepare.py again")
-    return (LMData if meta["task"] == "lm" else ClassificationData)(data_dir, split, block_size, meta)
