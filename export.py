@@ -5,7 +5,7 @@ GPT2LMHeadModel (AutoModelForCausalLM, pipeline("text-generation")):
 writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv1D weights are [in, out]),
 generation_config.json, a model card (README.md) and, for GPT-2's BPE, the tokenizer files (vocab.json, merges.txt),
 which give the same ids as tiktoken. A character-level model exports its weights; its tokenizer is this project's.
-Options GPT-2 does not have (rotary, RMSNorm, ...) cannot be expressed in its layout: such a model is refused.
+Options GPT-2 does not have (rotary positions, QK-norm) cannot be expressed in its layout: such a model is refused.
 """
 import argparse
 import os
@@ -14,11 +14,10 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from common import ArgumentParser, Error, atomic_path, run_script, write_json
+from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
 from model import from_checkpoint
 
-GPT2_LAYOUT = {"rope": False, "rmsnorm": False, "qk_norm": False, "relu2": False, "tie_embeddings": True,
-               "logit_softcap": 0.0}  # the options' values that GPT-2's layout can hold
+GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
 
 
 def hf_state_dict(model):
@@ -30,7 +29,8 @@ def hf_state_dict(model):
             continue  # tied to wte: transformers ties it again on load
         hf = "transformer." + name.replace("blocks.", "h.").replace(".qkv.", ".c_attn.").replace(".proj.", ".c_proj.")
         hf = hf.replace(".fc.", ".c_fc.")
-        state[hf] = tensor.t().contiguous() if hf.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else tensor
+        conv1d = hf.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+        state[hf] = tensor.t().contiguous() if conv1d else tensor
     for name in list(state):
         if name.endswith(".weight") and name.split(".")[-2] in ("ln_1", "ln_2", "ln_f", "c_attn", "c_proj", "c_fc"):
             bias = name[:-len("weight")] + "bias"
@@ -71,14 +71,17 @@ def bpe_files(encoding):
 def model_card(info, config):
     metrics = info.get("metrics", {})
     command = " ".join(info.get("command") or ["(not recorded)"])
+    bpe = info["tokenizer"]["type"] == "bpe"
+    tokenizer = " (GPT-2 BPE, tiktoken r50k_base)" if bpe else " (characters: not a Hugging Face tokenizer)"
     return "\n".join([
         "---", "library_name: transformers", "pipeline_tag: text-generation", "tags: [gpt2, gpt-starter]", "---", "",
         f"# {info.get('dataset', 'a')} GPT ({config.n_layer} layers, {config.n_head} heads, d = {config.n_embd})", "",
-        f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py on the `{info.get('dataset')}` data "
-        f"set, exported to the GPT-2 layout by its export.py. Validation metrics of this checkpoint (the best one):", "",
+        f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py on the `{info.get('dataset')}`"
+        " data set, exported to the GPT-2 layout by its export.py. Validation metrics of this checkpoint (the best"
+        " one):", "",
         "| | |", "|---|---|",
         f"| context | {config.block_size} tokens |", f"| vocabulary | {config.vocab_size} |",
-        f"| tokenizer | {info['tokenizer']['type']}{' (GPT-2 BPE, tiktoken r50k_base)' if info['tokenizer']['type'] == 'bpe' else ' (characters: not a Hugging Face tokenizer)'} |",
+        f"| tokenizer | {info['tokenizer']['type']}{tokenizer} |",
         *[f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()],
         "", "Trained with:", "", "```", command, "```", ""])
 
@@ -87,10 +90,10 @@ def export(out_dir, hf_dir):
     model, info = from_checkpoint(out_dir)
     if info["architecture"] != "GPT":
         raise Error(f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT")
-    c = model.config
+    config = model.config
     for option, value in GPT2_LAYOUT.items():
-        if getattr(c, option) != value:
-            raise Error(f"{out_dir}: {option}={getattr(c, option)!r} has no place in GPT-2's layout (it needs "
+        if getattr(config, option) != value:
+            raise Error(f"{out_dir}: {option}={getattr(config, option)!r} has no place in GPT-2's layout (it needs "
                         f"{option}={value!r}); such a model loads with this project's from_checkpoint only")
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
@@ -100,10 +103,11 @@ def export(out_dir, hf_dir):
     bpe = info["tokenizer"]["type"] == "bpe"
     eos = 50256 if bpe else None
     write_json(os.path.join(hf_dir, "config.json"), {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
-        "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head,
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": config.vocab_size,
+        "n_positions": config.block_size, "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head,
         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0, "tie_word_embeddings": True, "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"})
+        "attn_pdrop": 0.0, "tie_word_embeddings": True, "bos_token_id": eos, "eos_token_id": eos,
+        "torch_dtype": "float32"})
     write_json(os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos})
     if bpe:
         import tiktoken
@@ -113,24 +117,24 @@ def export(out_dir, hf_dir):
         with atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
         write_json(os.path.join(hf_dir, "tokenizer_config.json"), {
-            "tokenizer_class": "GPT2Tokenizer", "model_max_length": c.block_size, "bos_token": "<|endoftext|>",
+            "tokenizer_class": "GPT2Tokenizer", "model_max_length": config.block_size, "bos_token": "<|endoftext|>",
             "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False})
         tokenizer = "GPT-2's BPE (vocab.json, merges.txt): AutoTokenizer gives tiktoken's ids"
     else:
         tokenizer = (f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
-                     f"{info['tokenizer']['chars']!r} (this project's tokenizer.CharTokenizer)")
+                     f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)")
     with atomic_path(os.path.join(hf_dir, "README.md")) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(model_card(info, c))
+        f.write(model_card(info, config))
     print(f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; tokenizer: {tokenizer}",
           file=sys.stderr)
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", required=True, help="a GPT checkpoint written by train.py")
-    p.add_argument("--hf_dir", required=True, help="the folder to write the Hugging Face model into")
-    a = p.parse_args(argv)
-    export(a.out_dir, a.hf_dir)
+    parser = ArgumentParser(prog="export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out_dir", required=True, help="a GPT checkpoint written by train.py")
+    parser.add_argument("--hf_dir", required=True, help="the folder to write the Hugging Face model into")
+    args = parser.parse_args(argv)
+    export(args.out_dir, args.hf_dir)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ The models, in one file. Attention is written once; one Block is built on it; tw
   EncoderClassifier  a bidirectional encoder: padding mask, mean pooling over real tokens, a class head
 The math follows the course notes: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, d_k the size of one head.
 To try an idea in attention, edit attention() and train with attn_impl="explicit": that is the path which then runs.
-The modern options (rotary, RMSNorm, QK-norm, ReLU^2, untied head, logit soft-cap, zero-init projections) are each
-off by default, so the defaults are GPT-2 and load OpenAI's weights exactly.
+Two options from later models, rotary position embeddings and QK-norm, are off by default: the defaults are GPT-2's
+layout and load OpenAI's weights exactly.
 """
 import math
 import os
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import Error, atomic_path, read_json, write_json
+from lib.common import Error, atomic_path, read_json, write_json
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's weights on the Hugging Face hub
 # Attention kernels for calls whose lengths change from one call to the next (decoding token by token, batches padded
@@ -44,12 +44,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linears and LayerNorms, as GPT-2; False is a little faster and no worse
     attn_impl: str = "sdpa"  # sdpa: F.scaled_dot_product_attention (fused); explicit: attention() below, the math
     rope: bool = False  # rotary position embeddings (RoFormer) instead of the learned position table
-    rmsnorm: bool = False  # RMSNorm (no mean, no bias) instead of LayerNorm
     qk_norm: bool = False  # RMS-normalise each head's queries and keys before the scores (stabler at high lr)
-    relu2: bool = False  # MLP activation ReLU(x)^2 instead of GELU (Primer; the modded-nanogpt speedrun)
-    tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: a separate head matrix
-    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap) (Gemma 2, the speedrun); 0 = off
-    zero_init: bool = False  # residual output projections start at zero: each block starts as the identity
 
 
 @dataclass
@@ -105,12 +100,12 @@ class MultiHeadAttention(nn.Module):
         keys and values (decoding), extended in place. need_weights also returns the maps (the explicit path).
         rope: the (cos, sin) of rotation() for these positions, with config.rope."""
         B, T, C = x.shape
-        c = self.config
-        q, k, v = self.qkv(x).view(B, T, 3, c.n_head, C // c.n_head).permute(2, 0, 3, 1, 4)  # 3 x [B, h, T, d_k]
-        if c.qk_norm:
+        config, h = self.config, self.config.n_head
+        q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)  # 3 x [B, h, T, d_k]
+        if config.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         start = cache["k"].size(2) if cache else 0  # the position of the first new token
-        if c.rope:
+        if config.rope:
             rope = rope or rotation(start, T, q.size(-1), x.device)
             q, k = rotary(q, *rope), rotary(k, *rope)
         if cache is not None:
@@ -118,12 +113,12 @@ class MultiHeadAttention(nn.Module):
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
         causal = causal and T > 1  # one new query may see every key before it
-        explicit = need_weights or c.attn_impl == "explicit"
+        explicit = need_weights or config.attn_impl == "explicit"
         if causal and (mask is not None or start or explicit):
             # spell the triangle out: query i sits at position start + i and sees keys up to there
             tri = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
             mask, causal = (tri if mask is None else mask & tri), False
-        dropout_p = c.dropout if self.training else 0.0
+        dropout_p = config.dropout if self.training else 0.0
         if explicit:
             y, weights = attention(q, k, v, mask, dropout_p)
         else:
@@ -133,32 +128,30 @@ class MultiHeadAttention(nn.Module):
         return self.resid_dropout(self.proj(y)), weights
 
 
-def norm(config):
-    return nn.RMSNorm(config.n_embd) if config.rmsnorm else nn.LayerNorm(config.n_embd, bias=config.bias)
-
-
 class Block(nn.Module):
     """Pre-norm block: x + Attention(LN(x)), then x + FFN(LN(x)). Causal is a flag, not a second class."""
 
     def __init__(self, config, causal):
         super().__init__()
-        d, self.causal, self.relu2 = config.n_embd, causal, config.relu2
-        self.ln_1 = norm(config)
+        d, self.causal = config.n_embd, causal
+        self.ln_1 = nn.LayerNorm(d, bias=config.bias)
         self.attn = MultiHeadAttention(config)
-        self.ln_2 = norm(config)
-        self.mlp = nn.ModuleDict(dict(fc=nn.Linear(d, 4 * d, bias=config.bias), proj=nn.Linear(4 * d, d, bias=config.bias)))
+        self.ln_2 = nn.LayerNorm(d, bias=config.bias)
+        self.mlp = nn.ModuleDict(dict(fc=nn.Linear(d, 4 * d, bias=config.bias),
+                                      proj=nn.Linear(4 * d, d, bias=config.bias)))
         self.mlp_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, cache=None, need_weights=False, rope=None):
-        a, weights = self.attn(self.ln_1(x), mask, self.causal, cache, need_weights, rope)
-        x = x + a
-        h = self.mlp.fc(self.ln_2(x))
-        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")  # GPT-2's GELU: its weights load exactly
-        return x + self.mlp_dropout(self.mlp.proj(h)), weights
+        attended, weights = self.attn(self.ln_1(x), mask, self.causal, cache, need_weights, rope)
+        x = x + attended
+        hidden = F.gelu(self.mlp.fc(self.ln_2(x)), approximate="tanh")  # GPT-2's GELU: its weights load exactly
+        return x + self.mlp_dropout(self.mlp.proj(hidden)), weights
 
 
 class Transformer(nn.Module):
-    """What both models share: token (+ learned position) embeddings, n_layer Blocks, a final norm."""
+    """What both models share, the body: token (+ learned position) embeddings, n_layer Blocks, a final norm. Each
+    model adds its head, and overrides the hooks below where its head changes what they count, group or load."""
+    OWN_MODULES = ()  # the model's modules outside the body: load_body starts them afresh
 
     def __init__(self, config, causal):
         super().__init__()
@@ -167,16 +160,16 @@ class Transformer(nn.Module):
         self.wpe = None if config.rope else nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, causal) for _ in range(config.n_layer))
-        self.ln_f = norm(config)
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
 
     def init_weights(self):
         """nanoGPT's init: N(0, 0.02) everywhere, the residual projections scaled by 1/sqrt(2 n_layer) so that the
-        residual stream's variance does not grow with depth (or zero, with zero_init)."""
+        residual stream's variance does not grow with depth."""
         for module in self.modules():
             init_module(module)
         for name, p in self.named_parameters():
             if name.startswith("blocks.") and name.endswith("proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.0 if self.config.zero_init else 0.02 / math.sqrt(2 * self.config.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
         """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones)."""
@@ -196,33 +189,38 @@ class Transformer(nn.Module):
         return self.ln_f(x), maps
 
     def num_params(self, non_embedding=True):
-        """Parameters, counted once (a tied head is the token embedding); by default without the position table."""
+        """Parameters, a tensor shared by two modules counted once; by default without the position table."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
+    def lookup_tables(self):
+        """The embedding tables whose rows are looked up, not multiplied: the position table; a model adds its own."""
+        return [] if self.wpe is None else [self.wpe]
+
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token: 6 per weight it meets in a matmul (forward + backward), plus 12 L d T for the
-        attention scores. Embedding rows are looked up, not multiplied; a tied table is multiplied, as the head."""
-        c = self.config
-        tied = getattr(self, "lm_head", None) is not None and self.lm_head.weight is self.wte.weight
-        looked_up = (None if tied else self.wte, self.wpe, getattr(self, "bow", None))
-        tables = [m for m in looked_up if m is not None]
-        lookups = sum(m.weight.numel() for m in tables)
-        return 6 * (self.num_params(non_embedding=False) - lookups) + 12 * c.n_layer * c.n_embd * seq_len
+        """Training FLOPs per token: 6 per weight it meets in a matmul (2 forward, 4 backward), the weight matrices
+        less lookup_tables(), plus 12 L d T for the attention scores and their weighted sum of the values. Biases and
+        norm gains, a rounding, are left out."""
+        matrices = sum(p.numel() for p in self.parameters() if p.dim() == 2)
+        looked_up = sum(table.weight.numel() for table in self.lookup_tables())
+        return 6 * (matrices - looked_up) + 12 * self.config.n_layer * self.config.n_embd * seq_len
+
+    def optimizer_groups(self):
+        """AdamW parameter groups with settings of their own, beside the two that configure_optimizers builds."""
+        return []
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer="adamw"):
         """A list of optimizers. adamw: AdamW with two groups, matrices and embeddings decay, biases and norm gains
-        do not. muon: torch.optim.Muon (orthogonalised momentum) for the 2-D weights inside the blocks, AdamW for
-        the rest; Muon's update is scaled to AdamW's size (match_rms_adamw), so one learning rate serves both."""
-        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
-        hidden = [p for n, p in params.items() if n.startswith("blocks.") and p.dim() == 2] if optimizer == "muon" else []
-        bow = [p for n, p in params.items() if n == "bow.weight"]
-        rest = [p for p in params.values() if all(p is not q for q in hidden + bow)]
+        do not, and the model's optimizer_groups(). muon: torch.optim.Muon (orthogonalised momentum) for the 2-D
+        weights inside the blocks, AdamW for the rest; Muon's update is scaled to AdamW's size (match_rms_adamw), so
+        one learning rate serves both."""
+        hidden = [p for p in self.blocks.parameters() if optimizer == "muon" and p.requires_grad and p.dim() == 2]
+        own = self.optimizer_groups()
+        taken = {id(p) for p in hidden} | {id(p) for group in own for p in group["params"]}
+        rest = [p for p in self.parameters() if p.requires_grad and id(p) not in taken]
         groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-        if bow:  # a linear model's rows, each met only by the rows that hold its token: fastText's rate, no decay
-            groups.append({"params": bow, "weight_decay": 0.0, "lr_scale": self.BOW_LR_SCALE})
-        # fused: each tensor updated in one pass over memory, not a dozen elementwise ops (2.4x to 5.8x on our CPU)
+                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}, *own]
+        # fused: each tensor's whole update in one kernel, one pass over its memory (timings: BENCHMARKS.md)
         optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))]
         if hidden:
             optimizers.append(torch.optim.Muon(hidden, lr=learning_rate, weight_decay=weight_decay,
@@ -240,44 +238,55 @@ class Transformer(nn.Module):
 
     def load_weights(self, state, new=()):
         """Load a state dict in place of the current tensors (assign: a model built on the meta device takes the
-        loaded tensors without a second copy in memory); ties the head again where it is tied. new: modules that
-        start afresh instead (a classifier's head on a pretrained GPT)."""
+        loaded tensors without a second copy in memory). new: modules that start afresh instead."""
         for name in new:
             module = self.get_submodule(name)
             module.to_empty(device="cpu")
             init_module(module)
             state = {**state, **{f"{name}.{k}": v for k, v in module.state_dict().items()}}
-        tied = isinstance(self, GPT) and self.config.tie_embeddings
-        if tied and "lm_head.weight" in state:  # save_model keeps one name of a shared tensor, at times the head's
-            state.setdefault("wte.weight", state.pop("lm_head.weight"))
         missing, unexpected = self.load_state_dict(state, strict=False, assign=True)
-        if tied:
-            self.lm_head.weight = self.wte.weight
-            missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise Error(f"the weights do not fit the model: missing {sorted(missing)[:3]}, unexpected "
                         f"{sorted(unexpected)[:3]}")
         return self
 
+    def load_body(self, state):
+        """Start from a pretrained GPT: of its state dict, the body's tensors are taken over (the position table cut
+        to this block_size: a shorter context keeps the first positions), its head is not, and this model's
+        OWN_MODULES start afresh. Returns self."""
+        body = {k: v for k, v in state.items() if k.split(".")[0] in ("wte", "wpe", "blocks", "ln_f")}
+        if "wpe.weight" in body:
+            body["wpe.weight"] = body["wpe.weight"][:self.config.block_size]
+        return self.load_weights(body, new=[name for name in self.OWN_MODULES if getattr(self, name) is not None])
+
 
 class GPT(Transformer):
+    """The causal decoder language model: the body, then an LM head tied to the token embedding, as GPT-2's."""
+
     def __init__(self, config):
         super().__init__(config, causal=True)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            self.lm_head.weight = self.wte.weight  # tied: reading a token and writing it share one table
+        self.lm_head.weight = self.wte.weight  # tied: reading a token and writing it share one table
         self.init_weights()
 
     def forward(self, idx, targets=None, cache=None):
         """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy against targets, or None; -1 targets ignored)."""
         x, _ = self.hidden_states(idx, cache=cache)
         logits = self.lm_head(x)
-        if self.config.logit_softcap > 0:
-            logits = self.config.logit_softcap * torch.tanh(logits.float() / self.config.logit_softcap)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
         return logits, loss
+
+    def load_weights(self, state, new=()):
+        """The base's load, then the head tied again (assign gives the two modules a tensor each). save_model keeps
+        one name of the shared tensor, at times the head's: either name fills both."""
+        table = state.get("wte.weight", state.get("lm_head.weight"))
+        if table is not None:
+            state = {**state, "wte.weight": table, "lm_head.weight": table}
+        super().load_weights(state, new)
+        self.lm_head.weight = self.wte.weight
+        return self
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, next_token=None, use_cache=True):
@@ -313,14 +322,16 @@ class GPT(Transformer):
                 raise Error(f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}")
             from huggingface_hub import snapshot_download
 
-            path = snapshot_download(f"openai-community/{name_or_dir}", allow_patterns=["model.safetensors", "config.json"])
+            path = snapshot_download(f"openai-community/{name_or_dir}",
+                                     allow_patterns=["model.safetensors", "config.json"])
         hf = read_json(os.path.join(path, "config.json"), "Hugging Face config")
         try:
             config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
                                n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=dropout, bias=True)
             loaded = load_file(os.path.join(path, "model.safetensors"))
         except Exception as e:
-            raise Error(f"{path} is not a GPT-2 checkpoint in the Hugging Face layout ({type(e).__name__}: {e})") from None
+            raise Error(f"{path} is not a GPT-2 checkpoint in the Hugging Face layout "
+                        f"({type(e).__name__}: {e})") from None
         state = {}
         for key in list(loaded):
             tensor = loaded.pop(key)  # dropped from the loaded dict as it moves: one copy at a time
@@ -342,12 +353,23 @@ class EncoderClassifier(Transformer):
     Mean pooling rather than a CLS token: every real token gets a gradient from the loss, which trains faster and
     better for small models learned from scratch; a CLS token must first learn to gather the sentence."""
     BOW_LR_SCALE = 200  # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
+    OWN_MODULES = ("head", "bow")
 
     def __init__(self, config):
         super().__init__(config, causal=False)
         self.head = nn.Linear(config.n_embd, config.n_classes)
         self.bow = nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes) if config.bow_head else None
         self.init_weights()
+
+    def lookup_tables(self):
+        """The token table too (the class head is not tied to it), and bow's."""
+        return super().lookup_tables() + [table for table in (self.wte, self.bow) if table is not None]
+
+    def optimizer_groups(self):
+        """bow's table: a linear model's rows, each met only by the batches that hold its feature, learn at fastText's
+        far higher rate, without decay."""
+        return [] if self.bow is None else [{"params": [self.bow.weight], "weight_decay": 0.0,
+                                             "lr_scale": self.BOW_LR_SCALE}]
 
     def bow_logits(self, idx, real):
         """fastText's linear classifier [B, n_classes]: one weight row per real token and, with bow_buckets, one per
@@ -361,49 +383,27 @@ class EncoderClassifier(Transformer):
             features, real = torch.cat([idx, bigrams], 1), torch.cat([real, real], 1)
         return (self.bow(features).float() * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True).clamp(min=1).sqrt()
 
-    def encode(self, idx, real, need_weights=False):
-        """(hidden states [B, n, d], maps) of idx, the keys where real [B, n] is False (padding) hidden. Padded
-        lengths change from batch to batch: no cuDNN attention (VARYING_LENGTHS)."""
-        with sdpa_kernel(VARYING_LENGTHS):
-            return self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
-
-    def forward(self, idx, attention_mask=None, labels=None, need_weights=False, mlm_vocab=None):
+    def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
         """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face), by default
-        idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the attention maps if need_weights.
-        With mlm_vocab: (None, the masked language modelling loss) instead, for pretraining (see masked_lm_loss)."""
+        idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the attention maps if need_weights."""
         real = (idx != self.config.pad_token_id) if attention_mask is None else attention_mask.bool()
-        if mlm_vocab is not None:
-            return None, self.masked_lm_loss(idx, real, mlm_vocab)
         if self.training and self.config.token_dropout > 0:  # hidden tokens read as padding: a shorter text
             kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
             # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
-        x, maps = self.encode(idx, real, need_weights)
+        with sdpa_kernel(VARYING_LENGTHS):  # padded lengths change from batch to batch: no cuDNN attention
+            x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)  # padding keys hidden
         weights = real.unsqueeze(-1).to(x.dtype)
         logits = self.head((x * weights).sum(1) / weights.sum(1).clamp(min=1)).float()  # mean over real tokens
         loss = None if labels is None else F.cross_entropy(logits, labels)
         if self.bow is not None:
             # Two classifiers side by side on the same batches, each trained by its own loss, and their probabilities
-            # multiplied: an ensemble of unlike models. Trained jointly instead, on the sum of their logits, they scored
-            # 0.2 to 0.9 points lower on val (BENCHMARKS.md).
+            # multiplied: an ensemble of unlike models, which scores above the two trained jointly on the sum of their
+            # logits (BENCHMARKS.md).
             bow = self.bow_logits(idx, real)
             loss = None if labels is None else (loss + F.cross_entropy(bow, labels)) / 2
             logits = F.log_softmax(logits, -1) + F.log_softmax(bow, -1)
         return (logits, loss, maps) if need_weights else (logits, loss)
-
-
-    def masked_lm_loss(self, idx, real, vocab):
-        """BERT's pretraining on the texts themselves: 15% of the real tokens are replaced by the padding token (never
-        attended to as padding, it reads as [MASK] where it is a real position) and predicted from the rest, through
-        the token embedding (tied, as GPT's head). The softmax runs over vocab, the ids that occur in the training
-        data (a few thousand), not over all of GPT-2's 50,257, which would cost far more than the model itself."""
-        masked = real & (torch.rand(real.shape, device=idx.device) < 0.15)
-        inputs = idx.masked_fill(masked, self.config.pad_token_id)
-        x, _ = self.encode(inputs, real)
-        position = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=idx.device)
-        position[vocab] = torch.arange(len(vocab), device=idx.device)  # token id -> its row among vocab
-        logits = x[masked] @ self.wte.weight[vocab].t()
-        return F.cross_entropy(logits.float(), position[idx[masked]])
 
 
 ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}
