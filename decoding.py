@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from common import Error
+from lib.common import Error
 
 NEG_INF = float("-inf")
 
@@ -74,6 +74,11 @@ def top_p(logits, p):
     return logits.masked_fill(probs < cutoff, NEG_INF)
 
 
+# the strategies by their option names, for make_next_token, whose keyword arguments take those names
+STRATEGIES = dict(frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                  repetition_penalty=repetition_penalty, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
 def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0.0, presence_penalty=0.0,
                     repetition_penalty=1.0, no_repeat_ngram_size=0, greedy=False, generator=None):
     """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate. The order: the penalties and n-gram blocking
@@ -96,14 +101,14 @@ def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0
             raise Error(message)
     greedy = greedy or temperature == 0
     on_context = [(f, v) for f, v, active in [  # f(logits, context, v)
-        (_frequency_penalty, frequency_penalty, frequency_penalty != 0),
-        (_presence_penalty, presence_penalty, presence_penalty != 0),
-        (_repetition_penalty, repetition_penalty, repetition_penalty != 1),
+        (STRATEGIES["frequency_penalty"], frequency_penalty, frequency_penalty != 0),
+        (STRATEGIES["presence_penalty"], presence_penalty, presence_penalty != 0),
+        (STRATEGIES["repetition_penalty"], repetition_penalty, repetition_penalty != 1),
         (no_repeat_ngram, no_repeat_ngram_size, no_repeat_ngram_size > 0)] if active]
     on_logits = [(f, v) for f, v, active in [  # f(logits, v)
-        (_temperature, temperature, temperature != 1),
-        (_top_k, top_k, top_k is not None),
-        (_top_p, top_p, top_p is not None and top_p < 1)] if active and not greedy]
+        (STRATEGIES["temperature"], temperature, temperature != 1),
+        (STRATEGIES["top_k"], top_k, top_k is not None),
+        (STRATEGIES["top_p"], top_p, top_p is not None and top_p < 1)] if active and not greedy]
 
     def process(logits, context):
         for f, v in on_context:
@@ -126,8 +131,3 @@ def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0
 
     next_token.process = process
     return next_token
-
-
-# make_next_token's keyword arguments shadow the functions of the same names; these aliases reach the functions
-_frequency_penalty, _presence_penalty, _repetition_penalty = frequency_penalty, presence_penalty, repetition_penalty
-_temperature, _top_k, _top_p = temperature, top_k, top_p

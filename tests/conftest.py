@@ -15,3 +15,7 @@ elif os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach a server
 
 needs_shared = pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"needs the shared data folder {SHARED}")
+
+# a model and schedule small enough for a training run in a fraction of a second, in float32 on the CPU
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
+        "--dtype=float32", "--device=cpu", "--warmup_iters=2", "--lr_decay_iters=10", "--learning_rate=1e-2"]

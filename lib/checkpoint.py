@@ -1,0 +1,106 @@
+"""
+What a run keeps in its out_dir besides records: the lock that gives one run the folder, the trainer state
+(trainer_state.pt: model, optimizers, step, best metric, settings) that init_from=resume continues exactly, and what
+config.json says beside the best model.
+"""
+import os
+import socket
+import sys
+from contextlib import contextmanager
+
+import torch
+
+from lib.common import Error, atomic_path
+
+# the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
+SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "qk_norm", "bow_head", "bow_buckets")
+KEPT_ON_RESUME = SHAPE + ("task", "optimizer")
+
+
+@contextmanager
+def locked_out_dir(out_dir, new_run):
+    """Make out_dir and hold a lock on it for the run (flock: the OS releases it when the process dies, kill -9
+    included); a new run (new_run: not a resume) never replaces a checkpoint that is there."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, ".lock"), "a+")
+    except OSError as e:
+        raise Error(f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir") from None
+    try:
+        import fcntl  # POSIX; elsewhere runs are not locked
+
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass
+    except OSError:
+        lock.seek(0)
+        raise Error(f"out_dir {out_dir!r} is in use by another run ({lock.read().strip() or 'pid ?'}): wait for it "
+                    f"to end, or pick another --out_dir") from None
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
+    lock.flush()
+    try:
+        saved = [f for f in ("model.safetensors", "trainer_state.pt") if os.path.exists(os.path.join(out_dir, f))]
+        if saved and new_run:
+            raise Error(f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it with "
+                        f"--init_from=resume, replace it with --overwrite_out_dir=True, or pick another --out_dir")
+        yield
+    finally:
+        lock.close()
+
+
+def resume(settings, given):
+    """The trainer state in out_dir, its run's settings taken into settings: only the keys given now override them,
+    never the model's shape or the optimizer. Loaded with mmap: the file is read as the tensors are used. init_from
+    becomes where the run began (scratch, or the weights it started from), which it stays through every resume."""
+    path = os.path.join(settings.out_dir, "trainer_state.pt")
+    if not os.path.isfile(path):
+        raise Error(f"init_from=resume but {path} does not exist: train with init_from=scratch first")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        saved = state["config"]
+    except Exception as e:
+        raise Error(f"cannot resume from {path} ({type(e).__name__}): not a trainer state that train.py wrote") from None
+    if saved["init_from"] != "scratch":  # the shape came from pretrained weights, not from the keys given
+        given = given - set(SHAPE)
+    current = vars(settings)
+    changed = [f"{k}={saved[k]!r} there, {current[k]!r} here" for k in KEPT_ON_RESUME if k in given and saved[k] != current[k]]
+    if changed:
+        raise Error(f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}")
+    current.update({k: v for k, v in saved.items() if k in current and (k not in given or k == "init_from")})
+    return state
+
+
+def save_state(out_dir, model, optimizers, scaler, progress):
+    """The whole trainer state in one file, written atomically (a crash mid-write leaves the previous one). progress:
+    step, best, seconds and the run's settings (config)."""
+    state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+             "scaler": scaler.state_dict(), **progress}
+    with atomic_path(os.path.join(out_dir, "trainer_state.pt")) as tmp:
+        torch.save(state, tmp)
+
+
+def restore(state, optimizers, scaler):
+    """(step, best metric or None, seconds so far) of a resumed state, its optimizer states loaded; from scratch
+    (0, None, 0.0).
+    fp16's loss scale carries over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which an enabled
+    one cannot load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
+    if state is None:
+        return 0, None, 0.0
+    for optimizer, saved in zip(optimizers, state["optimizers"]):
+        optimizer.load_state_dict(saved)
+    if scaler.is_enabled() and state["scaler"]:
+        scaler.load_state_dict(state["scaler"])
+    return state["step"], state["best"], state.get("seconds", 0.0)
+
+
+def model_card(settings, meta):
+    """What config.json says beside the model: task, data, tokenizer, the command; a classifier's label names, also
+    as Hugging Face's id2label and label2id."""
+    card = {"task": settings.task, "dataset": settings.dataset, "init_from": settings.init_from,
+            "tokenizer": meta["tokenizer"], "command": ["torchrun ..." if "RANK" in os.environ else "python"] + sys.argv}
+    if settings.task == "classify":
+        names = meta["label_names"]
+        card.update(label_names=names, max_length=meta["max_length"], id2label=dict(enumerate(names)),
+                    label2id={name: i for i, name in enumerate(names)})
+    return card

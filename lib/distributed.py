@@ -1,0 +1,123 @@
+"""
+The processes of a run: where each runs and as which rank (Run, from started()), and what may stop them between steps
+(StepGuard): a signal, a NaN, or another rank's stop. One process, or one of torchrun's group (DDP: NCCL on CUDA,
+gloo on the CPU).
+"""
+import math
+import os
+import signal
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from lib.common import Error, pick_device, resolve_dtype
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a run resolves at start-up and keeps to the end: this process's device, the dtype that auto (or the
+    dtype asked for) means there, and its place in the group."""
+    device: str  # cpu, cuda:3, mps
+    dtype: str  # float32, bfloat16 or float16: the autocast dtype
+    ddp: bool = False  # one of torchrun's processes
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def master(self):
+        """The process that logs and saves."""
+        return self.rank == 0
+
+    @property
+    def device_type(self):
+        return self.device.split(":")[0]
+
+    @property
+    def device_ids(self):
+        """DDP's device_ids: this process's GPU, or None on CPUs."""
+        return [torch.device(self.device).index] if self.device_type == "cuda" else None
+
+
+@contextmanager
+def started(device, dtype, deterministic=False):
+    """This process's Run, for the length of the with-block. Under torchrun each process takes its GPU (LOCAL_RANK,
+    never GPU 0 for all) and joins the group, which it leaves at the end; the timeout lets rank 0 save a large
+    checkpoint while the others wait. deterministic: deterministic kernels and cuBLAS workspace (slower)."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    if "RANK" not in os.environ:
+        device = pick_device(device)
+        yield Run(device, resolve_dtype(dtype, device))
+        return
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    cuda = device in ("auto", "cuda") and torch.cuda.is_available()
+    device = pick_device(f"cuda:{local_rank}" if cuda else device)
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60))
+    try:
+        yield Run(device, resolve_dtype(dtype, device), True, rank, world_size)
+    finally:
+        dist.destroy_process_group()
+
+
+class StepGuard:
+    """What may stop a run between steps. Ctrl-C or SIGTERM asks for a stop at the next step boundary, after saving;
+    a second Ctrl-C stops at once, except during the save (torchrun's agent signals every rank again when one
+    exits: a save must not be cut short by that). read() is the step's one host-device sync: the loss, the gradient
+    norm and the stop signal, read together. Under DDP the signal is all-reduced, so every rank stops at the same
+    step: a rank stopping alone would leave the others waiting in the next all-reduce. A NaN or inf loss or norm
+    stops the run before anything is saved. Used as a context manager: the signal handlers are the run's only."""
+
+    def __init__(self, run):
+        self.run, self.signum, self.agreed, self.saving = run, 0, 0, False
+
+    def __enter__(self):
+        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.handlers.items():
+            signal.signal(s, handler)
+
+    def on_signal(self, signum, frame):
+        if self.signum and signum == signal.SIGINT and not self.saving:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def read(self, step, loss_sum, norm, scaler, out_dir):
+        """(mean loss over the ranks, gradient norm) as numbers, in the step's one sync; an Error on a NaN or inf."""
+        flag = torch.full((), float(self.signum), device=self.run.device)
+        loss_sum = loss_sum.float()
+        if self.run.ddp:  # the signal, and the mean loss over the ranks: a NaN on one rank stops every rank
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(loss_sum)
+            loss_sum /= self.run.world_size
+        loss, norm, signum = torch.stack([loss_sum, norm.float(), flag]).tolist()
+        # a NaN gradient on any rank reaches every rank's norm through DDP's all-reduce; fp16's scaler skips such steps
+        if not math.isfinite(loss) or not scaler.is_enabled() and not math.isfinite(norm):
+            raise Error(f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in {out_dir} "
+                        f"is untouched (try a lower learning_rate, or dtype=float32)")
+        self.agreed = int(signum)
+        return loss, norm
+
+    def stop_now(self):
+        """The signal to stop with now, or 0: the one all ranks agreed on at the last read; one process's own."""
+        return self.agreed if self.run.ddp else self.signum
+
+    def stop(self, save, step, out_dir):
+        """Rank 0 saves (save is None elsewhere); every rank waits until it has (torchrun stops the other ranks once
+        one exits); then exit with 128 + the signal, as a process killed by it would."""
+        self.saving = True
+        if save:
+            save()
+        if self.run.ddp:
+            dist.barrier()
+        signum = self.stop_now()
+        # one write: every rank prints this line at once, and print() writes the text and its newline separately
+        sys.stderr.write(f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: resume "
+                         f"with --init_from=resume\n")
+        raise SystemExit(128 + signum)
