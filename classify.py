@@ -5,7 +5,7 @@ Use a trained classifier (an EncoderClassifier checkpoint written by train.py) i
   python classify.py --out_dir out-agnews --json < headlines.txt                  one JSON object per line
   python classify.py --out_dir out-agnews --attention_maps attn.png "Stocks fall"  every head of every layer
 Eval files are csv, parquet or jsonl with columns text,label (label: a class id or a class name), read as the
-prepare scripts read them (dataset.read_labelled). Texts are tokenized as in training: the checkpoint's tokenizer,
+prepare scripts read them (lib/prepare.py). Texts are tokenized as in training: the checkpoint's tokenizer,
 cut to its max_length and block_size. Results go to stdout; progress and messages go to stderr.
 """
 import argparse
@@ -35,7 +35,8 @@ def load(out_dir, device):
         raise Error(f"{out_dir!r} holds a {info['architecture']} (task {info.get('task')!r}), not a classifier: for a "
                     f"GPT use sample.py --out_dir {out_dir}")
     names = info.get("label_names") or [str(i) for i in range(model.config.n_classes)]
-    return model, get_tokenizer(info["tokenizer"]), names, min(info.get("max_length") or 10 ** 9, model.config.block_size)
+    tokenizer = get_tokenizer(info.get("tokenizer"), os.path.join(out_dir, "config.json"))
+    return model, tokenizer, names, min(info.get("max_length") or 10 ** 9, model.config.block_size)
 
 
 @torch.no_grad()

@@ -1,9 +1,6 @@
-"""
-Decoding strategies. Each is a pure function of a batch of logits [B, V] (and, where it needs one, the context [B, t]
-of every token so far, prompt included) that returns new logits, so they compose. Names and meanings follow Hugging
-Face's generate() and OpenAI's API. make_next_token chains them in a fixed order and picks a token; what it returns
-is the next_token function GPT.generate takes.
-"""
+"""Decoding strategies, each a pure function of a batch of logits [B, V] (and, where it needs one, the context [B, t]
+of every token so far, prompt included) that returns new logits, so they compose; make_next_token chains them. Names
+and meanings follow Hugging Face's generate() and OpenAI's API."""
 import math
 
 import torch
@@ -81,13 +78,11 @@ STRATEGIES = dict(frequency_penalty=frequency_penalty, presence_penalty=presence
 
 def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0.0, presence_penalty=0.0,
                     repetition_penalty=1.0, no_repeat_ngram_size=0, greedy=False, generator=None):
-    """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate. The order: the penalties and n-gram blocking
-    on the raw logits, then temperature, top-k, top-p, then a draw from the softmax (torch.multinomial), or the
-    argmax when greedy or temperature == 0 (temperature, top-k and top-p never change the argmax, so greedy skips
-    them). Options left at their defaults cost nothing. next_token.process(logits, context) is the filtering alone.
-    generator: a torch.Generator for the draws; one on another device than the logits (a CPU generator with a model
-    on a GPU) draws there, so the same seed gives the same tokens on any device. Raises Error for a value out of its
-    range."""
+    """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate: the penalties and n-gram blocking on the raw
+    logits, then temperature, top-k, top-p, then a draw from the softmax, or the argmax when greedy or temperature == 0
+    (greedy skips those three: they never change the argmax); next_token.process(logits, context) is the filtering
+    alone, and options at their defaults cost nothing. generator: a torch.Generator for the draws, made on its device
+    (a CPU one serves a model on a GPU), so a seed gives the same tokens anywhere. Values out of range raise Error."""
     values = dict(temperature=temperature, top_p=top_p, frequency_penalty=frequency_penalty,
                   presence_penalty=presence_penalty, repetition_penalty=repetition_penalty)
     checks = [(v is None or math.isfinite(v), f"{k} must be a finite number, got {v}") for k, v in values.items()]
@@ -121,12 +116,10 @@ def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0
         logits = process(logits, context)
         if not torch.isfinite(logits).any(-1).all():
             raise Error("every token is blocked (no_repeat_ngram_size bans each token that would repeat an "
-                             "n-gram; with a small vocabulary and a small n that can be all of them)")
+                        "n-gram; with a small vocabulary and a small n that can be all of them)")
         if greedy:
             return logits.argmax(dim=-1)
-        probs = torch.softmax(logits, dim=-1)
-        if generator is not None and generator.device != probs.device:
-            probs = probs.to(generator.device)
+        probs = torch.softmax(logits, dim=-1).to(logits.device if generator is None else generator.device)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
     next_token.process = process

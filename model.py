@@ -269,9 +269,15 @@ class GPT(Transformer):
         self.lm_head.weight = self.wte.weight  # tied: reading a token and writing it share one table
         self.init_weights()
 
-    def forward(self, idx, targets=None, cache=None):
-        """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy against targets, or None; -1 targets ignored)."""
+    def forward(self, idx, targets=None, cache=None, logits_to_keep=0):
+        """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy against targets, or None; -1 targets ignored).
+        logits_to_keep > 0 (Hugging Face's name): the logits of the last that many positions only, in float32, as
+        decoding wants them: the head over every position would cost a [B, T, vocab] tensor to use one row, and in
+        bfloat16 nearby logits round to ties, so that top_k=1 would not be greedy."""
         x, _ = self.hidden_states(idx, cache=cache)
+        if logits_to_keep:
+            with torch.autocast(x.device.type, enabled=False):
+                return self.lm_head(x[:, -logits_to_keep:].float()), None
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
@@ -292,22 +298,22 @@ class GPT(Transformer):
     def generate(self, idx, max_new_tokens, next_token=None, use_cache=True):
         """Yield the next token of every row, [B], max_new_tokens times; idx [B, T] is the prompt.
         next_token(logits [B, vocab] in float32, context [B, t]) -> [B] picks a token; greedy by default.
-        Without the cache every step re-runs the last block_size tokens (nanoGPT). With it, the prompt runs once,
-        then one token a step. Positions are absolute, so a full cache cannot just shift: the last block_size // 2
-        tokens are run again as a fresh prompt and decoding goes on from there."""
+        The model sees a window of the context that grows a token a step; once it would pass block_size, it restarts
+        from the last block_size // 2 tokens (positions are absolute, so a full cache cannot just shift). With the
+        cache the window runs once, then one token a step; without it the whole window runs every step: the same
+        logits, so the same tokens."""
         next_token = next_token or (lambda logits, context: logits.argmax(dim=-1))
-        block_size, cache = self.config.block_size, None
+        block_size, start, cache = self.config.block_size, max(0, idx.size(1) - self.config.block_size), None
         for _ in range(max_new_tokens):
+            restart = idx.size(1) - start > block_size
+            start = idx.size(1) - max(1, block_size // 2) if restart else start
             with sdpa_kernel(VARYING_LENGTHS):
-                if not use_cache:
-                    logits, _ = self(idx[:, -block_size:])
-                elif cache is None or cache[0]["k"].size(2) == block_size:
-                    window = block_size if cache is None else max(1, block_size // 2)
-                    cache = [{} for _ in self.blocks]
-                    logits, _ = self(idx[:, -window:], cache=cache)
+                if not use_cache or cache is None or restart:
+                    cache = [{} for _ in self.blocks] if use_cache else None
+                    logits, _ = self(idx[:, start:], cache=cache, logits_to_keep=1)
                 else:
-                    logits, _ = self(idx[:, -1:], cache=cache)
-            token = next_token(logits[:, -1, :].float(), idx)
+                    logits, _ = self(idx[:, -1:], cache=cache, logits_to_keep=1)
+            token = next_token(logits[:, -1, :], idx)
             idx = torch.cat([idx, token[:, None]], dim=1)
             yield token
 
@@ -421,6 +427,9 @@ def from_checkpoint(out_dir, device="cpu"):
     if not os.path.isfile(path):
         raise Error(f"no checkpoint in {str(out_dir)!r} (config.json missing): train one with train.py first")
     info = read_json(path, "checkpoint config")
+    missing = [key for key in ("architecture", "model") if key not in info]
+    if missing:
+        raise Error(f"{path}: no {missing[0]!r} key: not a checkpoint config.json that train.py wrote")
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         cls, config_cls = ARCHITECTURES[info["architecture"]]
         known = {f.name for f in fields(config_cls)}

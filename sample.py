@@ -1,10 +1,8 @@
-"""
-Sample from a trained checkpoint (--out_dir) or from GPT-2 (--init_from). Stdout carries only the samples, each the
+"""Sample from a trained checkpoint (--out_dir) or from GPT-2 (--init_from). Stdout carries only the samples, each the
 prompt followed by its continuation, separated by a line of dashes; what was loaded and the speed go to stderr, so
 the output can be piped. Examples:
   python sample.py --out_dir out --start "ROMEO:" --num_samples 3 --max_new_tokens 200
-  python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream
-"""
+  python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream"""
 import argparse
 import os
 import sys
@@ -14,7 +12,6 @@ import torch
 
 from lib.common import ArgumentParser, Error, at_least, autocast, pick_device, resolve_dtype, run_script
 import decoding
-from decoding import make_next_token
 from model import GPT2_NAMES, load_pretrained
 from lib.tokenizer import get_tokenizer
 
@@ -35,23 +32,24 @@ def parse_args(argv=None):
                    "BPE), which is not printed")
     p.add_argument("--num_samples", type=at_least(1), default=1,
                    help="samples, generated together as one batch (default: %(default)s)")
-    p.add_argument("--max_new_tokens", type=at_least(0), default=500, help="tokens generated per sample (default: %(default)s)")
+    p.add_argument("--max_new_tokens", type=at_least(0), default=500,
+                   help="tokens generated per sample (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1337,
                    help="random seed; the same seed gives the same samples (default: %(default)s)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype; auto: bfloat16 where the hardware has it (GPUs of compute capability 8.0 and up, "
-                   "CPUs with AMX or AVX-512 BF16), float16 on older GPUs, else float32")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (it recompiles a few times at first: pays off only for long "
-                   "samples on a GPU)")
+                   help="autocast dtype; auto: bfloat16 where the hardware has it (GPUs of compute capability 8.0 "
+                   "and up, CPUs with AMX or AVX-512 BF16), float16 on older GPUs, else float32")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (it recompiles a few times at "
+                   "first: pays off only for long samples on a GPU)")
     p.add_argument("--stream", action="store_true", help="print the first sample token by token as it is "
                    "generated; the others follow when the batch is done (stdout is the same as without --stream)")
     p.add_argument("--stop", help="a string that ends a sample: the sample is cut right before it, and generation "
                    "ends when every sample has stopped (only the continuation is searched, not the prompt; in bash, "
                    "$'\\n\\n' is two newlines)")
-    p.add_argument("--no_cache", action="store_true", help="re-run the whole context every step instead of using "
-                   "the KV cache (slower, the same tokens; for comparison)")
+    p.add_argument("--no_cache", action="store_true", help="re-run the model's whole window every step instead of "
+                   "using the KV cache (slower, the same tokens; for comparison). The window is the context up to "
+                   "block_size tokens; once it would pass that, it restarts from the last block_size // 2")
     g = p.add_argument_group("decoding strategy (applied in this order: penalties and n-gram blocking on the raw "
                              "logits, then temperature, top-k, top-p, then sampling)")
     g.add_argument("--greedy", action="store_true", help="take the most likely token instead of sampling "
@@ -61,10 +59,8 @@ def parse_args(argv=None):
         g.add_argument(f"--{name}", type=kind, default=default, help=f"{text} (default: {default})")
     args = p.parse_args(argv)
     try:
-        pick = make_next_token(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p,
-                               frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
-                               repetition_penalty=args.repetition_penalty,
-                               no_repeat_ngram_size=args.no_repeat_ngram_size, greedy=args.greedy)
+        options = {name: getattr(args, name) for name in DECODING} | {"top_k": args.top_k or None}
+        pick = decoding.make_next_token(**options, greedy=args.greedy)
     except Error as e:
         p.error(f"--{e}")  # the messages start with the option's name
     if args.start.startswith("FILE:"):
@@ -79,8 +75,7 @@ def parse_args(argv=None):
 
 
 def load(args, device):
-    """(model in eval mode on device, tokenizer, a line saying what was loaded). --init_from: GPT-2 by name, a Hugging
-    Face GPT-2 folder or a checkpoint of ours; else --out_dir, a checkpoint of ours."""
+    """(model in eval mode on device, tokenizer, a line saying what was loaded) from --init_from, else --out_dir."""
     source = args.init_from or args.out_dir
     if not args.init_from and not os.path.isfile(os.path.join(source, "config.json")):
         raise Error(f"no checkpoint in {source!r}: train one with `python train.py config/shakespeare_char.py`, point "
@@ -89,8 +84,9 @@ def load(args, device):
     if info["architecture"] != "GPT":
         raise Error(f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): sample.py needs a GPT; "
                     f"classify.py runs a classifier")
-    spec = info["tokenizer"]
-    return model, get_tokenizer(spec), f"loaded {source}: {model.num_params() / 1e6:.2f}M parameters, {spec['type']} tokenizer"
+    tokenizer = get_tokenizer(info.get("tokenizer"), os.path.join(source, "config.json"))
+    what = f"loaded {source}: {model.num_params() / 1e6:.2f}M parameters, {info['tokenizer']['type']} tokenizer"
+    return model, tokenizer, what
 
 
 def printable(text, stop):
@@ -137,7 +133,7 @@ def main(argv=None):
 
 
 def generate(model, tokenizer, prompt, next_token, args, device, ctx):
-    """Decode num_samples continuations of prompt as one batch -> (their texts, steps run, seconds)."""
+    """Decode num_samples continuations of prompt as one batch -> (their texts, steps run, seconds, interrupted)."""
     B = args.num_samples
     idx = torch.tensor([prompt] * B, dtype=torch.long, device=device)
     tokens, texts, done = [[] for _ in range(B)], [""] * B, [False] * B

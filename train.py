@@ -143,6 +143,9 @@ def train(cfg, run, guard, state):
     bar = tqdm(total=cfg.max_iters, initial=step, disable=not run.master, dynamic_ncols=True, file=sys.stderr)
     first_step, best_step, metrics = step, None, {}
     while True:
+        if guard.stop_now():  # before a due evaluation: torchrun and SLURM kill a stopping job within seconds
+            bar.close()
+            guard.stop(save if run.master else None, step, cfg.out_dir)
         lr = get_lr(step, cfg)
         for group in (g for optimizer in optimizers for g in optimizer.param_groups):
             group["lr"] = lr * group.get("lr_scale", 1.0)
@@ -163,9 +166,6 @@ def train(cfg, run, guard, state):
             speed.skip(time.perf_counter() - eval_start)
         if step >= cfg.max_iters or cfg.eval_only:
             break
-        if guard.stop_now():  # here, after this step's evaluation: a resumed run loses none
-            bar.close()
-            guard.stop(save if run.master else None, step, cfg.out_dir)
 
         # every step's global batch is drawn from (seed, step), its dropout from (seed, rank, step): resume is exact
         rows = train_data.rows(cfg.seed, step, rows_per_step)

@@ -1,8 +1,6 @@
-"""
-Training-time data: a prepared dataset's files, checked against its meta.json, and the batches drawn from them. A
+"""Training-time data: a prepared dataset's files, checked against its meta.json, and the batches drawn from them. A
 step's global batch is a function of (seed, step) alone, and each process takes its slice of it: the data order
-survives a resume and does not depend on how many processes share the work.
-"""
+survives a resume and does not depend on how many processes share the work."""
 import os
 
 import numpy as np
@@ -10,8 +8,20 @@ import torch
 
 from lib.common import Error, read_json
 
+# what each task's meta.json must hold (data/README.md)
+META_KEYS = {"lm": ("tokenizer", "vocab_size", "dtype", "splits"),
+             "classify": ("tokenizer", "vocab_size", "dtype", "splits", "label_names", "max_length", "pad_token_id")}
+
+
 def read_meta(data_dir):
-    return read_json(os.path.join(data_dir, "meta.json"), "dataset description (meta.json)")
+    """A prepared dataset's meta.json, checked: a task this project knows, every key it needs, a known dtype."""
+    path = os.path.join(data_dir, "meta.json")
+    meta = read_json(path, "dataset description (meta.json)")
+    check(meta.get("task") in META_KEYS, path, f"task {meta.get('task')!r} is neither lm nor classify")
+    missing = [key for key in META_KEYS[meta["task"]] if key not in meta]
+    check(not missing, path, f"no {missing[0]!r} key" if missing else "")
+    check(meta["dtype"] in ("uint16", "uint32"), path, f"dtype {meta['dtype']!r} is neither uint16 nor uint32")
+    return meta
 
 
 def check(ok, path, what):
@@ -130,4 +140,3 @@ def load_split(data_dir, split, block_size):
         raise Error(f"{data_dir}: no {split} split in meta.json (it has {sorted(meta.get('splits', {}))}): run its "
                     f"prepare.py again")
     return (LMData if meta["task"] == "lm" else ClassificationData)(data_dir, split, block_size, meta)
-

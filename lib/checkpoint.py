@@ -1,8 +1,5 @@
-"""
-What a run keeps in its out_dir besides records: the lock that gives one run the folder, the trainer state
-(trainer_state.pt: model, optimizers, step, best metric, settings) that init_from=resume continues exactly, and what
-config.json says beside the best model.
-"""
+"""What a run keeps in out_dir besides records: the lock that gives one run the folder, trainer_state.pt (model,
+optimizers, step, best metric, settings) that init_from=resume continues exactly, and config.json beside the model."""
 import os
 import socket
 import sys
@@ -13,7 +10,8 @@ import torch
 from lib.common import Error, atomic_path
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
-SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "qk_norm", "bow_head", "bow_buckets")
+SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "qk_norm", "bow_head",
+         "bow_buckets")
 KEPT_ON_RESUME = SHAPE + ("task", "optimizer")
 
 
@@ -28,14 +26,16 @@ def locked_out_dir(out_dir, new_run):
         raise Error(f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir") from None
     try:
         import fcntl  # POSIX; elsewhere runs are not locked
-
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except ImportError:
         pass
-    except OSError:
+    except BlockingIOError:  # held: the one failure that means another run
         lock.seek(0)
         raise Error(f"out_dir {out_dir!r} is in use by another run ({lock.read().strip() or 'pid ?'}): wait for it "
                     f"to end, or pick another --out_dir") from None
+    except OSError as e:
+        raise Error(f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without flock, such as some "
+                    f"network mounts?): pick an --out_dir on a local disk") from None
     lock.truncate(0)
     lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
     lock.flush()
@@ -60,11 +60,13 @@ def resume(settings, given):
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         saved = state["config"]
     except Exception as e:
-        raise Error(f"cannot resume from {path} ({type(e).__name__}): not a trainer state that train.py wrote") from None
+        raise Error(f"cannot resume from {path} ({type(e).__name__}): "
+                    "not a trainer state that train.py wrote") from None
     if saved["init_from"] != "scratch":  # the shape came from pretrained weights, not from the keys given
         given = given - set(SHAPE)
     current = vars(settings)
-    changed = [f"{k}={saved[k]!r} there, {current[k]!r} here" for k in KEPT_ON_RESUME if k in given and saved[k] != current[k]]
+    changed = [f"{k}={saved[k]!r} there, {current[k]!r} here"
+               for k in KEPT_ON_RESUME if k in given and saved[k] != current[k]]
     if changed:
         raise Error(f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}")
     current.update({k: v for k, v in saved.items() if k in current and (k not in given or k == "init_from")})
@@ -72,8 +74,7 @@ def resume(settings, given):
 
 
 def save_state(out_dir, model, optimizers, scaler, progress):
-    """The whole trainer state in one file, written atomically (a crash mid-write leaves the previous one). progress:
-    step, best, seconds and the run's settings (config)."""
+    """The whole trainer state in one file, atomically; progress: step, best, seconds and settings (config)."""
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
              "scaler": scaler.state_dict(), **progress}
     with atomic_path(os.path.join(out_dir, "trainer_state.pt")) as tmp:
@@ -82,9 +83,8 @@ def save_state(out_dir, model, optimizers, scaler, progress):
 
 def restore(state, optimizers, scaler):
     """(step, best metric or None, seconds so far) of a resumed state, its optimizer states loaded; from scratch
-    (0, None, 0.0).
-    fp16's loss scale carries over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which an enabled
-    one cannot load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
+    (0, None, 0.0). fp16's loss scale carries over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which
+    an enabled one cannot load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
     if state is None:
         return 0, None, 0.0
     for optimizer, saved in zip(optimizers, state["optimizers"]):
@@ -95,10 +95,9 @@ def restore(state, optimizers, scaler):
 
 
 def model_card(settings, meta):
-    """What config.json says beside the model: task, data, tokenizer, the command; a classifier's label names, also
-    as Hugging Face's id2label and label2id."""
-    card = {"task": settings.task, "dataset": settings.dataset, "init_from": settings.init_from,
-            "tokenizer": meta["tokenizer"], "command": ["torchrun ..." if "RANK" in os.environ else "python"] + sys.argv}
+    """What config.json says beside the model; a classifier's labels also as Hugging Face's id2label and label2id."""
+    card = dict(task=settings.task, dataset=settings.dataset, init_from=settings.init_from, tokenizer=meta["tokenizer"],
+                command=["torchrun ..." if "RANK" in os.environ else "python"] + sys.argv)
     if settings.task == "classify":
         names = meta["label_names"]
         card.update(label_names=names, max_length=meta["max_length"], id2label=dict(enumerate(names)),

@@ -1,11 +1,9 @@
-"""
-What the scripts share: the project's error type and the one way a script reports it, the device and dtype rules,
-timing, the matmul peak that MFU is measured against, and atomic file writes. Library code (this file, model.py,
-dataset.py, decoding.py, tokenizer.py) raises Error with a message a user can act on; it never prints or exits.
-"""
+"""What the scripts share: the error type and how a script reports it, device and dtype rules, timing, the matmul
+peak for MFU, atomic writes. Library code (lib/, model.py, decoding.py) raises Error, and never prints or exits."""
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -50,24 +48,14 @@ def at_least(low, kind=int):
     return parse
 
 
-def fraction(text):
-    """An argparse type: a number strictly between 0 and 1."""
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
-
-
 # ---------------------------------------------------------------------------------------------------- device, dtype
-
 def pick_device(name="auto"):
     """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto = cuda, then mps, then cpu. A chosen GPU
     is made the current one, so synchronize(), new tensors and libraries' contexts all go to it, not to GPU 0."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     kind = name.split(":")[0]
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
-    if not available.get(kind, lambda: True)():
+    if kind == "cuda" and not torch.cuda.is_available() or kind == "mps" and not torch.backends.mps.is_available():
         raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
     try:
         device = torch.device(name)
@@ -102,6 +90,9 @@ def resolve_dtype(dtype, device):
         raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     if dtype == "float16" and kind != "cuda":
         raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
+    if dtype == "bfloat16" and kind == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise Error("dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, and compile "
+                    "skipped): use dtype=auto (float16 here) or float32")
     return dtype
 
 
@@ -116,9 +107,8 @@ def cpu_has_bf16():
 
 def autocast(device, dtype):
     """Mixed precision for forward passes: matmuls in dtype, reductions in float32; float32 is no context at all."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
+    kind = torch.device(device).type
+    return nullcontext() if dtype == "float32" else torch.autocast(kind, dtype=getattr(torch, dtype))
 
 
 def sync(device):
@@ -131,56 +121,50 @@ def sync(device):
 
 
 # ------------------------------------------------------------------------------------------- the peak MFU is against
+# Dense (not sparse) bf16/fp16 tensor-core FLOP/s from the vendors' datasheets, by the words of the device's name
+DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "A100": 312e12,
+                  "L40S": 362e12, "L4": 121e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
 
-# Dense (not sparse) bf16/fp16 tensor-core FLOP/s from the vendors' datasheets, by a word of the device's name.
-DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-                  "4090": 165e12, "3090": 71e12}
+
+def datasheet_peak(name):
+    """The datasheet figure of a device by its name, or 0.0: the longest entry whose words the name holds as whole
+    words (an A10G is not an A10, an L40S not an L4, an H100 PCIe not the SXM H100)."""
+    found = [k for k in DATASHEET_BF16 if re.search(rf"\b{re.escape(k)}\b", name)]
+    return DATASHEET_BF16[max(found, key=len)] if found else 0.0
 
 
 def matmul_flops(device, dtype, n=None, repeats=3):
-    """Achievable matmul FLOP/s: the best of a few n x n products. n = 8192 on a GPU, where a 2048 product is over
-    about as fast as a launch and a sync; timed with CUDA events there."""
-    cuda = torch.device(device).type == "cuda"
-    n = n or (8192 if cuda else 2048)
+    """Achievable matmul FLOP/s: the best of a few n x n products, each timed between two syncs. n = 8192 on a GPU,
+    where a 2048 product is over about as fast as a launch and a sync."""
+    n = n or (8192 if torch.device(device).type == "cuda" else 2048)
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     best = float("inf")
     for _ in range(repeats + 1):  # the first one warms up
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            a @ b
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            a @ b
-            sync(device)
-            seconds = time.perf_counter() - t0
-        best = min(best, seconds)
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
 
 
 def peak_flops(device, dtype):
     """(FLOP/s, where it came from) for MFU: on a GPU the datasheet's dense bf16/fp16 figure of a known device or the
-    measured one, whichever is higher; elsewhere the measured one (call again during a run and keep the best: a peak
-    measured while the machine is busy is too low, and MFU would pass 100%)."""
+    measured one, whichever is higher; elsewhere the measured one, too low on a busy machine (records.Speed's clamp)."""
     measured = matmul_flops(device, getattr(torch, dtype))
     if torch.device(device).type == "cuda" and dtype != "float32":
         name = torch.cuda.get_device_name(device)
-        sheet = next((v for k, v in DATASHEET_BF16.items() if k in name), 0.0)
+        sheet = datasheet_peak(name)
         if sheet > measured:
             return sheet, f"{name} datasheet, dense {dtype}"
     return measured, f"measured {dtype} matmul"
 
 
 # ----------------------------------------------------------------------------------------------------------- files
-
 @contextmanager
 def atomic_path(path):
-    """Yields a temporary name beside path to write to; on success it replaces path in one step (os.replace), on
-    failure it is deleted. A crash never leaves half a file under the real name, and the name is unique, so two
-    writers never share a temporary file."""
+    """Yields a unique temporary name beside path (two writers never share one); on success it replaces path in one
+    step (os.replace), on failure it is deleted: a crash never leaves half a file under the real name."""
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
         yield tmp

@@ -1,8 +1,5 @@
-"""
-train.py's settings: the Key that describes one, config files (plain Python that sets keys, and may include()
-another) and --key=value overrides read in order, every value checked against its key's type and range, and --help
-printed from the table of keys.
-"""
+"""train.py's settings: the Key that describes one; config files (Python that sets keys, and may include() another)
+and --key=value overrides, read in order, each value checked against its key's type and range; --help from the keys."""
 import ast
 import difflib
 import math
@@ -16,8 +13,7 @@ from lib.common import Error
 
 @dataclass
 class Key:
-    """One setting: its default (which fixes its type), what it does, and its range: at_least <= value < below, or
-    one of the values in choices."""
+    """One setting: its default (which fixes its type), help, and range: at_least <= value < below, or in choices."""
     default: object
     help: str
     at_least: float = None
@@ -36,16 +32,14 @@ class Key:
 
 
 def parse(argv, keys, doc):
-    """(settings as a namespace, the names the user set) from config files and --key=value overrides, in order.
-    A bare word is a string (--dataset=agnews); --help prints doc and every key; --print_config is left to the
-    caller."""
+    """(settings as a namespace, the names the user set) from config files and --key=value overrides, in order. A
+    bare word is a string (--dataset=agnews); --help prints doc and every key; --print_config is left to the caller."""
     settings, given = {name: key.default for name, key in keys.items()}, set()
 
     def set_key(name, value, where):
         if name not in keys:
-            close = difflib.get_close_matches(name, keys, n=3)
-            raise Error(f"unknown key {name!r} in {where}" + (f"; did you mean {', '.join(close)}?" if close else
-                                                             "; see --help"))
+            close = ", ".join(difflib.get_close_matches(name, keys, n=3))
+            raise Error(f"unknown key {name!r} in {where}; " + (f"did you mean {close}?" if close else "see --help"))
         expected = type(keys[name].default)
         value = float(value) if expected is float and type(value) is int else value
         if type(value) is not expected:
@@ -89,8 +83,7 @@ def literal(text):
 
 
 def read_file(path, scope=None):
-    """The keys a config file sets. include("other.py") runs another config, its path relative to the including
-    file, so configs work from any working directory. Errors name the file and the line."""
+    """The keys a config file sets; include(path) runs another, relative to this file (to work from any directory)."""
     scope = {} if scope is None else scope
     if not os.path.isfile(path):
         raise Error(f"no config file {path!r} (config files live in config/)")
@@ -110,12 +103,12 @@ def read_file(path, scope=None):
     except Exception as e:
         lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
         raise Error(f"{path}:{lines[-1] if lines else '?'}: {type(e).__name__}: {e}") from None
-    return {k: v for k, v in scope.items() if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
+    return {k: v for k, v in scope.items()
+            if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 
 
 def check(settings, keys, rules):
-    """Every value within its key's range, then each (holds, name, what it must be) of rules(settings), the rules
-    between keys: one line naming the key, its value and what it must be."""
+    """Every value in its key's range, then the rules between keys: each (holds, name, what) of rules(settings)."""
     for name, key in keys.items():
         key.check(name, getattr(settings, name))
     for holds, name, what in rules(settings):

@@ -1,8 +1,5 @@
-"""
-The processes of a run: where each runs and as which rank (Run, from started()), and what may stop them between steps
-(StepGuard): a signal, a NaN, or another rank's stop. One process, or one of torchrun's group (DDP: NCCL on CUDA,
-gloo on the CPU).
-"""
+"""What a run's processes are (Run, from started(): device, dtype, rank) and what may stop them between steps
+(StepGuard): a signal, a NaN, another rank's stop. One process or torchrun's group (DDP: NCCL on CUDA, gloo on CPUs)."""
 import math
 import os
 import signal
@@ -19,8 +16,7 @@ from lib.common import Error, pick_device, resolve_dtype
 
 @dataclass(frozen=True)
 class Run:
-    """What a run resolves at start-up and keeps to the end: this process's device, the dtype that auto (or the
-    dtype asked for) means there, and its place in the group."""
+    """What a run resolves at start-up and keeps to the end: this process's device, dtype and place in the group."""
     device: str  # cpu, cuda:3, mps
     dtype: str  # float32, bfloat16 or float16: the autocast dtype
     ddp: bool = False  # one of torchrun's processes
@@ -55,6 +51,9 @@ def started(device, dtype, deterministic=False):
         yield Run(device, resolve_dtype(dtype, device))
         return
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if device not in ("auto", "cuda", "cpu"):
+        raise Error(f"--device {device} with {world_size} processes: each process takes its own GPU (LOCAL_RANK); "
+                    f"use --device=auto or cuda (or cpu)")
     cuda = device in ("auto", "cuda") and torch.cuda.is_available()
     device = pick_device(f"cuda:{local_rank}" if cuda else device)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60))
@@ -65,12 +64,10 @@ def started(device, dtype, deterministic=False):
 
 
 class StepGuard:
-    """What may stop a run between steps. Ctrl-C or SIGTERM asks for a stop at the next step boundary, after saving;
-    a second Ctrl-C stops at once, except during the save (torchrun's agent signals every rank again when one
-    exits: a save must not be cut short by that). read() is the step's one host-device sync: the loss, the gradient
-    norm and the stop signal, read together. Under DDP the signal is all-reduced, so every rank stops at the same
-    step: a rank stopping alone would leave the others waiting in the next all-reduce. A NaN or inf loss or norm
-    stops the run before anything is saved. Used as a context manager: the signal handlers are the run's only."""
+    """What may stop a run between steps; a context manager, the run's only signal handlers. Ctrl-C or SIGTERM asks for
+    a stop at the next step boundary, after saving; a second Ctrl-C stops at once, except during the save (torchrun's
+    agent signals every rank again when one exits: a save must not be cut short by that). Under DDP the signal is
+    all-reduced, so every rank stops at the same step: one alone would leave the others waiting in an all-reduce."""
 
     def __init__(self, run):
         self.run, self.signum, self.agreed, self.saving = run, 0, 0, False

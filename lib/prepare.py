@@ -20,6 +20,14 @@ from lib.common import ArgumentParser, Error, atomic_path, write_json
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 
+def fraction(text):
+    """An argparse type: a number strictly between 0 and 1."""
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def read_records(path):
     """(text, label) pairs of a .csv, .parquet or .jsonl file with columns text,label, as stored, unchecked; a jsonl
     line that is not a JSON object reads as (None, None)."""

@@ -1,8 +1,5 @@
-"""
-Run records: every evaluation and log step of a run as one JSON line in out_dir/metrics.jsonl (a resumed run appends),
-mirrored to wandb when asked, and the loss curves drawn from those files (train.py draws out_dir/loss.png at the end;
-plot.py draws several runs on one axis).
-"""
+"""Run records: each evaluation and log step as one JSON line in out_dir/metrics.jsonl, mirrored to wandb when asked,
+and the loss curves drawn from those files (train.py's out_dir/loss.png; plot.py's several runs on one axis)."""
 import json
 import os
 import time
@@ -12,8 +9,7 @@ from lib.common import Error, atomic_path
 
 class RunRecord:
     """Appends {"step", "seconds", "time", ...metrics} lines to out_dir/metrics.jsonl and logs the same to wandb, if
-    given. seconds count from this run's start plus the seconds a resumed run had already spent; time is the clock
-    (Unix time), to line runs up with anything else."""
+    given. seconds: since this run's start, plus a resumed run's earlier ones; time: Unix time, to line runs up."""
 
     def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0, resumed_step=None):
         """A new run starts the file afresh; a resumed one keeps the lines before the step it resumes from (a run
@@ -45,8 +41,7 @@ class RunRecord:
 class Speed:
     """What a log line reports of the training since the last one: examples (or tokens) per second over all the
     processes, and MFU, the FLOP/s of this device against its peak. Evaluations are left out (skip their seconds).
-    clamp: the peak is a measurement (on CPUs) which a busy machine makes too low: it rises to the achieved rate, so
-    MFU never passes 100%."""
+    clamp: the peak is measured (on CPUs), too low on a busy machine: it rises to the achieved rate, so MFU <= 100%."""
 
     def __init__(self, peak, clamp):
         self.peak, self.clamp = peak, clamp
@@ -73,12 +68,11 @@ class Speed:
 
 
 def start_wandb(settings, n_params):
-    """A wandb run named after out_dir and the start time (unless wandb_run_name is set), its files in out_dir/wandb.
-    settings: the run's, as a dict."""
+    """A wandb run (files in out_dir/wandb) named wandb_run_name or after out_dir and start time; settings: a dict."""
     import wandb
-
     out_dir = settings["out_dir"]
-    name = settings["wandb_run_name"] or f"{os.path.basename(os.path.abspath(out_dir))}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = settings["wandb_run_name"] or f"{os.path.basename(os.path.abspath(out_dir))}-{stamp}"
     run = wandb.init(project=settings["wandb_project"], name=name, config=settings, dir=out_dir)
     run.summary["parameters"] = n_params
     return run
@@ -124,7 +118,6 @@ def plot_runs(out_dirs, path, x="step"):
 def pyplot():
     """matplotlib's pyplot drawing into files only (no window), with plain-text labels ("$5" is not TeX)."""
     import matplotlib
-
     matplotlib.use("Agg")
     matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt

@@ -1,13 +1,17 @@
 """Tokenizers, named by a dataset's meta.json: GPT-2's byte-pair encoding (tiktoken) or a character vocabulary."""
-
 import tiktoken
 
 from lib.common import Error
 
 
-def get_tokenizer(spec):
-    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false} or {"type": "char", "chars": "..."}."""
-    if spec["type"] == "char":
+def get_tokenizer(spec, where="tokenizer"):
+    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false} or {"type": "char", "chars": "..."}; where:
+    the file it comes from, for the error a missing or damaged spec gets."""
+    needs = {"char": "chars", "bpe": "encoding"}.get(spec.get("type") if isinstance(spec, dict) else None)
+    if needs is None or needs not in spec:
+        raise Error(f"{where}: no tokenizer this project knows ({str(spec)[:60]}): a char one needs 'chars', a bpe "
+                    f"one 'encoding'")
+    if needs == "chars":
         return CharTokenizer(spec["chars"])
     return BPETokenizer(spec["encoding"], spec.get("lowercase", False))
 
@@ -38,11 +42,11 @@ class BPETokenizer:
             self.enc = tiktoken.get_encoding(encoding)
         except Exception as e:  # tiktoken downloads the file once, then reads its cache
             raise Error(f"cannot load the tiktoken encoding {encoding!r} ({type(e).__name__}); offline, set "
-                               f"TIKTOKEN_CACHE_DIR to a folder holding its cache file") from None
+                        f"TIKTOKEN_CACHE_DIR to a folder holding its cache file") from None
         self.vocab_size, self.start_token = self.enc.n_vocab, self.enc.eot_token  # <|endoftext|> = 50256
         self.pad_token_id = self.start_token  # never produced from text: padding cannot be mistaken for a token
-        # lowercase: "Oil", " oil" and "OIL" become one token, which small labelled sets spread thinly otherwise
-        self.lowercase, self.spec = lowercase, {"type": "bpe", "encoding": encoding, **({"lowercase": True} if lowercase else {})}
+        self.lowercase = lowercase  # "Oil", " oil", "OIL": one token, which small labelled sets spread thinly otherwise
+        self.spec = {"type": "bpe", "encoding": encoding, **({"lowercase": True} if lowercase else {})}
 
     def encode(self, text):
         return self.enc.encode_ordinary(text.lower() if self.lowercase else text)  # special tokens are plain text

@@ -30,6 +30,22 @@ def test_resolve_dtype_refuses_what_the_device_cannot_run():
     assert common.resolve_dtype("auto", "cpu") == ("bfloat16" if common.cpu_has_bf16() else "float32")
 
 
+def test_explicit_bfloat16_on_a_gpu_without_bfloat16_matmuls_is_refused(monkeypatch):
+    """A T4 or V100 emulates bfloat16 (slowly, and compile skips it): dtype=bfloat16 there is one clear line."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    with pytest.raises(Error, match="dtype=bfloat16: this GPU has no bfloat16 matmuls"):
+        common.resolve_dtype("bfloat16", "cuda:0")
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A10", 125e12), ("NVIDIA A10G", 0.0), ("NVIDIA L4", 121e12),
+    ("NVIDIA L40S", 362e12), ("NVIDIA GeForce RTX 4090", 165e12), ("Tesla T4", 0.0)])
+def test_datasheet_peaks_match_whole_names(name, peak):
+    """An A10G is not an A10, nor an L40S an L4, nor an H100 PCIe the SXM H100: unknown devices use the measured peak."""
+    assert common.datasheet_peak(name) == peak
+
+
 def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
     target = tmp_path / "state.pt"
     target.write_text("old")

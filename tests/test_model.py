@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.common import Error
+from decoding import make_next_token
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention, from_checkpoint, rotary, rotation
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -140,6 +141,58 @@ def test_generation_past_block_size_matches_the_window_it_keeps():
         window = n if n <= 16 else 8 if window == 16 else window + 1  # refilled with the last 8, then grows
         expected, _ = model(context[:, -window:])
         assert torch.allclose(logits, expected[:, -1], atol=1e-5), step
+
+
+@OPTIONS
+def test_seeded_samples_past_block_size_are_the_same_with_and_without_the_cache(options):
+    """Both paths keep the same window (it restarts from the last block_size // 2 tokens once it would pass
+    block_size), so seeded draws match token for token, through several restarts of a 16-token block."""
+    model = randomised(tiny_gpt(**options)).eval()
+    prompt = torch.randint(0, 50, (2, 3))
+    pick = make_next_token(temperature=1.0)
+
+    def sample(use_cache):
+        torch.manual_seed(7)
+        return torch.stack(list(model.generate(prompt, 60, pick, use_cache)), 1)
+    assert torch.equal(sample(True), sample(False))
+
+
+def tied_top_two():
+    """A GPT whose every next-token logit is 0 but for token 3 (1.0) and token 5 (1.001): its final norm
+    (weight 0, bias e) sends every position to e, and the tied head's rows 3 and 5 point along e. bfloat16 rounds
+    both logits to 1.0 (its spacing there is 2^-7); float32 keeps token 5 ahead."""
+    model = GPT(GPTConfig(**{**TINY, "bias": True})).eval()
+    e = torch.zeros(16)
+    e[0] = 1.0
+    with torch.no_grad():
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.copy_(e)
+        model.wte.weight.zero_()
+        model.wte.weight[3], model.wte.weight[5] = e, 1.001 * e
+    return model
+
+
+@pytest.mark.parametrize("pick", [dict(greedy=True), dict(top_k=1), dict(temperature=0.0), dict(top_p=1e-6)],
+                         ids=["greedy", "top_k=1", "temperature=0", "tiny top_p"])
+def test_decoding_reads_float32_logits_under_bfloat16(pick):
+    """Under bfloat16 autocast the sampled position's logits come from the head in float32: token 5 wins every
+    step, whichever of the rules that mean "the most likely token" picks it."""
+    model = tied_top_two()
+    prompt = torch.randint(0, 50, (4, 3))
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model(prompt, logits_to_keep=1)
+        tokens = torch.stack(list(model.generate(prompt, 20, make_next_token(**pick))), 1)
+    assert logits.dtype == torch.float32 and logits.shape == (4, 1, 50)
+    assert (tokens == 5).all(), tokens
+
+
+def test_logits_to_keep_is_the_last_rows_of_the_full_forward():
+    model = randomised(tiny_gpt()).eval()
+    idx = torch.randint(0, 50, (2, 9))
+    full, _ = model(idx)
+    last, _ = model(idx, logits_to_keep=3)
+    assert last.shape == (2, 3, 50) and torch.allclose(last, full[:, -3:], atol=1e-6)
 
 
 def test_save_and_load_roundtrip(tmp_path):

@@ -3,6 +3,7 @@
 run into the same out_dir, a scratch run over a checkpoint, damaged data, resume of a resumed run, Ctrl-C."""
 import glob
 import io
+import json
 import os
 import runpy
 import signal
@@ -70,6 +71,14 @@ def files(tmp_path_factory):
     np.save(cls_cut / "train.labels.npy", np.zeros(10, dtype=np.int64))
     write_meta(str(cls_cut), task="classify", tokenizer={"type": "char", "chars": CHARS}, vocab_size=10,
                dtype="uint16", label_names=["a", "b"], max_length=16, pad_token_id=0, splits={"train": 50, "val": 20})
+    for name, damage in (("no_dtype", lambda meta: meta.pop("dtype")),
+                         ("float_ids", lambda meta: meta.update(dtype="float64"))):
+        (d / name).mkdir()
+        for split in ("train", "val"):
+            (d / name / f"{split}.bin").write_bytes((d / "lm" / f"{split}.bin").read_bytes())
+        meta = json.loads((d / "lm" / "meta.json").read_text())
+        damage(meta)
+        (d / name / "meta.json").write_text(json.dumps(meta))
     torch.manual_seed(0)
     GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)).save_pretrained(
         d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS})
@@ -78,6 +87,12 @@ def files(tmp_path_factory):
     EncoderClassifier(EncoderConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, n_classes=2)
                       ).save_pretrained(d / "clf", task="classify", tokenizer={"type": "char", "chars": CHARS},
                                         label_names=["a", "b"], max_length=16)
+    for name, source in (("clf_no_tokenizer", "clf"), ("gpt_no_tokenizer", "gpt")):  # config.json without one
+        (d / name).mkdir()
+        config = json.loads((d / source / "config.json").read_text())
+        del config["tokenizer"]
+        (d / name / "config.json").write_text(json.dumps(config))
+        (d / name / "model.safetensors").write_bytes((d / source / "model.safetensors").read_bytes())
     (d / "broken").mkdir()
     (d / "broken" / "config.json").write_text((d / "gpt" / "config.json").read_text())
     (d / "broken" / "model.safetensors").write_bytes(b"half a file")
@@ -138,6 +153,8 @@ BAD_INPUTS = [
     ("train.py", ["--dataset={d}/big_ids", "--out_dir={d}/o5"], "past vocab_size 10"),
     ("train.py", ["--dataset={d}/cls_cut", "--task=classify", "--out_dir={d}/o6"], "10 labels for 50 rows"),
     ("train.py", ["--dataset={d}/lm", "--block_size=5000", "--out_dir={d}/o7"], "fewer than block_size + 1"),
+    ("train.py", ["--dataset={d}/no_dtype", "--out_dir={d}/o10"], "meta.json: no 'dtype' key"),
+    ("train.py", ["--dataset={d}/float_ids", "--out_dir={d}/o11"], "meta.json: dtype 'float64' is neither uint16"),
     ("train.py", ["--dataset={d}/lm", "--vocab_size=5", "--out_dir={d}/o8"], "the model has 5 tokens"),
     ("train.py", ["--dataset={d}/lm", "--init_from={d}/clf", "--out_dir={d}/o9"], "holds an EncoderClassifier"),
     ("sample.py", ["--out_dir={d}/nothing"], "no checkpoint in"),
@@ -159,6 +176,8 @@ BAD_INPUTS = [
     ("sample.py", ["--out_dir={d}/gpt", "--bogus"], "unrecognized arguments: --bogus"),
     ("classify.py", ["--out_dir={d}/nothing", "abc"], "no checkpoint in"),
     ("classify.py", ["--out_dir={d}/gpt", "abc"], "not a classifier"),
+    ("classify.py", ["--out_dir={d}/clf_no_tokenizer", "abc"], "config.json: no tokenizer this project knows"),
+    ("sample.py", ["--out_dir={d}/gpt_no_tokenizer"], "config.json: no tokenizer this project knows"),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/missing.csv"], "cannot read it"),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/labels.txt"], "expected a .csv, .parquet or .jsonl"),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/cols.csv"], "columns text,label"),

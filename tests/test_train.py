@@ -18,6 +18,7 @@ import train
 from conftest import ROOT, TINY
 from lib import checkpoint, config
 from lib.common import Error
+from lib.distributed import started
 from lib.prepare import save_array, write_classification_split, write_meta
 from model import GPT, EncoderClassifier
 
@@ -195,24 +196,103 @@ def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
         assert torch.allclose(p, q, atol=1e-5)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_ddp_two_gloo_processes_equal_one_process(lm_dir, tmp_path, optimizer):
+def torchrun(tmp_path, argv, processes=2):
+    """train.main under torchrun (gloo), each rank saving (state dict, metrics) as rank<N>.pt in tmp_path, with a
+    test's peak FLOP/s (1e15: no CPU clamp) so that MFU is a known function of the rate. -> the finished process."""
     script = tmp_path / "ddp_run.py"
     script.write_text(f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
+                      "train.peak_flops = lambda device, dtype: (1e15, 'a test peak')\n"
                       "model, metrics = train.main(sys.argv[1:])\n"
-                      f"torch.save((model.state_dict(), metrics), os.path.join({str(tmp_path)!r}, 'rank%s.pt' % os.environ['RANK']))\n")
-    argv = TINY + [f"--dataset={lm_dir}", "--max_iters=3", "--gradient_accumulation_steps=2", "--eval_interval=100",
-                   f"--optimizer={optimizer}"]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script)] + argv + [f"--out_dir={tmp_path / 'ddp'}"], capture_output=True, text=True, timeout=120)
+                      f"torch.save((model.state_dict(), metrics), os.path.join({str(tmp_path)!r}, "
+                      "'rank%s.pt' % os.environ['RANK']))\n")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={processes}", str(script)] + argv, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_ddp_two_processes_of_two_micro_steps_equal_one_process_of_four(lm_dir, tmp_path, optimizer):
+    """Each rank accumulates two micro-steps (DDP's no_sync on the first) and the ranks average: the parameters of one
+    process accumulating all four; MFU is each device's own (the rate is the job's). The ranks agree bit for bit. One
+    process adds the four micro-gradients as ((a + b) + c) + d, two as (a + b) + (c + d): the sums differ in their
+    last bit (2^-24 relative), and AdamW's update, a ratio of moments, passes that on at about that relative size:
+    3 steps x lr 1e-2 x 1e-7, a few 1e-9 (6e-8 measured at most); Muon's bfloat16 orthogonalisation absorbs it. 1e-6
+    is far above that and far below an update (1e-2)."""
+    argv = TINY + [f"--dataset={lm_dir}", "--max_iters=3", "--gradient_accumulation_steps=4", "--eval_interval=100",
+                   f"--optimizer={optimizer}", "--log_interval=1"]
+    result = torchrun(tmp_path, argv + [f"--out_dir={tmp_path / 'ddp'}"])
     assert result.returncode == 0, result.stderr[-2000:]
     single, metrics = run_in_one_thread(argv[len(TINY):] + [f"--out_dir={tmp_path / 'one'}"])
     (rank0, metrics0), (rank1, metrics1) = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     for name, p in single.state_dict().items():
-        assert torch.equal(rank0[name], rank1[name]) and torch.equal(rank0[name], p), name
+        assert torch.equal(rank0[name], rank1[name]) and torch.allclose(rank0[name], p, rtol=0, atol=1e-6), name
     # evaluation is shared out over the ranks and its sums all-reduced: the same float32 terms (losses near 2.3) added
     # in another order, each sum off by a few units in the last place (2.4e-7 at 2.3), far below 1e-5
     assert metrics0 == metrics1 and metrics0 == pytest.approx(metrics, abs=1e-5)
+    logs = [r for r in map(json.loads, open(tmp_path / "ddp" / "metrics.jsonl")) if "mfu" in r]
+    per_device = [single.flops_per_token(16) * r["tok/s"] / 2 / 1e15 for r in logs]  # block_size 16, 2 processes
+    assert len(logs) == 3 and [r["mfu"] for r in logs] == pytest.approx(per_device, rel=1e-9)
+
+
+def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path):
+    """torchrun ... --out_dir=X --init_from=resume: the saved gradient_accumulation_steps (2, a multiple of the 2
+    processes) is in before the check, not the default 1."""
+    out = f"--out_dir={tmp_path / 'ddp'}"
+    first = torchrun(tmp_path, TINY + [f"--dataset={lm_dir}", "--max_iters=2", "--gradient_accumulation_steps=2", out])
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = torchrun(tmp_path, [out, "--init_from=resume", "--max_iters=4"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert state(tmp_path / "ddp")["step"] == 4 and state(tmp_path / "ddp")["config"]["gradient_accumulation_steps"] == 2
+
+
+def test_the_dtype_asked_for_is_saved_and_resolved_on_each_start(lm_dir, tmp_path):
+    """dtype=auto is saved as auto (a resume on other hardware resolves it there), not as what it meant here."""
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--dtype=auto"])
+    assert state(tmp_path)["config"]["dtype"] == "auto"
+    assert json.load(open(tmp_path / "train_config.json"))["dtype"] == "auto"
+    train.main([f"--out_dir={tmp_path}", "--max_iters=3", "--init_from=resume"])  # a bare resume: no TINY's dtype
+    assert state(tmp_path)["config"]["dtype"] == "auto" and state(tmp_path)["step"] == 3
+
+
+def test_a_stop_signal_saves_before_a_due_evaluation(lm_dir, tmp_path, monkeypatch):
+    """SIGTERM during step 3's batch: the run saves at step 4 and exits without evaluating step 4 first (torchrun and
+    SLURM kill a job soon after SIGTERM); the resumed run evaluates step 4 when it starts."""
+    to_device = train.to_device
+    batches = []
+
+    def signalled(batch, device):
+        batches.append(batch)
+        if len(batches) == 20:  # each step: its evaluation (2 batches of train, 2 of val), then 1 training batch
+            os.kill(os.getpid(), signal.SIGTERM)  # during step 3, the 4th
+        return to_device(batch, device)
+
+    monkeypatch.setattr(train, "to_device", signalled)
+    with pytest.raises(SystemExit) as stopped:
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=10", "--eval_interval=1"])
+    assert stopped.value.code == 128 + signal.SIGTERM and state(tmp_path)["step"] == 4
+    evaluated = [r["step"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "val/loss" in r]
+    assert evaluated == [0, 1, 2, 3]
+
+
+def test_locks_tell_a_held_lock_from_a_filesystem_without_locks(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(Error, match="cannot be locked .* a filesystem without flock"):
+        with checkpoint.locked_out_dir(str(tmp_path), new_run=True):
+            pass
+
+
+@pytest.mark.parametrize("device", ["cuda:1", "mps"])
+def test_one_device_for_several_processes_is_refused(device, monkeypatch):
+    monkeypatch.setattr(os, "environ", {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(Error, match=f"--device {device} with 2 processes: each process takes its own GPU"):
+        with started(device, "auto"):
+            pass
 
 
 def test_two_nodes_equal_one_process(lm_dir, tmp_path):

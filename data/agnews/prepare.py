@@ -21,7 +21,7 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.common import ArgumentParser, Error, at_least, fraction, run_script
+from lib.common import ArgumentParser, Error, at_least, run_script
 from lib.tokenizer import BPETokenizer
 
 HUB_NAME = "fancyzhx/ag_news"
@@ -79,7 +79,7 @@ def main():
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)")
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
-    p.add_argument("--val_fraction", type=fraction, default=0.05,
+    p.add_argument("--val_fraction", type=prepare.fraction, default=0.05,
                    help="share of train carved out as val when the source has no val split (default: %(default)s)")
     p.add_argument("--max_length", type=at_least(1), default=128, help="tokens kept per row (default: %(default)s)")
     p.add_argument("--cased", action="store_true", help="keep the texts' case (default: lowercase them before BPE, "

@@ -19,7 +19,7 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.common import ArgumentParser, Error, at_least, fraction, run_script
+from lib.common import ArgumentParser, Error, at_least, run_script
 from lib.tokenizer import BPETokenizer
 
 HUB_NAME = "Skylion007/openwebtext"
@@ -63,7 +63,7 @@ def main():
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
     p.add_argument("--num_proc", type=at_least(1), default=min(8, os.cpu_count() or 1),
                    help="processes for download and tokenizing (default: %(default)s)")
-    p.add_argument("--val_fraction", type=fraction, default=0.0005, help="share of documents for val (default: %(default)s)")
+    p.add_argument("--val_fraction", type=prepare.fraction, default=0.0005, help="share of documents for val (default: %(default)s)")
     args = p.parse_args()
     t0 = time.time()
     global tok
