@@ -193,8 +193,7 @@ def train(cfg, run, guard, state):
         step += 1
         bar.update(1)
         if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
-            rate, mfu = speed.read(run.world_size)
-            unit = train_data.unit
+            (rate, mfu), unit = speed.read(run.world_size), train_data.unit
             bar.set_postfix_str(f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * mfu:.1f}%")
             record.log(step, **{"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate, "mfu": mfu,
                                 "grad_norm": norm_value})
@@ -227,7 +226,8 @@ def load_data(cfg, master):
         raise Error(f"the model has {cfg.vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}")
     if master and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the learning rate will not "
-              f"have decayed to min_lr by the end (lr_decay_iters={cfg.max_iters} gives a full schedule)", file=sys.stderr)
+              f"have decayed to min_lr by the end (lr_decay_iters={cfg.max_iters} gives a full schedule)",
+              file=sys.stderr)
     return train_data, val_data
 
 

@@ -30,5 +30,5 @@ weight_decay = 1e-1
 eval_interval = 1000
 eval_iters = 200
 log_interval = 10
-dtype = "bfloat16"
+dtype = "auto"  # bfloat16 where the GPU has bfloat16 matmuls (A100, H100), float16 (with a GradScaler) before
 compile = True
