@@ -105,7 +105,7 @@ def rules(cfg, resuming):
 
 def main(argv):
     """The settings: config files and overrides, or a resumed run's own; then this process's place in the run."""
-    settings, given = config.parse(argv, KEYS, __doc__)
+    settings, user_keys = config.parse(argv, KEYS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
         config.check(settings, KEYS, lambda cfg: rules(cfg, resuming))
@@ -115,7 +115,7 @@ def main(argv):
     master = int(os.environ.get("RANK", 0)) == 0
     new_run = not resuming and not settings.overwrite_out_dir  # then a checkpoint in out_dir is refused
     with checkpoint.locked_out_dir(settings.out_dir, new_run) if master else nullcontext():
-        state = checkpoint.resume(settings, given) if resuming else None
+        state = checkpoint.resume(settings, user_keys) if resuming else None
         config.check(settings, KEYS, lambda cfg: rules(cfg, resuming))
         with started(settings.device, settings.dtype, settings.deterministic) as run, StepGuard(run) as guard:
             return train(settings, run, guard, state)

@@ -49,7 +49,7 @@ def locked_out_dir(out_dir, new_run):
         lock.close()
 
 
-def resume(settings, given):
+def resume(settings, user_keys):
     """The trainer state in out_dir, its run's settings taken into settings: only the keys given now override them,
     never the model's shape or the optimizer. Loaded with mmap: the file is read as the tensors are used. init_from
     becomes where the run began (scratch, or the weights it started from), which it stays through every resume."""
@@ -63,13 +63,13 @@ def resume(settings, given):
         raise Error(f"cannot resume from {path} ({type(e).__name__}): "
                     "not a trainer state that train.py wrote") from None
     if saved["init_from"] != "scratch":  # the shape came from pretrained weights, not from the keys given
-        given = given - set(SHAPE)
+        user_keys = user_keys - set(SHAPE)
     current = vars(settings)
     changed = [f"{k}={saved[k]!r} there, {current[k]!r} here"
-               for k in KEPT_ON_RESUME if k in given and saved[k] != current[k]]
+               for k in KEPT_ON_RESUME if k in user_keys and saved[k] != current[k]]
     if changed:
         raise Error(f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}")
-    current.update({k: v for k, v in saved.items() if k in current and (k not in given or k == "init_from")})
+    current.update({k: v for k, v in saved.items() if k in current and (k not in user_keys or k == "init_from")})
     return state
 
 

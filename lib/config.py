@@ -34,7 +34,7 @@ class Key:
 def parse(argv, keys, doc):
     """(settings as a namespace, the names the user set) from config files and --key=value overrides, in order. A
     bare word is a string (--dataset=agnews); --help prints doc and every key; --print_config is left to the caller."""
-    settings, given = {name: key.default for name, key in keys.items()}, set()
+    settings, user_keys = {name: key.default for name, key in keys.items()}, set()
 
     def set_key(name, value, where):
         if name not in keys:
@@ -45,7 +45,7 @@ def parse(argv, keys, doc):
         if type(value) is not expected:
             raise Error(f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r} in {where}")
         settings[name] = value
-        given.add(name)
+        user_keys.add(name)
 
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -62,7 +62,7 @@ def parse(argv, keys, doc):
         else:
             for name, value in read_file(arg).items():
                 set_key(name, value, arg)
-    return SimpleNamespace(**settings), given
+    return SimpleNamespace(**settings), user_keys
 
 
 def did_you_mean(value, choices):

@@ -194,8 +194,9 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
     n = int(len(text) * 0.9)
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
     write_lm(args.out_dir, splits, tok, source=args.source or url)
-    print(f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: train {len(splits['train']):,} "
-          f"tokens, val {len(splits['val']):,} tokens -> {args.out_dir} ({time.time() - t0:.1f} s)")
+    print(f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: train "
+          f"{len(splits['train']):,} tokens, val {len(splits['val']):,} tokens -> {args.out_dir} "
+          f"({time.time() - t0:.1f} s)")
 
 
 def write_classification_split(data_dir, split, rows, labels, dtype):

@@ -86,10 +86,10 @@ def state(out_dir):
 def test_config_file_overrides_and_types(tmp_path):
     cfg = tmp_path / "c.py"
     cfg.write_text("n_layer = 3\nlearning_rate = 1e-3\ndataset = 'agnews'\nimport math\n_private = 1\n")
-    cfg, given = config.parse([str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"], train.KEYS, "")
+    cfg, user_keys = config.parse([str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"], train.KEYS, "")
     assert (cfg.n_layer, cfg.learning_rate, cfg.dataset, cfg.wandb_run_name) == (5, 1.0, "agnews", "bare_word")
     assert type(cfg.learning_rate) is float
-    assert given == {"n_layer", "learning_rate", "dataset", "wandb_run_name"}
+    assert user_keys == {"n_layer", "learning_rate", "dataset", "wandb_run_name"}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -140,8 +140,8 @@ def test_include_is_relative_to_the_including_file(tmp_path, monkeypatch):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.py").write_text("include('../base.py')\nn_embd = 96\n")
     monkeypatch.chdir("/")
-    cfg, given = config.parse([str(tmp_path / "sub" / "c.py")], train.KEYS, "")
-    assert (cfg.n_layer, cfg.n_embd) == (3, 96) and given == {"n_layer", "n_embd"}
+    cfg, user_keys = config.parse([str(tmp_path / "sub" / "c.py")], train.KEYS, "")
+    assert (cfg.n_layer, cfg.n_embd) == (3, 96) and user_keys == {"n_layer", "n_embd"}
 
 
 def test_help_says_what_every_key_does(capsys):
