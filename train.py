@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -25,7 +25,7 @@ from lib import checkpoint, config
 from lib.batches import load_split
 from lib.common import Error, autocast, peak_flops, run_script, write_json
 from lib.config import Key
-from lib.distributed import StepGuard, started
+from lib.distributed import StepGuard, agreed, started
 from lib.records import RunRecord, Speed, plot_runs, start_wandb
 from model import GPT2_NAMES, build_model, load_pretrained
 
@@ -38,7 +38,7 @@ KEYS = dict(
     init_from=Key("scratch", "scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)"),
     overwrite_out_dir=Key(False, "let a new run replace the checkpoint in out_dir (without it, it refuses)"),
     seed=Key(1337, "batches, initial weights and dropout all follow from it"),
-    device=Key("auto", "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps"),
+    device=Key("auto", "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps (a resume runs where it is told)"),
     dtype=Key("auto", "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, else float32",
               choices=("auto", "float32", "bfloat16", "float16")),
     compile=Key(False, "torch.compile the model: a slower start, faster steps on GPUs"),
@@ -112,12 +112,17 @@ def main(argv):
     if "--print_config" in argv:
         print(json.dumps(vars(settings), indent=2))
         return None, {}
-    master = int(os.environ.get("RANK", 0)) == 0
     new_run = not resuming and not settings.overwrite_out_dir  # then a checkpoint in out_dir is refused
-    with checkpoint.locked_out_dir(settings.out_dir, new_run) if master else nullcontext():
-        state = checkpoint.resume(settings, user_keys) if resuming else None
-        config.check(settings, KEYS, lambda cfg: rules(cfg, resuming))
-        with started(settings.device, settings.dtype, settings.deterministic) as run, StepGuard(run) as guard:
+    with started(settings.device, settings.deterministic) as run, ExitStack() as held:
+        def open_run():  # rank 0 holds out_dir for the run; every rank takes a resumed run's settings and checks them
+            if run.master:
+                held.enter_context(checkpoint.locked_out_dir(settings.out_dir, new_run))
+            state = checkpoint.resume(settings, user_keys) if resuming else None
+            config.check(settings, KEYS, lambda cfg: rules(cfg, resuming))
+            return state
+        state = agreed(run, open_run)  # a refusal on any rank is every rank's one line
+        run = run.resolved(settings.dtype)
+        with StepGuard(run) as guard:
             return train(settings, run, guard, state)
 
 

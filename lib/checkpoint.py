@@ -51,8 +51,9 @@ def locked_out_dir(out_dir, new_run):
 
 def resume(settings, user_keys):
     """The trainer state in out_dir, its run's settings taken into settings: only the keys given now override them,
-    never the model's shape or the optimizer. Loaded with mmap: the file is read as the tensors are used. init_from
-    becomes where the run began (scratch, or the weights it started from), which it stays through every resume."""
+    never the model's shape or the optimizer; the device is this command's. Loaded with mmap: the file is read as
+    the tensors are used. init_from becomes where the run began (scratch, or the weights it started from), which it
+    stays through every resume."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
     if not os.path.isfile(path):
         raise Error(f"init_from=resume but {path} does not exist: train with init_from=scratch first")
@@ -69,7 +70,9 @@ def resume(settings, user_keys):
                for k in KEPT_ON_RESUME if k in user_keys and saved[k] != current[k]]
     if changed:
         raise Error(f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}")
-    current.update({k: v for k, v in saved.items() if k in current and (k not in user_keys or k == "init_from")})
+    # the device is where this command runs (its processes joined their group on it); init_from stays the first's
+    current.update({k: v for k, v in saved.items()
+                    if k in current and k != "device" and (k not in user_keys or k == "init_from")})
     return state
 
 

@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
@@ -37,18 +37,22 @@ class Run:
         """DDP's device_ids: this process's GPU, or None on CPUs."""
         return [torch.device(self.device).index] if self.device_type == "cuda" else None
 
+    def resolved(self, dtype):
+        """This Run with dtype as the settings ask for it (auto: the hardware's rule), checked for its device."""
+        return replace(self, dtype=resolve_dtype(dtype, self.device))
+
 
 @contextmanager
-def started(device, dtype, deterministic=False):
-    """This process's Run, for the length of the with-block. Under torchrun each process takes its GPU (LOCAL_RANK,
-    never GPU 0 for all) and joins the group, which it leaves at the end; the timeout lets rank 0 save a large
-    checkpoint while the others wait. deterministic: deterministic kernels and cuBLAS workspace (slower)."""
+def started(device, deterministic=False):
+    """This process's Run (its dtype comes with resolved()), for the length of the with-block. Under torchrun each
+    process takes its GPU (LOCAL_RANK, never GPU 0 for all) and joins the group, which it leaves at the end; the
+    timeout lets rank 0 save a large checkpoint while the others wait. deterministic: deterministic kernels and
+    cuBLAS workspace (slower)."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     if "RANK" not in os.environ:
-        device = pick_device(device)
-        yield Run(device, resolve_dtype(dtype, device))
+        yield Run(pick_device(device), dtype=None)
         return
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     if device not in ("auto", "cuda", "cpu"):
@@ -58,9 +62,25 @@ def started(device, dtype, deterministic=False):
     device = pick_device(f"cuda:{local_rank}" if cuda else device)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60))
     try:
-        yield Run(device, resolve_dtype(dtype, device), True, rank, world_size)
+        yield Run(device, None, True, rank, world_size)
     finally:
         dist.destroy_process_group()
+
+
+def agreed(run, attempt):
+    """attempt()'s result, or the first rank's Error raised on every rank: the same one line on each, none left
+    waiting in the group for a rank that stopped (rank 0's out_dir lock and refusal, a resumed run's state)."""
+    try:
+        result, error = attempt(), None
+    except Error as e:
+        result, error = None, str(e)
+    if run.ddp:
+        errors = [None] * run.world_size
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), None)
+    if error:
+        raise Error(error)
+    return result
 
 
 class StepGuard:

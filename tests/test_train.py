@@ -245,6 +245,18 @@ def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path)
     assert state(tmp_path / "ddp")["step"] == 4 and state(tmp_path / "ddp")["config"]["gradient_accumulation_steps"] == 2
 
 
+def test_a_refusal_on_rank_0_is_every_ranks_one_line(lm_dir, tmp_path):
+    """A new run into an out_dir that holds a checkpoint: rank 0 refuses it (it holds the lock), and the other rank
+    prints the same line and exits too, instead of waiting in the group for a rank that is gone."""
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'taken'}", "--max_iters=1"])
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             os.path.join(ROOT, "train.py")] + TINY + [f"--dataset={lm_dir}", "--max_iters=1",
+                            f"--out_dir={tmp_path / 'taken'}", "--gradient_accumulation_steps=2"],
+                            capture_output=True, text=True, timeout=120)
+    refusals = re.findall(r"train\.py: error: out_dir .* already holds a checkpoint", result.stderr)
+    assert result.returncode != 0 and len(refusals) == 2, result.stderr[-2000:]
+
+
 def test_the_dtype_asked_for_is_saved_and_resolved_on_each_start(lm_dir, tmp_path):
     """dtype=auto is saved as auto (a resume on other hardware resolves it there), not as what it meant here."""
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--dtype=auto"])
@@ -291,7 +303,7 @@ def test_locks_tell_a_held_lock_from_a_filesystem_without_locks(tmp_path, monkey
 def test_one_device_for_several_processes_is_refused(device, monkeypatch):
     monkeypatch.setattr(os, "environ", {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
     with pytest.raises(Error, match=f"--device {device} with 2 processes: each process takes its own GPU"):
-        with started(device, "auto"):
+        with started(device):
             pass
 
 
