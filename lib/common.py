@@ -22,7 +22,7 @@ def run_script(main, prog):
     try:
         main()
     except Error as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.stderr.write(f"{prog}: error: {e}\n")  # one write: every rank of a group may print its line at once
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
