@@ -186,7 +186,7 @@ def train(cfg, run, guard, state):
                     loss = loss / micro_steps
                 scaler.scale(loss).backward()
             loss_sum += loss.detach()
-            speed.add(train_data.count(batch), raw_model.flops_per_token(batch["idx"].size(1)) * batch["idx"].numel())
+            speed.add(train_data.count(batch), batch["idx"])
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or float("inf"))
@@ -261,7 +261,7 @@ def start_records(cfg, run, model, seconds, resumed_step):
     """(metrics.jsonl's writer, the wandb run or None, the speed meter): the master's; the settings saved as
     train_config.json, and the run's first line on stderr."""
     peak, peak_source = peak_flops(run.device, run.dtype)
-    speed = Speed(peak, clamp=run.device_type == "cpu")
+    speed = Speed(peak, run.device_type == "cpu", model.flops_per_token)
     if not run.master:
         return None, None, speed
     write_json(os.path.join(cfg.out_dir, "train_config.json"), vars(cfg))

@@ -1,5 +1,6 @@
 """Run records: each evaluation and log step as one JSON line in out_dir/metrics.jsonl, mirrored to wandb when asked,
 and the loss curves drawn from those files (train.py's out_dir/loss.png; plot.py's several runs on one axis)."""
+import functools
 import json
 import os
 import time
@@ -41,18 +42,19 @@ class RunRecord:
 class Speed:
     """What a log line reports of the training since the last one: examples (or tokens) per second over all the
     processes, and MFU, the FLOP/s of this device against its peak. Evaluations are left out (skip their seconds).
-    clamp: the peak is measured (on CPUs), too low on a busy machine: it rises to the achieved rate, so MFU <= 100%."""
+    clamp: the peak is measured (on CPUs), too low on a busy machine: it rises to the achieved rate, so MFU <= 100%.
+    flops_per_token(width): the model's training FLOPs per token, kept per width (it walks the parameters)."""
 
-    def __init__(self, peak, clamp):
-        self.peak, self.clamp = peak, clamp
+    def __init__(self, peak, clamp, flops_per_token):
+        self.peak, self.clamp, self.flops_per_token = peak, clamp, functools.cache(flops_per_token)
         self.restart()
 
     def restart(self):
         self.t0, self.items, self.flops = time.perf_counter(), 0, 0.0
 
-    def add(self, items, flops):
-        """A micro-batch of this process: its examples (or tokens) and its training FLOPs."""
-        self.items, self.flops = self.items + items, self.flops + flops
+    def add(self, items, idx):
+        """A micro-batch of this process: its examples (or tokens), and its tokens idx [B, width] for the FLOPs."""
+        self.items, self.flops = self.items + items, self.flops + self.flops_per_token(idx.size(1)) * idx.numel()
 
     def skip(self, seconds):
         self.t0 += seconds
