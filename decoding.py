@@ -71,45 +71,38 @@ def top_p(logits, p):
     return logits.masked_fill(probs < cutoff, NEG_INF)
 
 
-# the strategies by their option names, for make_next_token, whose keyword arguments take those names
-STRATEGIES = dict(frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                  repetition_penalty=repetition_penalty, temperature=temperature, top_k=top_k, top_p=top_p)
+# every option: (its function, the value that turns it off, whether the function reads the context), in the order
+# of application: the penalties and n-gram blocking on the raw logits, then temperature, top-k, top-p
+OPTIONS = dict(frequency_penalty=(frequency_penalty, 0.0, True), presence_penalty=(presence_penalty, 0.0, True),
+               repetition_penalty=(repetition_penalty, 1.0, True), no_repeat_ngram_size=(no_repeat_ngram, 0, True),
+               temperature=(temperature, 1.0, False), top_k=(top_k, None, False), top_p=(top_p, 1.0, False))
+RANGES = dict(temperature=(lambda t: t >= 0, ">= 0 (0 = greedy)"), top_k=(lambda k: k >= 1, ">= 1"),
+              top_p=(lambda p: 0 < p <= 1, "in (0, 1]"), repetition_penalty=(lambda r: r > 0, "> 0 (1 = off)"),
+              no_repeat_ngram_size=(lambda n: n >= 0, ">= 0 (0 = off)"))
 
 
-def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0.0, presence_penalty=0.0,
-                    repetition_penalty=1.0, no_repeat_ngram_size=0, greedy=False, generator=None):
-    """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate: the penalties and n-gram blocking on the raw
-    logits, then temperature, top-k, top-p, then a draw from the softmax, or the argmax when greedy or temperature == 0
-    (greedy skips those three: they never change the argmax); next_token.process(logits, context) is the filtering
-    alone, and options at their defaults cost nothing. generator: a torch.Generator for the draws, made on its device
-    (a CPU one serves a model on a GPU), so a seed gives the same tokens anywhere. Values out of range raise Error."""
-    values = dict(temperature=temperature, top_p=top_p, frequency_penalty=frequency_penalty,
-                  presence_penalty=presence_penalty, repetition_penalty=repetition_penalty)
-    checks = [(v is None or math.isfinite(v), f"{k} must be a finite number, got {v}") for k, v in values.items()]
-    checks += [(temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
-              (top_k is None or top_k >= 1, f"top_k must be >= 1, got {top_k}"),
-              (top_p is None or 0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}"),
-              (repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}"),
-              (no_repeat_ngram_size >= 0, f"no_repeat_ngram_size must be >= 0 (0 = off), got {no_repeat_ngram_size}")]
-    for ok, message in checks:
-        if not ok:
-            raise Error(message)
-    greedy = greedy or temperature == 0
-    on_context = [(f, v) for f, v, active in [  # f(logits, context, v)
-        (STRATEGIES["frequency_penalty"], frequency_penalty, frequency_penalty != 0),
-        (STRATEGIES["presence_penalty"], presence_penalty, presence_penalty != 0),
-        (STRATEGIES["repetition_penalty"], repetition_penalty, repetition_penalty != 1),
-        (no_repeat_ngram, no_repeat_ngram_size, no_repeat_ngram_size > 0)] if active]
-    on_logits = [(f, v) for f, v, active in [  # f(logits, v)
-        (STRATEGIES["temperature"], temperature, temperature != 1),
-        (STRATEGIES["top_k"], top_k, top_k is not None),
-        (STRATEGIES["top_p"], top_p, top_p is not None and top_p < 1)] if active and not greedy]
+def make_next_token(greedy=False, generator=None, **options):
+    """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate, from OPTIONS by name (the rest stay off):
+    the filters in OPTIONS' order, then a draw from the softmax, or the argmax when greedy or temperature == 0 (greedy
+    skips temperature, top-k and top-p: they never change the argmax). next_token.stages lists the filters that run as
+    (name, f(logits, context)); next_token.process(logits, context) applies them all. generator: a torch.Generator
+    for the draws, made on its device (a CPU one serves a model on a GPU), so a seed gives the same tokens anywhere.
+    An unknown option or a value out of its range raises Error."""
+    value = {name: options.pop(name, off) for name, (_, off, _) in OPTIONS.items()}
+    if options:
+        raise Error(f"{next(iter(options))} is not a decoding option (they are {', '.join(OPTIONS)})")
+    for name, v in value.items():
+        ok, rule = RANGES.get(name, (lambda v: True, ""))
+        if v is not None and not (math.isfinite(v) and ok(v)):
+            raise Error(f"{name} must be {'a finite number' if not math.isfinite(v) else rule}, got {v}")
+    greedy = greedy or value["temperature"] == 0
+    stage = lambda f, v, reads: (lambda x, context: f(x, context, v)) if reads else (lambda x, context: f(x, v))
+    stages = [(name, stage(f, value[name], reads)) for name, (f, off, reads) in OPTIONS.items()
+              if value[name] not in (off, None) and (reads or not greedy)]
 
     def process(logits, context):
-        for f, v in on_context:
-            logits = f(logits, context, v)
-        for f, v in on_logits:
-            logits = f(logits, v)
+        for _, f in stages:
+            logits = f(logits, context)
         return logits
 
     def next_token(logits, context):
@@ -122,5 +115,5 @@ def make_next_token(temperature=1.0, top_k=None, top_p=None, frequency_penalty=0
         probs = torch.softmax(logits, dim=-1).to(logits.device if generator is None else generator.device)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
-    next_token.process = process
+    next_token.stages, next_token.process = stages, process
     return next_token

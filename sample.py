@@ -16,7 +16,7 @@ from model import GPT2_NAMES, load_pretrained
 from lib.tokenizer import get_tokenizer
 
 SEPARATOR = "-" * 40
-# make_next_token's options, range-checked there: (type, default); --help shows each decoding function's docstring
+# decoding.OPTIONS with their types and this script's defaults (checked there); --help shows each function's docstring
 DECODING = dict(temperature=(float, 0.8), top_k=(int, 200), top_p=(float, 1.0), frequency_penalty=(float, 0.0),
                 presence_penalty=(float, 0.0), repetition_penalty=(float, 1.0), no_repeat_ngram_size=(int, 0))
 
@@ -27,9 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--init_from", help=f"sample these weights instead of --out_dir: one of {', '.join(GPT2_NAMES)} "
                    "(downloaded from the Hugging Face hub), a local GPT-2 folder in the Hugging Face layout "
                    "(model.safetensors + config.json; GPT-2's BPE), or a checkpoint folder of this project")
-    p.add_argument("--start", default="", help="the prompt, or FILE:path to read it from a file; empty (the "
-                   "default) starts from the tokenizer's start token (newline for char models, <|endoftext|> for "
-                   "BPE), which is not printed")
+    p.add_argument("--start", default="", help="the prompt, or FILE:path to read it from a file; empty: the "
+                   "tokenizer's start token (newline, or BPE's <|endoftext|>), not printed")
     p.add_argument("--num_samples", type=at_least(1), default=1,
                    help="samples, generated together as one batch (default: %(default)s)")
     p.add_argument("--max_new_tokens", type=at_least(0), default=500,
@@ -37,25 +36,21 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337,
                    help="random seed; the same seed gives the same samples (default: %(default)s)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype; auto: bfloat16 where the hardware has it (GPUs of compute capability 8.0 "
-                   "and up, CPUs with AMX or AVX-512 BF16), float16 on older GPUs, else float32")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (it recompiles a few times at "
-                   "first: pays off only for long samples on a GPU)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast "
+                   "dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, else float32 (as train.py)")
     p.add_argument("--stream", action="store_true", help="print the first sample token by token as it is "
                    "generated; the others follow when the batch is done (stdout is the same as without --stream)")
     p.add_argument("--stop", help="a string that ends a sample: the sample is cut right before it, and generation "
                    "ends when every sample has stopped (only the continuation is searched, not the prompt; in bash, "
                    "$'\\n\\n' is two newlines)")
     p.add_argument("--no_cache", action="store_true", help="re-run the model's whole window every step instead of "
-                   "using the KV cache (slower, the same tokens; for comparison). The window is the context up to "
-                   "block_size tokens; once it would pass that, it restarts from the last block_size // 2")
+                   "using the KV cache (slower, the same tokens; for comparison)")
     g = p.add_argument_group("decoding strategy (applied in this order: penalties and n-gram blocking on the raw "
                              "logits, then temperature, top-k, top-p, then sampling)")
     g.add_argument("--greedy", action="store_true", help="take the most likely token instead of sampling "
                    "(the penalties and --no_repeat_ngram_size still apply)")
     for name, (kind, default) in DECODING.items():
-        text = " ".join(getattr(decoding, name.removesuffix("_size")).__doc__.split())
+        text = " ".join(decoding.OPTIONS[name][0].__doc__.split())
         g.add_argument(f"--{name}", type=kind, default=default, help=f"{text} (default: {default})")
     args = p.parse_args(argv)
     try:
@@ -109,18 +104,12 @@ def main(argv=None):
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw
         raise Error(f"--start: {e}") from None
-    print(f"{what}; {device}, {dtype}{', compiled' if args.compile else ''}", file=sys.stderr)
-    if args.compile:
-        model.compile()
+    print(f"{what}; {device}, {dtype}", file=sys.stderr)
     if len(prompt) > model.config.block_size:
         print(f"the prompt has {len(prompt)} tokens; the model sees only the last {model.config.block_size}",
               file=sys.stderr)
-    n_vocab = tokenizer.vocab_size  # the model's vocabulary may be padded past the tokenizer's: never pick those ids
-    next_token = lambda logits, context: pick(logits[:, :n_vocab], context)
-
     torch.manual_seed(args.seed)  # here, after loading: the draws do not depend on how the model was built
-    texts, steps, seconds, interrupted = generate(model, tokenizer, prompt, next_token, args, device,
-                                                  autocast(device, dtype))
+    texts, steps, seconds, interrupted = generate(model, tokenizer, prompt, pick, args, autocast(device, dtype))
     n = args.num_samples * steps
     print(f"{args.num_samples} x {steps} tokens in {seconds:.2f} s: {n / max(seconds, 1e-9):.0f} tokens/s"
           f"{' (no KV cache)' if args.no_cache else ''}", file=sys.stderr)
@@ -132,33 +121,42 @@ def main(argv=None):
         raise SystemExit(130)
 
 
-def generate(model, tokenizer, prompt, next_token, args, device, ctx):
-    """Decode num_samples continuations of prompt as one batch -> (their texts, steps run, seconds, interrupted)."""
-    B = args.num_samples
-    idx = torch.tensor([prompt] * B, dtype=torch.long, device=device)
-    tokens, texts, done = [[] for _ in range(B)], [""] * B, [False] * B
-    shown = 0  # characters of sample 0 already streamed
+def continuations(model, tokenizer, prompt, pick, n, max_new_tokens, stop=None, use_cache=True):
+    """Decode n continuations of prompt (token ids) as one batch, each token chosen by pick (make_next_token's); after
+    every step yield (their texts so far, which have stopped, the step's tokens [n]). A text ends right before stop
+    (searched in the continuation only); the decoding ends once every text has stopped. serve.py decodes with it too."""
+    idx = torch.tensor([prompt] * n, dtype=torch.long, device=model.wte.weight.device)
+    n_vocab = tokenizer.vocab_size  # the model's vocabulary may be padded past the tokenizer's: never pick those ids
+    next_token = lambda logits, context: pick(logits[:, :n_vocab], context)
+    tokens, texts, done = [[] for _ in range(n)], [""] * n, [False] * n
+    for token in model.generate(idx, max_new_tokens, next_token=next_token, use_cache=use_cache):
+        for i, t in enumerate(token.tolist()):
+            if not done[i]:
+                tokens[i].append(t)
+                texts[i] = tokenizer.decode(tokens[i])  # the whole continuation: bytes split over tokens join up
+                cut = texts[i].find(stop) if stop else -1
+                if cut >= 0:
+                    texts[i], done[i] = texts[i][:cut], True
+        yield texts, done, token
+        if all(done):
+            return
+
+
+def generate(model, tokenizer, prompt, pick, args, ctx):
+    """sample.py's decoding -> (the texts, steps run, seconds, interrupted); --stream prints the first as it grows."""
+    texts, steps, shown = [""] * args.num_samples, 0, 0  # shown: characters of sample 0 already streamed
     if args.stream:
         print(args.start, end="", flush=True)
-    t0, steps, interrupted = time.perf_counter(), 0, False
+    run = continuations(model, tokenizer, prompt, pick, args.num_samples, args.max_new_tokens, args.stop,
+                        use_cache=not args.no_cache)
+    t0, interrupted = time.perf_counter(), False
     try:
         with ctx:
-            for token in model.generate(idx, args.max_new_tokens, next_token=next_token, use_cache=not args.no_cache):
-                steps += 1
-                for i, t in enumerate(token.tolist()):
-                    if done[i]:
-                        continue
-                    tokens[i].append(t)
-                    texts[i] = tokenizer.decode(tokens[i])  # the whole continuation: bytes split over tokens join up
-                    cut = texts[i].find(args.stop) if args.stop else -1
-                    if cut >= 0:
-                        texts[i], done[i] = texts[i][:cut], True
+            for steps, (texts, done, _) in enumerate(run, 1):
                 if args.stream:
                     out = texts[0] if done[0] else printable(texts[0], args.stop)
                     print(out[shown:], end="", flush=True)
                     shown = max(shown, len(out))
-                if all(done):
-                    break
     except KeyboardInterrupt:  # Ctrl-C: keep what was generated
         interrupted = True
     seconds = time.perf_counter() - t0

@@ -170,6 +170,7 @@ def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
     (dict(no_repeat_ngram_size=-1), r"no_repeat_ngram_size must be >= 0"),
     (dict(frequency_penalty=float("nan")), r"frequency_penalty must be a finite number, got nan"),
     (dict(temperature=float("inf")), r"temperature must be a finite number"),
+    (dict(top_n=3), r"top_n is not a decoding option \(they are frequency_penalty, "),
 ])
 def test_out_of_range_values_raise(kw, message):
     with pytest.raises(Error, match=message):
