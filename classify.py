@@ -20,7 +20,7 @@ from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
 from lib.batches import pad_batch
 from lib.prepare import read_labelled
 from model import from_checkpoint
-from lib.records import pyplot
+from lib.plots import pyplot
 from lib.tokenizer import get_tokenizer
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")

@@ -3,9 +3,8 @@ The models, in one file. Attention is written once; one Block is built on it; tw
   GPT                a causal decoder language model (the GPT-2 layout by default, LM head tied to the token embedding)
   EncoderClassifier  a bidirectional encoder: padding mask, mean pooling over real tokens, a class head
 The math follows the course notes: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, d_k the size of one head.
-To try an idea in attention, edit attention() and train with attn_impl="explicit": that is the path which then runs.
-Two options from later models, rotary position embeddings and QK-norm, are off by default: the defaults are GPT-2's
-layout and load OpenAI's weights exactly.
+To try an idea in attention, edit attention() and train with attn_impl="explicit", the path that then runs. Rotary
+positions and QK-norm, from later models, are off by default: the defaults are GPT-2's, and load its weights exactly.
 """
 import math
 import os
@@ -20,9 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from lib.common import Error, atomic_path, read_json, write_json
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's weights on the Hugging Face hub
-# Attention kernels for calls whose lengths change from one call to the next (decoding token by token, batches padded
-# to their longest row): all but cuDNN's, which prepares a plan for every new length, a cost that training at one
-# fixed block_size pays once
+# Attention kernels for lengths that change call to call (decoding, padded batches): all but cuDNN's, which plans anew
+# for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

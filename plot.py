@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from lib.common import ArgumentParser, run_script
-from lib.records import plot_runs
+from lib.plots import plot_runs
 
 
 def main(argv=None):

@@ -5,8 +5,8 @@ One training loop for both tasks: a GPT language model (task=lm) or an encoder c
   python train.py --out_dir=out-agnews --init_from=resume   continue a run exactly where it stopped
   torchrun --standalone --nproc_per_node=4 train.py config/gpt2.py                      DDP on one machine
   python train.py --help                                    every key, its default and what it does
-out_dir receives model.safetensors + config.json (the best model by the validation metric: what sample.py and
-classify.py load), trainer_state.pt (the latest state: what init_from=resume continues), metrics.jsonl and loss.png.
+out_dir receives model.safetensors + config.json (the best model: what sample.py and classify.py load), trainer_state.pt
+(the latest state, which init_from=resume continues) and metrics.jsonl (the records; plot.py draws them).
 This file reads as one run, in order: the settings, the data, the model, the optimizer, the loop, the end.
 """
 import json
@@ -26,12 +26,12 @@ from lib.batches import load_split
 from lib.common import Error, autocast, peak_flops, run_script, write_json
 from lib.config import Key
 from lib.distributed import StepGuard, agreed, started
-from lib.records import RunRecord, Speed, plot_runs, start_wandb
+from lib.records import RunRecord, Speed
 from model import GPT2_NAMES, build_model, load_pretrained
 
 KEYS = dict(
     # run
-    out_dir=Key("out", "where checkpoints, metrics.jsonl and loss.png go"),
+    out_dir=Key("out", "where the checkpoints and metrics.jsonl go"),
     task=Key("lm", "lm: next-token prediction with GPT; classify: EncoderClassifier on labelled rows",
              choices=("lm", "classify")),
     dataset=Key("shakespeare_char", "a folder under data/ made by its prepare.py, or a path to a prepared folder"),
@@ -267,7 +267,13 @@ def start_records(cfg, run, model, seconds, resumed_step):
     write_json(os.path.join(cfg.out_dir, "train_config.json"), vars(cfg))
     print(f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
           f"MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})", file=sys.stderr)
-    wandb_run = start_wandb(vars(cfg), model.num_params()) if cfg.wandb_log else None
+    wandb_run = None
+    if cfg.wandb_log:  # files in out_dir/wandb; the run named wandb_run_name, or after out_dir and the start time
+        import wandb
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = cfg.wandb_run_name or f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{stamp}"
+        wandb_run = wandb.init(project=cfg.wandb_project, name=name, config=vars(cfg), dir=cfg.out_dir)
+        wandb_run.summary["parameters"] = model.num_params()
     return RunRecord(cfg.out_dir, wandb_run, seconds, resumed_step), wandb_run, speed
 
 
@@ -315,19 +321,15 @@ def evaluate(model, data, cfg, run, ctx):
 
 
 def finish(cfg, record, wandb_run, best, steps, metrics):
-    """The run's summary on stderr, the loss curve in out_dir, the best metric in the wandb summary. best: (the
-    metric's name, its best value, the step it was reached at in this run, or None)."""
+    """The run's summary on stderr, the best metric in the wandb summary. best: (the metric's name, its best value,
+    the step it was reached at in this run, or None)."""
     (metric, value, step), out_dir = best, cfg.out_dir
-    try:
-        plot_runs([out_dir], os.path.join(out_dir, "loss.png"))
-    except Exception as e:  # a plot must never fail a finished run
-        print(f"warning: could not draw {out_dir}/loss.png ({type(e).__name__}: {e})", file=sys.stderr)
     lines = [f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"]
     if step is not None:
         lines.append(f"best {metric} {value:.4f} at step {step}: {out_dir}/model.safetensors + config.json")
     elif metrics and value is not None:
         lines.append(f"no better {metric} than before ({value:.4f}): {out_dir}/model.safetensors unchanged")
-    lines.append(f"records: {out_dir}/metrics.jsonl, {out_dir}/loss.png; state: {out_dir}/trainer_state.pt")
+    lines.append(f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); state: {out_dir}/trainer_state.pt")
     print("\n".join(lines), file=sys.stderr)
     if wandb_run:
         wandb_run.summary[f"best {metric}"] = value

@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from a
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, cpu_has_bf16, matmul_flops, pick_device, run_script, sync
 from lib.batches import read_meta
-from lib.records import pyplot, read_metrics
+from lib.plots import pyplot, read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, build_model
 
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]

@@ -136,7 +136,5 @@ class ClassificationData:
 def load_split(data_dir, split, block_size):
     """The split's reader for the task that meta.json names, its files checked against meta.json."""
     meta = read_meta(data_dir)
-    if split not in meta.get("splits", {}):
-        raise Error(f"{data_dir}: no {split} split in meta.json (it has {sorted(meta.get('splits', {}))}): run its "
-                    f"prepare.py again")
+    check(split in meta["splits"], os.path.join(data_dir, "meta.json"), f"no {split} split ({sorted(meta['splits'])})")
     return (LMData if meta["task"] == "lm" else ClassificationData)(data_dir, split, block_size, meta)

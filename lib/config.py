@@ -38,8 +38,7 @@ def parse(argv, keys, doc):
 
     def set_key(name, value, where):
         if name not in keys:
-            close = ", ".join(difflib.get_close_matches(name, keys, n=3))
-            raise Error(f"unknown key {name!r} in {where}; " + (f"did you mean {close}?" if close else "see --help"))
+            raise Error(f"unknown key {name!r} in {where}" + (did_you_mean(name, keys) or " (see --help)"))
         expected = type(keys[name].default)
         value = float(value) if expected is float and type(value) is int else value
         if type(value) is not expected:

@@ -1,11 +1,11 @@
-"""Run records: each evaluation and log step as one JSON line in out_dir/metrics.jsonl, mirrored to wandb when asked,
-and the loss curves drawn from those files (train.py's out_dir/loss.png; plot.py's several runs on one axis)."""
+"""Run records: each evaluation and log step as one JSON line in out_dir/metrics.jsonl, mirrored to wandb when asked
+(plot.py draws the loss curves from those files), and the speed meter behind the log lines' rate and MFU."""
 import functools
 import json
 import os
 import time
 
-from lib.common import Error, atomic_path
+from lib.common import atomic_path
 
 
 class RunRecord:
@@ -67,60 +67,3 @@ class Speed:
         rate = self.items * world_size / elapsed
         self.restart()
         return rate, achieved / self.peak
-
-
-def start_wandb(settings, n_params):
-    """A wandb run (files in out_dir/wandb) named wandb_run_name or after out_dir and start time; settings: a dict."""
-    import wandb
-    out_dir = settings["out_dir"]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = settings["wandb_run_name"] or f"{os.path.basename(os.path.abspath(out_dir))}-{stamp}"
-    run = wandb.init(project=settings["wandb_project"], name=name, config=settings, dir=out_dir)
-    run.summary["parameters"] = n_params
-    return run
-
-
-def read_metrics(out_dir):
-    """The lines of out_dir/metrics.jsonl, in order."""
-    path = os.path.join(out_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise Error(f"{path}: no such file: point at an out_dir that train.py wrote")
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as e:
-        raise Error(f"{path}: not a readable metrics file ({type(e).__name__}): was it cut short?") from None
-
-
-def plot_runs(out_dirs, path, x="step"):
-    """Validation (solid) and training (dashed) loss of each run against step or seconds, one colour a run; a second
-    panel with validation accuracy when any run is a classifier. Saved to path (PNG, SVG, PDF: by its extension)."""
-    if not path.lower().endswith((".png", ".svg", ".pdf")) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise Error(f"{path}: give an image path ending in .png, .svg or .pdf, in an existing folder")
-    plt = pyplot()
-    runs = {d: [r for r in read_metrics(d) if "val/loss" in r] for d in out_dirs}
-    accuracy = any("val/accuracy" in r for rows in runs.values() for r in rows)
-    fig, axes = plt.subplots(1, 1 + accuracy, figsize=(7 + 5 * accuracy, 4.5), squeeze=False, layout="constrained")
-    for i, (d, rows) in enumerate(runs.items()):
-        colour, label, xs = f"C{i % 10}", os.path.basename(os.path.abspath(d)), [r[x] for r in rows]
-        axes[0][0].plot(xs, [r["val/loss"] for r in rows], "-o", color=colour, markersize=3, label=f"{label} val")
-        axes[0][0].plot(xs, [r["train/loss"] for r in rows], "--", color=colour, label=f"{label} train")
-        if accuracy:
-            axes[0][1].plot(xs, [r.get("val/accuracy") for r in rows], "-o", color=colour, markersize=3, label=label)
-    axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
-    if accuracy:
-        axes[0][1].set(xlabel=x, ylabel="validation accuracy", title="accuracy")
-    for ax in axes[0]:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def pyplot():
-    """matplotlib's pyplot drawing into files only (no window), with plain-text labels ("$5" is not TeX)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    matplotlib.rcParams["text.parse_math"] = False
-    import matplotlib.pyplot as plt
-    return plt

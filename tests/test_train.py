@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import plot
 import train
 from conftest import ROOT, TINY
 from lib import checkpoint, config
@@ -93,7 +94,7 @@ def test_config_file_overrides_and_types(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--n_layers=4"], "unknown key 'n_layers' in --n_layers=4; did you mean n_layer"),
+    (["--n_layers=4"], "unknown key 'n_layers' in --n_layers=4 \\(did you mean n_layer\\?\\)"),
     (["--n_layer=2.5"], "n_layer must be int, got float 2.5"),
     (["--compile=yes"], "compile must be bool, got str 'yes'"),
     (["--n_layer"], "write --n_layer=VALUE"),
@@ -550,6 +551,7 @@ def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(lm_dir
     assert all({"train/step_loss", "lr", "tok/s", "grad_norm", "seconds"} <= set(r) for r in logs)
     assert [r["step"] for r in evals] == [0, 2, 4, 6]  # the resumed run's own evaluation at 4 replaces the first
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(lines, lines[1:]))
+    plot.main([str(tmp_path), f"--out={tmp_path}/loss.png"])  # the curves drawn from these records
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
