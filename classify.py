@@ -52,6 +52,15 @@ def predict(model, rows, batch_size, device):
     return probs
 
 
+@torch.no_grad()
+def attention_maps(model, row, device):
+    """One text's class probabilities [n_classes] and its attention maps: per layer [n_head, n, n], queries by keys,
+    float32 on the CPU (the explicit attention path, which returns its weights)."""
+    idx, mask = pad_batch([row], model.config.pad_token_id)
+    logits, _, maps = model(idx.to(device), mask.to(device), need_weights=True)
+    return torch.softmax(logits[0].float(), -1).cpu(), [m[0].float().cpu() for m in maps]
+
+
 def report(labels, preds, names):
     """accuracy, a per-class table with macro averages, and the confusion matrix, as text lines; and the matrix."""
     k = len(names)
@@ -186,17 +195,14 @@ def main(argv=None):
     if a.attention_maps:
         if len(texts) != 1:
             raise Error(f"--attention_maps draws one text, got {len(texts)}")
-        idx, mask = pad_batch(rows, model.config.pad_token_id)
-        with torch.no_grad():
-            logits, _, maps = model(idx.to(device), mask.to(device), need_weights=True)
-        prob = torch.softmax(logits[0].float(), -1)
+        prob, maps = attention_maps(model, rows[0], device)
         tokens = [tok.decode([t]).replace("\n", "\\n") for t in rows[0]]
         title = f"predicted: {names[prob.argmax()]} ({prob.max():.2f})  |  " + \
             (texts[0] if len(texts[0]) <= 80 else texts[0][:79] + "…")
-        fig = attention_figure([m[0].float().cpu().numpy() for m in maps], tokens, title)
+        fig = attention_figure([m.numpy() for m in maps], tokens, title)
         fig.savefig(a.attention_maps, dpi=100)
-        print(f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[1]} panels, {len(maps)} layers x "
-              f"{maps[0].shape[1]} heads, {len(tokens)} tokens", file=sys.stderr)
+        print(f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[0]} panels, {len(maps)} layers x "
+              f"{maps[0].shape[0]} heads, {len(tokens)} tokens", file=sys.stderr)
         return
     probs = predict(model, rows, a.batch_size, device)
     width = max(len(n) for n in names)

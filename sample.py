@@ -69,10 +69,10 @@ def parse_args(argv=None):
     return args, pick
 
 
-def load(args, device):
-    """(model in eval mode on device, tokenizer, a line saying what was loaded) from --init_from, else --out_dir."""
-    source = args.init_from or args.out_dir
-    if not args.init_from and not os.path.isfile(os.path.join(source, "config.json")):
+def load(source, device, hub=False):
+    """(model in eval mode on device, tokenizer, a line saying what was loaded) from a checkpoint folder of this
+    project, or with hub, GPT-2's weights (a name, or a folder in the Hugging Face layout)."""
+    if not hub and not os.path.isfile(os.path.join(source, "config.json")):
         raise Error(f"no checkpoint in {source!r}: train one with `python train.py config/shakespeare_char.py`, point "
                     f"--out_dir at one, or sample GPT-2 with --init_from gpt2")
     model, info = load_pretrained(source, device)
@@ -84,22 +84,19 @@ def load(args, device):
     return model, tokenizer, what
 
 
-def printable(text, stop):
+def printable(text, stops=()):
     """The part of a growing continuation that can be printed now: never a trailing half of a multi-byte character
-    (tiktoken decodes it to U+FFFD) nor a tail that may turn out to be the start of the stop string."""
+    (tiktoken decodes it to U+FFFD) nor a tail that may turn out to be the start of a stop string."""
     text = text.rstrip("\ufffd")
-    if stop:
-        for n in range(min(len(stop) - 1, len(text)), 0, -1):
-            if stop.startswith(text[-n:]):
-                return text[:-n]
-    return text
+    held = [n for stop in stops for n in range(1, min(len(stop) - 1, len(text)) + 1) if stop.startswith(text[-n:])]
+    return text[:len(text) - max(held, default=0)]
 
 
 def main(argv=None):
     args, pick = parse_args(argv)
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    model, tokenizer, what = load(args, device)
+    model, tokenizer, what = load(args.init_from or args.out_dir, device, hub=bool(args.init_from))
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw
@@ -121,10 +118,10 @@ def main(argv=None):
         raise SystemExit(130)
 
 
-def continuations(model, tokenizer, prompt, pick, n, max_new_tokens, stop=None, use_cache=True):
+def continuations(model, tokenizer, prompt, pick, n, max_new_tokens, stops=(), use_cache=True):
     """Decode n continuations of prompt (token ids) as one batch, each token chosen by pick (make_next_token's); after
-    every step yield (their texts so far, which have stopped, the step's tokens [n]). A text ends right before stop
-    (searched in the continuation only); the decoding ends once every text has stopped. serve.py decodes with it too."""
+    every step yield (their texts so far, which have stopped, the step's tokens [n]). A text ends right before the
+    first of stops it holds (the continuation is searched, not the prompt); the decoding ends once all have stopped."""
     idx = torch.tensor([prompt] * n, dtype=torch.long, device=model.wte.weight.device)
     n_vocab = tokenizer.vocab_size  # the model's vocabulary may be padded past the tokenizer's: never pick those ids
     next_token = lambda logits, context: pick(logits[:, :n_vocab], context)
@@ -134,7 +131,7 @@ def continuations(model, tokenizer, prompt, pick, n, max_new_tokens, stop=None, 
             if not done[i]:
                 tokens[i].append(t)
                 texts[i] = tokenizer.decode(tokens[i])  # the whole continuation: bytes split over tokens join up
-                cut = texts[i].find(stop) if stop else -1
+                cut = min([c for c in (texts[i].find(stop) for stop in stops) if c >= 0], default=-1)
                 if cut >= 0:
                     texts[i], done[i] = texts[i][:cut], True
         yield texts, done, token
@@ -147,14 +144,14 @@ def generate(model, tokenizer, prompt, pick, args, ctx):
     texts, steps, shown = [""] * args.num_samples, 0, 0  # shown: characters of sample 0 already streamed
     if args.stream:
         print(args.start, end="", flush=True)
-    run = continuations(model, tokenizer, prompt, pick, args.num_samples, args.max_new_tokens, args.stop,
-                        use_cache=not args.no_cache)
+    stops = [args.stop] if args.stop else []
+    run = continuations(model, tokenizer, prompt, pick, args.num_samples, args.max_new_tokens, stops, not args.no_cache)
     t0, interrupted = time.perf_counter(), False
     try:
         with ctx:
             for steps, (texts, done, _) in enumerate(run, 1):
                 if args.stream:
-                    out = texts[0] if done[0] else printable(texts[0], args.stop)
+                    out = texts[0] if done[0] else printable(texts[0], stops)
                     print(out[shown:], end="", flush=True)
                     shown = max(shown, len(out))
     except KeyboardInterrupt:  # Ctrl-C: keep what was generated

@@ -201,6 +201,10 @@ BAD_INPUTS = [
     ("export.py", ["--out_dir={d}/rope", "--hf_dir={d}/hf"], "rope=True has no place in GPT-2's layout"),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/a_file"], "is a file"),
     ("export.py", ["--out_dir={d}/gpt"], "required: --hf_dir"),
+    ("serve.py", ["--out_dir={d}/nothing"], "no such checkpoint config"),
+    ("serve.py", ["--out_dir={d}/gpt", "--out_dir={d}/gpt/"], "two checkpoints named 'gpt'"),
+    ("serve.py", ["--out_dir={d}/gpt", "--port=-1"], "must be >= 0, got -1"),
+    ("serve.py", ["--out_dir={d}/gpt", "--max_n=0"], "must be >= 1, got 0"),
     ("plot.py", ["{d}/nothing"], "no such file"),
     ("plot.py", ["{d}/gpt", "--x=tokens"], "invalid choice: 'tokens'"),
     ("data/agnews/prepare.py", ["--source={d}/nowhere"], "no such folder"),
@@ -220,6 +224,7 @@ BAD_INPUTS = [
     ("data/shakespeare/prepare.py", ["--source={d}/nope.txt"], "no such file"),
     ("data/openwebtext/prepare.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("bench/serve.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
 ]
 
 

@@ -138,9 +138,10 @@ def test_more_errors_in_process(args, message, capsys, tmp_path, monkeypatch):
 
 
 def test_printable_holds_back_half_characters_and_a_possible_stop():
-    assert printable("caf\ufffd", None) == "caf"  # the first byte of 'é' only: wait for the next token
-    assert printable("hello wor", "world") == "hello "  # 'wor' may begin the stop string
-    assert printable("hello w!", "world") == "hello w!" and printable("a\n", "\n\n") == "a"
+    assert printable("caf\ufffd") == "caf"  # the first byte of 'é' only: wait for the next token
+    assert printable("hello wor", ["world"]) == "hello "  # 'wor' may begin the stop string
+    assert printable("hello w!", ["world"]) == "hello w!" and printable("a\n", ["\n\n"]) == "a"
+    assert printable("hello wor", ["or!", "world"]) == "hello "  # the longest tail any stop string may start with
 
 
 @needs_shared
