@@ -162,6 +162,7 @@ class Playground:
             try:
                 with self.lock, ctx:
                     item = next(steps, None)
+                    self.tokens_generated += 0 if item is None else finished.count(False)
             except Error as e:  # every token blocked by no_repeat_ngram_size
                 raise RequestError(400, str(e), "no_repeat_ngram_size") from None
             if item is None:
@@ -175,7 +176,6 @@ class Playground:
                 out = texts[i] if done[i] else sample.printable(texts[i], stops)
                 events.append((i, out[shown[i]:], "stop" if done[i] else None, trace[-1][i] if trace else None))
                 shown[i], finished[i] = max(shown[i], len(out)), done[i]
-            self.tokens_generated += len(events)
             yield events
         yield [(i, texts[i][shown[i]:], "length", None) for i in range(n) if not finished[i]]
 

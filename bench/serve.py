@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ def start_server(out_dirs, device):
         found = re.search(r"serving on (http://\S+)", line)
         if found:
             url = found.group(1)
+            # the request log goes on: read it, or the server blocks once the pipe is full
+            threading.Thread(target=server.stderr.read, daemon=True).start()
             with urllib.request.urlopen(url + "/v1/models") as response:
                 return server, url, json.loads(response.read())["data"]
     raise Error(f"serve.py ended before serving: exit {server.wait()}")

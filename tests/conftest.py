@@ -3,6 +3,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
@@ -19,3 +20,13 @@ needs_shared = pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"needs the 
 # a model and schedule small enough for a training run in a fraction of a second, in float32 on the CPU
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
         "--dtype=float32", "--device=cpu", "--warmup_iters=2", "--lr_decay_iters=10", "--learning_rate=1e-2"]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors in one thread, as the script processes compared against run (OMP_NUM_THREADS=1): the same sums,
+    and no threads fighting over the cores (60x slower on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -26,13 +26,7 @@ SAMPLING = dict(temperature=0.9, top_k=6, top_p=0.9, frequency_penalty=0.3, pres
                 repetition_penalty=1.3, no_repeat_ngram_size=3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """As the sample.py and classify.py processes compared against run (OMP_NUM_THREADS=1): the same sums."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
