@@ -80,8 +80,9 @@ class Browser:
         raise TimeoutError(f"waited {timeout} s for {expression}")
 
     def screenshot(self, path):
+        shot = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         with open(path, "wb") as f:
-            f.write(base64.b64decode(self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]))
+            f.write(base64.b64decode(shot["data"]))
 
     def close(self):
         self.process.kill()

@@ -280,7 +280,8 @@ def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
         assert browser.js('document.querySelectorAll("#tokens span").length') == 30
         browser.js('document.querySelector("#tokens span:nth-child(5)").click()')
         assert browser.js('document.querySelectorAll("#stages .stage").length') == 4  # raw, temperature, top-k, top-p
-        browser.js('document.getElementById("text").value = "dead beef"; document.getElementById("classify-go").click()')
+        browser.js('document.getElementById("text").value = "dead beef";'
+                   'document.getElementById("classify-go").click()')
         assert browser.wait('document.body.dataset.classification !== "running" && '
                             'document.body.dataset.classification') == "done"
         assert browser.js('document.querySelectorAll("canvas.head").length') == 2 * 2  # layers x heads

@@ -3,7 +3,7 @@ serve.py under a bounded load on loopback: the server in its own process, then f
 of requests a few at a time. Each answer is checked against the one the same request gets alone (the same seed gives
 the same text, however the decoding steps of concurrent requests interleave), and the server's resident memory is read
 after a warm-up round and after each measured round: flat memory means no request leaves anything behind.
-  python bench/serve.py --out_dir=out-shakespeare-char --out_dir=out-agnews --requests=200 --concurrency=8
+  python bench/serve_load.py --out_dir=out-shakespeare-char --out_dir=out-agnews --requests=200 --concurrency=8
 """
 import argparse
 import json
@@ -87,7 +87,7 @@ def measure(server, url, model, args):
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="bench/serve.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="serve_load.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", action="append", required=True, help="a checkpoint to serve (repeatable)")
     p.add_argument("--requests", type=at_least(1), default=200, help="requests per round (default: %(default)s)")
     p.add_argument("--concurrency", type=at_least(1), default=8, help="requests in flight (default: %(default)s)")
@@ -103,12 +103,12 @@ def main(argv=None):
     finally:
         server.terminate()
         server.wait()
-    print(f"| model | task | requests/s | p50 latency | p99 latency | tokens/s | server RSS after the warm-up, then each "
-          f"round (MB) |\n|---|---|---|---|---|---|---|")
+    print("| model | task | requests/s | p50 latency | p99 latency | tokens/s | server RSS after the warm-up, then "
+          "each round (MB) |\n|---|---|---|---|---|---|---|")
     for m, rate, p50, p99, tokens, memory in rows:
         print(f"| {m['id']} | {m['task']} | {rate:.1f} | {1000 * p50:.0f} ms | {1000 * p99:.0f} ms | "
               f"{tokens:,.0f} | {' / '.join(f'{x:.1f}' for x in memory)} |")
 
 
 if __name__ == "__main__":
-    run_script(main, "bench/serve.py")
+    run_script(main, "serve_load.py")
