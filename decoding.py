@@ -107,12 +107,15 @@ def make_next_token(greedy=False, generator=None, **options):
 
     def next_token(logits, context):
         logits = process(logits, context)
-        if not torch.isfinite(logits).any(-1).all():
-            raise Error("every token is blocked (no_repeat_ngram_size bans each token that would repeat an "
-                        "n-gram; with a small vocabulary and a small n that can be all of them)")
+        probs = torch.softmax(logits, dim=-1)
+        if not torch.isfinite(probs).all():  # a row all -inf, or a logit at +inf: no distribution to draw from
+            if (logits == NEG_INF).all(-1).any():
+                raise Error("no_repeat_ngram_size blocks every token (it bans each token that would repeat an "
+                            "n-gram; with a small vocabulary and a small n that can be all of them)")
+            raise Error("temperature or a penalty overflows the logits (try a temperature nearer 1, smaller penalties)")
         if greedy:
             return logits.argmax(dim=-1)
-        probs = torch.softmax(logits, dim=-1).to(logits.device if generator is None else generator.device)
+        probs = probs.to(logits.device if generator is None else generator.device)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
     next_token.stages, next_token.process = stages, process

@@ -9,7 +9,7 @@ classifier's probabilities and every attention head.
                          repetition_penalty, no_repeat_ngram_size; trace: the top candidates at every filter)
   POST /v1/classify      {"input": a text or a list of texts, "attention": true for one text's every head}
 Checkpoints load and decode through sample.py's and classify.py's own functions. Model calls run one at a time (a
-decoding step of one request, then one of another), so streams interleave; a client that goes away stops its decoding.
+decoding step of one request, then one of another), so streams interleave; a stream whose client goes away stops.
 Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "type", "param"}}.
 """
 import argparse
@@ -33,6 +33,7 @@ PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
 MAX_BODY = 1 << 16  # bytes of one request's JSON
 MAX_TEXTS = 64  # texts in one classify request
 MAX_TRACE = 20  # candidates per filter in a trace
+MAX_ACTIVE = 16  # requests decoding at once; more get a 503
 # a field's accepted types and default; null means the default, as in OpenAI's API
 COMPLETION = dict(model=((str,), None), prompt=((str,), ""), max_tokens=((int,), 16), n=((int,), 1),
                   stop=((str, list), None), seed=((int,), None), stream=((bool,), False), trace=((int,), 0),
@@ -49,13 +50,18 @@ class RequestError(Exception):
         super().__init__(message)
         self.status, self.param = status, param
 
+    def body(self):
+        """OpenAI's error object."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param}}
+
 
 def fields(body, table):
     """A request's JSON object checked against table: unknown fields, wrong types -> RequestError naming the field."""
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
-    for name in body:
-        if name not in table:
+    for name, value in body.items():
+        if name not in table and value is not None:  # null means not given, as OpenAI's clients send it
             raise RequestError(400, f"unknown field {name!r} (fields: {', '.join(table)})", name)
     out = {}
     for name, (types, default) in table.items():
@@ -64,6 +70,8 @@ def fields(body, table):
             value = default
         elif type(value) not in types:  # type(), not isinstance(): true is not a number
             raise RequestError(400, f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r:.40}", name)
+        elif float in types and abs(value) > 1e300:  # an int past a float's range; decoding works in floats
+            raise RequestError(400, f"{name} must be a finite number, got {value!r:.40}", name)
         out[name] = value
     return out
 
@@ -71,7 +79,7 @@ def fields(body, table):
 class Playground:
     """The loaded checkpoints, what bounds a request, and the lock that runs one model call at a time."""
 
-    def __init__(self, out_dirs, device="cpu", dtype="auto", max_tokens=256, max_n=8, max_active=16):
+    def __init__(self, out_dirs, device="cpu", dtype="auto", max_tokens=256, max_n=8, max_active=MAX_ACTIVE):
         self.device, self.models = pick_device(device), {}
         self.max_tokens, self.max_n = max_tokens, max_n
         self.lock, self.slots = threading.Lock(), threading.BoundedSemaphore(max_active)
@@ -119,7 +127,8 @@ class Playground:
         req = fields(body, COMPLETION)
         name, m = self.pick_model(req["model"], "lm")
         block_size, tokenizer = m["model"].config.block_size, m["tokenizer"]
-        limits = [("max_tokens", 1, self.max_tokens), ("n", 1, self.max_n), ("trace", 0, MAX_TRACE)]
+        limits = [("max_tokens", 1, self.max_tokens), ("n", 1, self.max_n), ("trace", 0, MAX_TRACE),
+                  ("frequency_penalty", -2, 2), ("presence_penalty", -2, 2)]  # OpenAI's range of the penalties
         for field, low, high in limits:
             if not low <= req[field] <= high:
                 raise RequestError(400, f"{field} must be in [{low}, {high}], got {req[field]}", field)
@@ -163,8 +172,8 @@ class Playground:
                 with self.lock, ctx:
                     item = next(steps, None)
                     self.tokens_generated += 0 if item is None else finished.count(False)
-            except Error as e:  # every token blocked by no_repeat_ngram_size
-                raise RequestError(400, str(e), "no_repeat_ngram_size") from None
+            except Error as e:  # no token left to draw: its message begins with the option to blame
+                raise RequestError(400, str(e), str(e).split()[0]) from None
             if item is None:
                 break
             texts, done, _ = item
@@ -191,7 +200,10 @@ class Playground:
             raise RequestError(400, f"input must be a non-blank text or a list of 1 to {MAX_TEXTS} of them", "input")
         if req["attention"] and len(texts) != 1:
             raise RequestError(400, "attention maps are drawn for one text: send input as a single text", "attention")
-        rows = [row[:m["max_length"]] for row in m["tokenizer"].encode_batch(texts)]
+        try:
+            rows = [row[:m["max_length"]] for row in m["tokenizer"].encode_batch(texts)]
+        except Error as e:  # a character a char model never saw
+            raise RequestError(400, f"input: {e}", "input") from None
         with self.lock:  # float32, as classify.py runs
             probs = classify.predict(m["model"], rows, 64, self.device).tolist()
             maps = classify.attention_maps(m["model"], rows[0], self.device)[1] if req["attention"] else None
@@ -233,6 +245,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "gpt-starter-playground"
     playground = None  # set by make_server
     quiet = False
+    timeout = 30  # seconds a client may take to send its request or to read the next event: then it counts as gone
 
     def log_message(self, format, *args):
         if not self.quiet:
@@ -247,8 +260,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def fail(self, e):
-        kind = "invalid_request_error" if e.status < 500 else "server_error"
-        self.send(e.status, {"error": {"message": str(e), "type": kind, "param": e.param}})
+        self.send(e.status, e.body())
 
     def do_GET(self):
         if self.path in ("/", "/index.html"):
@@ -267,8 +279,8 @@ class Handler(BaseHTTPRequestHandler):
             routes[self.path](self.body())
         except RequestError as e:
             self.fail(e)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True  # the client went away, or stopped reading
         except Exception as e:  # a bug: report it, keep serving
             traceback.print_exc()
             self.fail(RequestError(500, f"{type(e).__name__}: {e}"))
@@ -279,12 +291,13 @@ class Handler(BaseHTTPRequestHandler):
         if length is None or not length.isdigit():
             raise RequestError(411, "send a Content-Length header with the JSON body")
         if int(length) > MAX_BODY:
-            self.close_connection = True  # the body is left unread
+            self.close_connection = True
+            self.rfile.read(min(int(length), 16 * MAX_BODY))  # read, so that the client reads the answer, up to 1 MiB
             raise RequestError(413, f"the body is {length} bytes, more than {MAX_BODY}")
         try:
             return json.loads(self.rfile.read(int(length)))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise RequestError(400, f"the body is not JSON ({e})") from None
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested past Python's depth, 4300+ digits
+            raise RequestError(400, f"the body is not JSON that can be read ({type(e).__name__})") from None
 
     def classify(self, body):
         self.send(200, self.playground.classify(body))
@@ -328,9 +341,13 @@ class Handler(BaseHTTPRequestHandler):
                         choice = {"text": text, "index": i, "logprobs": None, "finish_reason": finish}
                         chunk = {**head, "choices": [choice | ({"trace": [trace]} if trace else {})]}
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        except RequestError as e:  # past the headers: the error is the stream's last event, as OpenAI sends it
-            error = {"message": str(e), "type": "invalid_request_error", "param": e.param}
-            self.wfile.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            raise
+        except Exception as e:  # past the headers: the error is the stream's last event, as OpenAI sends it
+            if not isinstance(e, RequestError):  # a bug: report it, keep serving
+                traceback.print_exc()
+                e = RequestError(500, f"{type(e).__name__}: {e}")
+            self.wfile.write(f"data: {json.dumps(e.body())}\n\n".encode())
             return
         self.wfile.write(b"data: [DONE]\n\n")
 

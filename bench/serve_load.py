@@ -13,11 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from anywhere: the repository root
+sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, at_least, run_script  # noqa: E402
+from serve import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = ["Stocks fall as oil prices jump", "Lakers win again in overtime", "New chip doubles battery life",
              "Talks on trade resume in Geneva", "Bank raises rates to cool prices", "Striker signs five-year deal",
@@ -26,8 +29,11 @@ HEADLINES = ["Stocks fall as oil prices jump", "Lakers win again in overtime", "
 
 def post(url, body):
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        raise Error(f"{url}: {e.code}: {json.loads(e.read())['error']['message']}") from None
 
 
 def rss_mb(pid):
@@ -37,7 +43,8 @@ def rss_mb(pid):
 
 def start_server(out_dirs, device):
     """serve.py on a free port -> (the process, its base URL, its models)."""
-    command = [sys.executable, "serve.py", *(f"--out_dir={d}" for d in out_dirs), "--port=0", f"--device={device}"]
+    command = [sys.executable, os.path.join(ROOT, "serve.py"), *(f"--out_dir={d}" for d in out_dirs), "--port=0",
+               f"--device={device}"]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     for line in server.stderr:
         found = re.search(r"serving on (http://\S+)", line)
@@ -97,6 +104,8 @@ def main(argv=None):
     p.add_argument("--max_tokens", type=at_least(1), default=32, help="tokens per completion (default: %(default)s)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
+    if args.concurrency > MAX_ACTIVE:
+        p.error(f"--concurrency {args.concurrency}: serve.py decodes at most {MAX_ACTIVE} requests at once")
     server, url, models = start_server(args.out_dir, args.device)
     try:
         rows = [(m, *measure(server, url, m, args)) for m in models]

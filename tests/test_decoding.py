@@ -157,8 +157,12 @@ def test_all_strategies_together_in_the_documented_order():
 def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
     logits = torch.randn(3, 7)
     assert torch.equal(d.make_next_token().process(logits, C([1, 2], [3, 3], [0, 6])), logits)
-    with pytest.raises(Error, match="every token is blocked"):
+    with pytest.raises(Error, match="no_repeat_ngram_size blocks every token"):
         d.make_next_token(no_repeat_ngram_size=1)(torch.zeros(1, 2), C([0, 1]))
+    with pytest.raises(Error, match="overflows the logits"):  # 1 / 1e-300 is inf in float32
+        d.make_next_token(temperature=1e-300)(torch.ones(1, 3), C([0]))
+    with pytest.raises(Error, match="overflows the logits"):  # -3e38 * 2 occurrences is -inf, and so + inf
+        d.make_next_token(frequency_penalty=-3e38)(torch.ones(1, 3), C([0, 0]))
 
 
 @pytest.mark.parametrize("kw, message", [

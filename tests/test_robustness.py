@@ -225,6 +225,7 @@ BAD_INPUTS = [
     ("data/openwebtext/prepare.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/serve_load.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
+    ("bench/serve_load.py", ["--out_dir={d}/gpt", "--concurrency=17"], "decodes at most 16 requests at once"),
 ]
 
 

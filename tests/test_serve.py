@@ -51,7 +51,7 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoints):
     """The playground on a free loopback port, in a thread of this process: (its base URL, the Playground)."""
-    playground = serve.Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=64)
+    playground = serve.Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256)
     httpd = serve.make_server(playground, "127.0.0.1", 0, quiet=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -169,7 +169,7 @@ BAD = [
     ("POST", "/v1/completions", {"max_tokens": True}, 400, "max_tokens"),
     ("POST", "/v1/completions", {"stream": "yes"}, 400, "stream"),
     ("POST", "/v1/completions", {"max_tokens": 0}, 400, "max_tokens"),
-    ("POST", "/v1/completions", {"max_tokens": 65}, 400, "max_tokens"),
+    ("POST", "/v1/completions", {"max_tokens": 257}, 400, "max_tokens"),
     ("POST", "/v1/completions", {"n": 9}, 400, "n"),
     ("POST", "/v1/completions", {"trace": 21}, 400, "trace"),
     ("POST", "/v1/completions", {"temperature": -1}, 400, "temperature"),
@@ -178,6 +178,11 @@ BAD = [
     ("POST", "/v1/completions", {"repetition_penalty": 0}, 400, "repetition_penalty"),
     ("POST", "/v1/completions", {"no_repeat_ngram_size": -1}, 400, "no_repeat_ngram_size"),
     ("POST", "/v1/completions", {"seed": 2 ** 70}, 400, "seed"),
+    ("POST", "/v1/completions", {"temperature": 10 ** 400}, 400, "temperature"),  # past a float
+    ("POST", "/v1/completions", {"temperature": 1e-300}, 400, "temperature"),  # the logits overflow to inf
+    ("POST", "/v1/completions", {"frequency_penalty": 2.5}, 400, "frequency_penalty"),  # OpenAI's [-2, 2]
+    ("POST", "/v1/completions", b'{"n": 1' + b"0" * 5000 + b"}", 400, None),  # past Python's 4,300 digits
+    ("POST", "/v1/completions", b"[" * 60000, 400, None),  # nested past Python's recursion limit
     ("POST", "/v1/completions", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("POST", "/v1/completions", {"stop": [""]}, 400, "stop"),
     ("POST", "/v1/completions", {"prompt": "a" * 33}, 400, "prompt"),  # block_size 32
@@ -187,6 +192,7 @@ BAD = [
     ("POST", "/v1/completions", {"model": "gpt-4"}, 404, "model"),
     ("POST", "/v1/classify", {"model": "gpt", "input": "abc"}, 400, "model"),
     ("POST", "/v1/classify", {"input": ""}, 400, "input"),
+    ("POST", "/v1/classify", {"input": "xyz"}, 400, "input"),  # not in the vocabulary
     ("POST", "/v1/classify", {"input": ["abc", 3]}, 400, "input"),
     ("POST", "/v1/classify", {"input": ["a"] * 65}, 400, "input"),
     ("POST", "/v1/classify", {"input": ["a", "b"], "attention": True}, 400, "attention"),
@@ -213,6 +219,12 @@ def test_an_error_mid_stream_is_its_last_event(server):
     assert json.loads(events[-1])["error"]["param"] == "no_repeat_ngram_size" and len(events) == 2
 
 
+def test_unknown_fields_sent_as_null_mean_not_given(server):
+    """As OpenAI's clients send an option left unset."""
+    answer = post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2, "logprobs": None, "user": None})
+    assert answer["usage"]["completion_tokens"] == 2
+
+
 def test_a_body_without_content_length_is_refused(server):
     host, port = server[0].split(":")
     with socket.create_connection((host, int(port)), timeout=30) as s:
@@ -223,7 +235,7 @@ def test_a_body_without_content_length_is_refused(server):
 def test_a_client_that_leaves_mid_stream_stops_its_decoding(server):
     address, playground = server
     host, port = address.split(":")
-    body = json.dumps({"prompt": "ab", "max_tokens": 64, "stream": True}).encode()
+    body = json.dumps({"prompt": "ab", "max_tokens": 256, "n": 8, "trace": 20, "stream": True}).encode()
     before = playground.tokens_generated
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -235,7 +247,7 @@ def test_a_client_that_leaves_mid_stream_stops_its_decoding(server):
         time.sleep(0.1)
         if playground.tokens_generated == then:
             break
-    assert playground.tokens_generated - before < 64, "the decoding ran to max_tokens after the client left"
+    assert playground.tokens_generated - before < 8 * 256, "the decoding ran to max_tokens after the client left"
 
 
 def rss_mb():
@@ -287,6 +299,14 @@ def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
         assert browser.js('document.querySelectorAll("canvas.head").length') == 2 * 2  # layers x heads
         assert browser.js('document.querySelectorAll("#probs .label-row").length') == len(LABELS)
         browser.screenshot(tmp_path / "playground.png")
+        # an error after the stream began (every token blocked at the second step) is shown, not taken for the end
+        browser.js("""document.getElementById("prompt").value = "abcdefgh .";
+                      document.getElementById("no_repeat_ngram_size").value = "1";
+                      document.getElementById("go").click()""")
+        assert browser.wait('document.body.dataset.generation !== "running" && document.body.dataset.generation') \
+            == "failed"
+        error = browser.js('document.getElementById("gen-error").textContent')
+        assert error.startswith("no_repeat_ngram_size blocks every token"), error
     finally:
         browser.close()
     assert (tmp_path / "playground.png").read_bytes()[:4] == b"\x89PNG"
