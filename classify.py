@@ -8,6 +8,7 @@ Eval files are csv, parquet or jsonl with columns text,label (label: a class id 
 prepare scripts read them (lib/prepare.py). Texts are tokenized as in training: the checkpoint's tokenizer,
 cut to its max_length and block_size. Results go to stdout; progress and messages go to stderr.
 """
+
 import argparse
 import json
 import os
@@ -16,12 +17,12 @@ import sys
 import torch
 from tqdm import tqdm
 
-from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
 from lib.batches import pad_batch
-from lib.prepare import read_labelled
-from model import from_checkpoint
+from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
 from lib.plots import pyplot
+from lib.prepare import read_labelled
 from lib.tokenizer import get_tokenizer
+from model import from_checkpoint
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 
@@ -29,14 +30,18 @@ IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 def load(out_dir, device):
     """(model, tokenizer, label names, max tokens per text) from a checkpoint folder."""
     if not os.path.isfile(os.path.join(out_dir, "config.json")):
-        raise Error(f"no checkpoint in {out_dir!r}: train one with `python train.py config/agnews.py`, or pass --out_dir")
+        raise Error(
+            f"no checkpoint in {out_dir!r}: train one with `python train.py config/agnews.py`, or pass --out_dir"
+        )
     model, info = from_checkpoint(out_dir, device)
     if info["architecture"] != "EncoderClassifier":
-        raise Error(f"{out_dir!r} holds a {info['architecture']} (task {info.get('task')!r}), not a classifier: for a "
-                    f"GPT use sample.py --out_dir {out_dir}")
+        raise Error(
+            f"{out_dir!r} holds a {info['architecture']} (task {info.get('task')!r}), not a classifier: for a "
+            f"GPT use sample.py --out_dir {out_dir}"
+        )
     names = info.get("label_names") or [str(i) for i in range(model.config.n_classes)]
     tokenizer = get_tokenizer(info.get("tokenizer"), os.path.join(out_dir, "config.json"))
-    return model, tokenizer, names, min(info.get("max_length") or 10 ** 9, model.config.block_size)
+    return model, tokenizer, names, min(info.get("max_length") or 10**9, model.config.block_size)
 
 
 @torch.no_grad()
@@ -45,10 +50,14 @@ def predict(model, rows, batch_size, device):
     pads little (to its longest row)."""
     probs = torch.empty(len(rows), model.config.n_classes)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    for chunk in tqdm(chunks, desc="classifying", unit="batch", file=sys.stderr, disable=len(chunks) < 2):
+    chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    for chunk in tqdm(
+        chunks, desc="classifying", unit="batch", file=sys.stderr, disable=len(chunks) < 2
+    ):
         idx, mask = pad_batch([rows[i] for i in chunk], model.config.pad_token_id)
-        probs[chunk] = torch.softmax(model(idx.to(device), mask.to(device))[0].float(), dim=-1).cpu()
+        probs[chunk] = torch.softmax(
+            model(idx.to(device), mask.to(device))[0].float(), dim=-1
+        ).cpu()
     return probs
 
 
@@ -69,8 +78,11 @@ def report(labels, preds, names):
         cm[y][p] += 1
     w = max(9, *(len(n) for n in names))
     correct = sum(cm[i][i] for i in range(k))
-    lines = [f"accuracy: {correct / len(labels):.4f}  ({correct} of {len(labels)})", "",
-             f"{'class':<{w}}  precision  recall      f1  support"]
+    lines = [
+        f"accuracy: {correct / len(labels):.4f}  ({correct} of {len(labels)})",
+        "",
+        f"{'class':<{w}}  precision  recall      f1  support",
+    ]
     scores = []
     for i, name in enumerate(names):
         tp, predicted, support = cm[i][i], sum(row[i] for row in cm), sum(cm[i])
@@ -78,8 +90,11 @@ def report(labels, preds, names):
         scores.append((p, r, 2 * p * r / (p + r) if p + r else 0.0))
         lines.append(f"{name:<{w}}  {p:9.4f}  {r:6.4f}  {scores[-1][2]:6.4f}  {support:7d}")
     macro = [sum(s[j] for s in scores) / k for j in range(3)]
-    lines += [f"{'macro avg':<{w}}  {macro[0]:9.4f}  {macro[1]:6.4f}  {macro[2]:6.4f}  {len(labels):7d}", "",
-              "confusion matrix (rows = true, columns = predicted):"]
+    lines += [
+        f"{'macro avg':<{w}}  {macro[0]:9.4f}  {macro[1]:6.4f}  {macro[2]:6.4f}  {len(labels):7d}",
+        "",
+        "confusion matrix (rows = true, columns = predicted):",
+    ]
     c = max(6, *(len(n) for n in names))
     lines.append(" " * w + "".join(f"  {n:>{c}}" for n in names))
     lines += [f"{name:<{w}}" + "".join(f"  {v:>{c}d}" for v in row) for name, row in zip(names, cm)]
@@ -94,7 +109,14 @@ def plot_confusion(cm, names, path, title):
     top = max(max(row) for row in cm)
     for i in range(k):
         for j in range(k):
-            ax.text(j, i, cm[i][j], ha="center", va="center", color="white" if cm[i][j] > top / 2 else "black")
+            ax.text(
+                j,
+                i,
+                cm[i][j],
+                ha="center",
+                va="center",
+                color="white" if cm[i][j] > top / 2 else "black",
+            )
     ax.set(xticks=range(k), yticks=range(k), xlabel="predicted", ylabel="true", title=title)
     ax.set_xticklabels(names, rotation=45, ha="right")
     ax.set_yticklabels(names)
@@ -108,9 +130,13 @@ def attention_figure(maps, tokens, title):
     colour scale for every panel (0 to the largest weight) with its colour bar: a near-uniform head reads as faint."""
     plt = pyplot()
     L, H, n = len(maps), maps[0].shape[0], len(tokens)
-    per_token, size = (0.17, 7) if n <= 64 else (0.12, 5)  # inches per token row, font size: labels that fit
+    per_token, size = (
+        (0.17, 7) if n <= 64 else (0.12, 5)
+    )  # inches per token row, font size: labels that fit
     side = max(2.5, per_token * n + 1.2)
-    fig, axes = plt.subplots(L, H, figsize=(side * H + 1, side * L + 0.5), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        L, H, figsize=(side * H + 1, side * L + 0.5), squeeze=False, layout="constrained"
+    )
     top = max(float(m.max()) for m in maps)
     for l in range(L):
         for h in range(H):
@@ -136,9 +162,13 @@ def read_texts(a):
         except OSError as e:
             raise Error(f"--file {a.file}: {e.strerror}") from None
         except UnicodeDecodeError:
-            raise Error(f"{'--file ' + a.file if a.file else 'stdin'}: not UTF-8 text; convert it to UTF-8") from None
+            raise Error(
+                f"{'--file ' + a.file if a.file else 'stdin'}: not UTF-8 text; convert it to UTF-8"
+            ) from None
     if not texts:
-        raise Error("no text to classify: pass texts as arguments, --file PATH, or pipe them on stdin")
+        raise Error(
+            "no text to classify: pass texts as arguments, --file PATH, or pipe them on stdin"
+        )
     return texts
 
 
@@ -148,27 +178,66 @@ def check_image_path(option, path):
         raise Error(f"{option} {path}: the file name must end in {', '.join(IMAGE_TYPES)}")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise Error(f"{option} {path}: cannot write into {folder} (no such folder, or not writable)")
+        raise Error(
+            f"{option} {path}: cannot write into {folder} (no such folder, or not writable)"
+        )
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="classify.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("texts", nargs="*", help="texts to classify; none: --file, else stdin (one text per line)")
-    p.add_argument("--out_dir", default="out-agnews", help="a classifier checkpoint written by train.py (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
-    p.add_argument("--batch_size", type=at_least(1), default=64, help="texts per forward pass (default: %(default)s)")
-    p.add_argument("--file", help="read the texts from this file, one per line (blank lines are skipped)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per text: text, label, label_id, probs")
-    p.add_argument("--eval", metavar="FILE", help="score a labelled .csv, .parquet or .jsonl file (columns text,label): "
-                   "accuracy, per-class precision/recall/F1, macro averages and the confusion matrix")
-    p.add_argument("--plot", metavar="PNG", help="with --eval: also draw the confusion matrix into this image")
-    p.add_argument("--attention_maps", metavar="PNG", help="draw every head of every layer for one text into this "
-                   "image (rows = layers, columns = heads)")
+    p = ArgumentParser(
+        prog="classify.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "texts", nargs="*", help="texts to classify; none: --file, else stdin (one text per line)"
+    )
+    p.add_argument(
+        "--out_dir",
+        default="out-agnews",
+        help="a classifier checkpoint written by train.py (default: %(default)s)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu",
+    )
+    p.add_argument(
+        "--batch_size",
+        type=at_least(1),
+        default=64,
+        help="texts per forward pass (default: %(default)s)",
+    )
+    p.add_argument(
+        "--file", help="read the texts from this file, one per line (blank lines are skipped)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per text: text, label, label_id, probs",
+    )
+    p.add_argument(
+        "--eval",
+        metavar="FILE",
+        help="score a labelled .csv, .parquet or .jsonl file (columns text,label): "
+        "accuracy, per-class precision/recall/F1, macro averages and the confusion matrix",
+    )
+    p.add_argument(
+        "--plot", metavar="PNG", help="with --eval: also draw the confusion matrix into this image"
+    )
+    p.add_argument(
+        "--attention_maps",
+        metavar="PNG",
+        help="draw every head of every layer for one text into this "
+        "image (rows = layers, columns = heads)",
+    )
     a = p.parse_args(argv)
     if a.plot and not a.eval:
         p.error("--plot draws the confusion matrix of --eval: pass --eval FILE too")
     if a.eval and (a.texts or a.file or a.attention_maps or a.json):
-        p.error("--eval takes its texts from FILE: drop the texts, --file, --json and --attention_maps")
+        p.error(
+            "--eval takes its texts from FILE: drop the texts, --file, --json and --attention_maps"
+        )
     if a.texts and a.file:
         p.error("pass texts or --file, not both")
     for option, path in (("--plot", a.plot), ("--attention_maps", a.attention_maps)):
@@ -186,7 +255,9 @@ def main(argv=None):
         lines, cm = report(labels, preds, names)
         print("\n".join(lines))
         if a.plot:
-            plot_confusion(cm, names, a.plot, f"{os.path.basename(a.eval)}: accuracy {lines[0].split()[1]}")
+            plot_confusion(
+                cm, names, a.plot, f"{os.path.basename(a.eval)}: accuracy {lines[0].split()[1]}"
+            )
             print(f"wrote {a.plot}", file=sys.stderr)
         return
 
@@ -197,21 +268,36 @@ def main(argv=None):
             raise Error(f"--attention_maps draws one text, got {len(texts)}")
         prob, maps = attention_maps(model, rows[0], device)
         tokens = [tok.decode([t]).replace("\n", "\\n") for t in rows[0]]
-        title = f"predicted: {names[prob.argmax()]} ({prob.max():.2f})  |  " + \
-            (texts[0] if len(texts[0]) <= 80 else texts[0][:79] + "…")
+        title = f"predicted: {names[prob.argmax()]} ({prob.max():.2f})  |  " + (
+            texts[0] if len(texts[0]) <= 80 else texts[0][:79] + "…"
+        )
         fig = attention_figure([m.numpy() for m in maps], tokens, title)
         fig.savefig(a.attention_maps, dpi=100)
-        print(f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[0]} panels, {len(maps)} layers x "
-              f"{maps[0].shape[0]} heads, {len(tokens)} tokens", file=sys.stderr)
+        print(
+            f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[0]} panels, {len(maps)} layers x "
+            f"{maps[0].shape[0]} heads, {len(tokens)} tokens",
+            file=sys.stderr,
+        )
         return
     probs = predict(model, rows, a.batch_size, device)
     width = max(len(n) for n in names)
     for text, pr in zip(texts, probs.tolist()):
         best = max(range(len(names)), key=pr.__getitem__)
         if a.json:
-            print(json.dumps({"text": text, "label": names[best], "label_id": best, "probs": dict(zip(names, pr))}))
+            print(
+                json.dumps(
+                    {
+                        "text": text,
+                        "label": names[best],
+                        "label_id": best,
+                        "probs": dict(zip(names, pr)),
+                    }
+                )
+            )
         else:
-            print(f"{names[best]:<{width}}  ({', '.join(f'{n} {q:.2f}' for n, q in zip(names, pr))})  {text}")
+            print(
+                f"{names[best]:<{width}}  ({', '.join(f'{n} {q:.2f}' for n, q in zip(names, pr))})  {text}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Decoding strategies, each a pure function of a batch of logits [B, V] (and, where it needs one, the context [B, t]
 of every token so far, prompt included) that returns new logits, so they compose; make_next_token chains them. Names
 and meanings follow Hugging Face's generate() and OpenAI's API."""
+
 import math
 
 import torch
@@ -12,7 +13,9 @@ NEG_INF = float("-inf")
 
 def token_counts(logits, context):
     """[B, V], same dtype as logits: how many times each token occurs in each row of the context."""
-    return torch.zeros_like(logits).scatter_add_(1, context, torch.ones_like(context, dtype=logits.dtype))
+    return torch.zeros_like(logits).scatter_add_(
+        1, context, torch.ones_like(context, dtype=logits.dtype)
+    )
 
 
 def frequency_penalty(logits, context, a):
@@ -38,7 +41,9 @@ def no_repeat_ngram(logits, context, n):
     if n == 0 or context.size(1) < n:
         return logits
     ngrams = context.unfold(1, n, 1)  # [B, t - n + 1, n], every n-gram of each row
-    prefix = context[:, context.size(1) - n + 1:]  # the last n - 1 tokens: the n-gram the next token would end
+    prefix = context[
+        :, context.size(1) - n + 1 :
+    ]  # the last n - 1 tokens: the n-gram the next token would end
     match = (ngrams[:, :, :-1] == prefix[:, None, :]).all(-1)  # n-grams that start with that prefix
     hits = torch.zeros_like(logits).scatter_add_(1, ngrams[:, :, -1], match.to(logits.dtype))
     return logits.masked_fill(hits > 0, NEG_INF)
@@ -66,19 +71,31 @@ def top_p(logits, p):
         return logits
     probs = torch.softmax(logits, dim=-1)
     sorted_probs = probs.sort(dim=-1, descending=True).values
-    n_keep = (sorted_probs.cumsum(-1) < p).sum(-1, keepdim=True) + 1  # up to and including the first to reach p
+    n_keep = (sorted_probs.cumsum(-1) < p).sum(
+        -1, keepdim=True
+    ) + 1  # up to and including the first to reach p
     cutoff = sorted_probs.gather(-1, n_keep.clamp(max=logits.size(-1)) - 1)
     return logits.masked_fill(probs < cutoff, NEG_INF)
 
 
 # every option: (its function, the value that turns it off, whether the function reads the context), in the order
 # of application: the penalties and n-gram blocking on the raw logits, then temperature, top-k, top-p
-OPTIONS = dict(frequency_penalty=(frequency_penalty, 0.0, True), presence_penalty=(presence_penalty, 0.0, True),
-               repetition_penalty=(repetition_penalty, 1.0, True), no_repeat_ngram_size=(no_repeat_ngram, 0, True),
-               temperature=(temperature, 1.0, False), top_k=(top_k, None, False), top_p=(top_p, 1.0, False))
-RANGES = dict(temperature=(lambda t: t >= 0, ">= 0 (0 = greedy)"), top_k=(lambda k: k >= 1, ">= 1"),
-              top_p=(lambda p: 0 < p <= 1, "in (0, 1]"), repetition_penalty=(lambda r: r > 0, "> 0 (1 = off)"),
-              no_repeat_ngram_size=(lambda n: n >= 0, ">= 0 (0 = off)"))
+OPTIONS = dict(
+    frequency_penalty=(frequency_penalty, 0.0, True),
+    presence_penalty=(presence_penalty, 0.0, True),
+    repetition_penalty=(repetition_penalty, 1.0, True),
+    no_repeat_ngram_size=(no_repeat_ngram, 0, True),
+    temperature=(temperature, 1.0, False),
+    top_k=(top_k, None, False),
+    top_p=(top_p, 1.0, False),
+)
+RANGES = dict(
+    temperature=(lambda t: t >= 0, ">= 0 (0 = greedy)"),
+    top_k=(lambda k: k >= 1, ">= 1"),
+    top_p=(lambda p: 0 < p <= 1, "in (0, 1]"),
+    repetition_penalty=(lambda r: r > 0, "> 0 (1 = off)"),
+    no_repeat_ngram_size=(lambda n: n >= 0, ">= 0 (0 = off)"),
+)
 
 
 def make_next_token(greedy=False, generator=None, **options):
@@ -90,15 +107,24 @@ def make_next_token(greedy=False, generator=None, **options):
     An unknown option or a value out of its range raises Error."""
     value = {name: options.pop(name, off) for name, (_, off, _) in OPTIONS.items()}
     if options:
-        raise Error(f"{next(iter(options))} is not a decoding option (they are {', '.join(OPTIONS)})")
+        raise Error(
+            f"{next(iter(options))} is not a decoding option (they are {', '.join(OPTIONS)})"
+        )
     for name, v in value.items():
         ok, rule = RANGES.get(name, (lambda v: True, ""))
         if v is not None and not (math.isfinite(v) and ok(v)):
-            raise Error(f"{name} must be {'a finite number' if not math.isfinite(v) else rule}, got {v}")
+            raise Error(
+                f"{name} must be {'a finite number' if not math.isfinite(v) else rule}, got {v}"
+            )
     greedy = greedy or value["temperature"] == 0
-    stage = lambda f, v, reads: (lambda x, context: f(x, context, v)) if reads else (lambda x, context: f(x, v))
-    stages = [(name, stage(f, value[name], reads)) for name, (f, off, reads) in OPTIONS.items()
-              if value[name] not in (off, None) and (reads or not greedy)]
+    stage = lambda f, v, reads: (
+        (lambda x, context: f(x, context, v)) if reads else (lambda x, context: f(x, v))
+    )
+    stages = [
+        (name, stage(f, value[name], reads))
+        for name, (f, off, reads) in OPTIONS.items()
+        if value[name] not in (off, None) and (reads or not greedy)
+    ]
 
     def process(logits, context):
         for _, f in stages:
@@ -108,11 +134,17 @@ def make_next_token(greedy=False, generator=None, **options):
     def next_token(logits, context):
         logits = process(logits, context)
         probs = torch.softmax(logits, dim=-1)
-        if not torch.isfinite(probs).all():  # a row all -inf, or a logit at +inf: no distribution to draw from
+        if not torch.isfinite(
+            probs
+        ).all():  # a row all -inf, or a logit at +inf: no distribution to draw from
             if (logits == NEG_INF).all(-1).any():
-                raise Error("no_repeat_ngram_size blocks every token (it bans each token that would repeat an "
-                            "n-gram; with a small vocabulary and a small n that can be all of them)")
-            raise Error("temperature or a penalty overflows the logits (try a temperature nearer 1, smaller penalties)")
+                raise Error(
+                    "no_repeat_ngram_size blocks every token (it bans each token that would repeat an "
+                    "n-gram; with a small vocabulary and a small n that can be all of them)"
+                )
+            raise Error(
+                "temperature or a penalty overflows the logits (try a temperature nearer 1, smaller penalties)"
+            )
         if greedy:
             return logits.argmax(dim=-1)
         probs = probs.to(logits.device if generator is None else generator.device)

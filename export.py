@@ -7,6 +7,7 @@ generation_config.json, a model card (README.md) and, for GPT-2's BPE, the token
 which give the same ids as tiktoken. A character-level model exports its weights; its tokenizer is this project's.
 Options GPT-2 does not have (rotary positions, QK-norm) cannot be expressed in its layout: such a model is refused.
 """
+
 import argparse
 import os
 import sys
@@ -27,20 +28,33 @@ def hf_state_dict(model):
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight":
             continue  # tied to wte: transformers ties it again on load
-        hf = "transformer." + name.replace("blocks.", "h.").replace(".qkv.", ".c_attn.").replace(".proj.", ".c_proj.")
+        hf = "transformer." + name.replace("blocks.", "h.").replace(".qkv.", ".c_attn.").replace(
+            ".proj.", ".c_proj."
+        )
         hf = hf.replace(".fc.", ".c_fc.")
         conv1d = hf.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
         state[hf] = tensor.t().contiguous() if conv1d else tensor
     for name in list(state):
-        if name.endswith(".weight") and name.split(".")[-2] in ("ln_1", "ln_2", "ln_f", "c_attn", "c_proj", "c_fc"):
-            bias = name[:-len("weight")] + "bias"
+        if name.endswith(".weight") and name.split(".")[-2] in (
+            "ln_1",
+            "ln_2",
+            "ln_f",
+            "c_attn",
+            "c_proj",
+            "c_fc",
+        ):
+            bias = name[: -len("weight")] + "bias"
             state.setdefault(bias, torch.zeros(state[name].shape[-1]))
     return state
 
 
 def bytes_to_unicode():
     """GPT-2's map from the 256 byte values to printable characters, in which vocab.json and merges.txt are written."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     extra = iter(range(256, 512))
     return {b: chr(b if b in printable else next(extra)) for b in range(256)}
 
@@ -61,7 +75,7 @@ def bpe_files(encoding):
             if min(pair_ranks) >= rank:
                 break
             i = pair_ranks.index(min(pair_ranks))
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
         merges.append(f"{text(parts[0])} {text(parts[1])}")
     vocab = {text(token): rank for token, rank in ranks.items()}
     vocab.update(encoding._special_tokens)
@@ -72,29 +86,56 @@ def model_card(info, config):
     metrics = info.get("metrics", {})
     command = " ".join(info.get("command") or ["(not recorded)"])
     bpe = info["tokenizer"]["type"] == "bpe"
-    tokenizer = " (GPT-2 BPE, tiktoken r50k_base)" if bpe else " (characters: not a Hugging Face tokenizer)"
-    return "\n".join([
-        "---", "library_name: transformers", "pipeline_tag: text-generation", "tags: [gpt2, gpt-starter]", "---", "",
-        f"# {info.get('dataset', 'a')} GPT ({config.n_layer} layers, {config.n_head} heads, d = {config.n_embd})", "",
-        f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py on the `{info.get('dataset')}`"
-        " data set, exported to the GPT-2 layout by its export.py. Validation metrics of this checkpoint (the best"
-        " one):", "",
-        "| | |", "|---|---|",
-        f"| context | {config.block_size} tokens |", f"| vocabulary | {config.vocab_size} |",
-        f"| tokenizer | {info['tokenizer']['type']}{tokenizer} |",
-        *[f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()],
-        "", "Trained with:", "", "```", command, "```", ""])
+    tokenizer = (
+        " (GPT-2 BPE, tiktoken r50k_base)" if bpe else " (characters: not a Hugging Face tokenizer)"
+    )
+    return "\n".join(
+        [
+            "---",
+            "library_name: transformers",
+            "pipeline_tag: text-generation",
+            "tags: [gpt2, gpt-starter]",
+            "---",
+            "",
+            f"# {info.get('dataset', 'a')} GPT ({config.n_layer} layers, {config.n_head} heads, d = {config.n_embd})",
+            "",
+            f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py on the `{info.get('dataset')}`"
+            " data set, exported to the GPT-2 layout by its export.py. Validation metrics of this checkpoint (the best"
+            " one):",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| context | {config.block_size} tokens |",
+            f"| vocabulary | {config.vocab_size} |",
+            f"| tokenizer | {info['tokenizer']['type']}{tokenizer} |",
+            *[
+                f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
+                for k, v in metrics.items()
+            ],
+            "",
+            "Trained with:",
+            "",
+            "```",
+            command,
+            "```",
+            "",
+        ]
+    )
 
 
 def export(out_dir, hf_dir):
     model, info = from_checkpoint(out_dir)
     if info["architecture"] != "GPT":
-        raise Error(f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT")
+        raise Error(
+            f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT"
+        )
     config = model.config
     for option, value in GPT2_LAYOUT.items():
         if getattr(config, option) != value:
-            raise Error(f"{out_dir}: {option}={getattr(config, option)!r} has no place in GPT-2's layout (it needs "
-                        f"{option}={value!r}); such a model loads with this project's from_checkpoint only")
+            raise Error(
+                f"{out_dir}: {option}={getattr(config, option)!r} has no place in GPT-2's layout (it needs "
+                f"{option}={value!r}); such a model loads with this project's from_checkpoint only"
+            )
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
     os.makedirs(hf_dir, exist_ok=True)
@@ -102,37 +143,76 @@ def export(out_dir, hf_dir):
         save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
     bpe = info["tokenizer"]["type"] == "bpe"
     eos = 50256 if bpe else None
-    write_json(os.path.join(hf_dir, "config.json"), {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": config.vocab_size,
-        "n_positions": config.block_size, "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head,
-        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0, "tie_word_embeddings": True, "bos_token_id": eos, "eos_token_id": eos,
-        "torch_dtype": "float32"})
-    write_json(os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos})
+    write_json(
+        os.path.join(hf_dir, "config.json"),
+        {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": config.vocab_size,
+            "n_positions": config.block_size,
+            "n_embd": config.n_embd,
+            "n_layer": config.n_layer,
+            "n_head": config.n_head,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "tie_word_embeddings": True,
+            "bos_token_id": eos,
+            "eos_token_id": eos,
+            "torch_dtype": "float32",
+        },
+    )
+    write_json(
+        os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos}
+    )
     if bpe:
         import tiktoken
 
         vocab, merges = bpe_files(tiktoken.get_encoding(info["tokenizer"]["encoding"]))
         write_json(os.path.join(hf_dir, "vocab.json"), vocab)
-        with atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        with (
+            atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp,
+            open(tmp, "w", encoding="utf-8") as f,
+        ):
             f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
-        write_json(os.path.join(hf_dir, "tokenizer_config.json"), {
-            "tokenizer_class": "GPT2Tokenizer", "model_max_length": config.block_size, "bos_token": "<|endoftext|>",
-            "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False})
+        write_json(
+            os.path.join(hf_dir, "tokenizer_config.json"),
+            {
+                "tokenizer_class": "GPT2Tokenizer",
+                "model_max_length": config.block_size,
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+                "add_prefix_space": False,
+            },
+        )
         tokenizer = "GPT-2's BPE (vocab.json, merges.txt): AutoTokenizer gives tiktoken's ids"
     else:
-        tokenizer = (f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
-                     f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)")
-    with atomic_path(os.path.join(hf_dir, "README.md")) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        tokenizer = (
+            f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
+            f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)"
+        )
+    with (
+        atomic_path(os.path.join(hf_dir, "README.md")) as tmp,
+        open(tmp, "w", encoding="utf-8") as f,
+    ):
         f.write(model_card(info, config))
-    print(f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; tokenizer: {tokenizer}",
-          file=sys.stderr)
+    print(
+        f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; tokenizer: {tokenizer}",
+        file=sys.stderr,
+    )
 
 
 def main(argv=None):
-    parser = ArgumentParser(prog="export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        prog="export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out_dir", required=True, help="a GPT checkpoint written by train.py")
-    parser.add_argument("--hf_dir", required=True, help="the folder to write the Hugging Face model into")
+    parser.add_argument(
+        "--hf_dir", required=True, help="the folder to write the Hugging Face model into"
+    )
     args = parser.parse_args(argv)
     export(args.out_dir, args.hf_dir)
 

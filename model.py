@@ -6,6 +6,7 @@ The math follows the course notes: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k
 To try an idea in attention, edit attention() and train with attn_impl="explicit", the path that then runs. Rotary
 positions and QK-norm, from later models, are off by default: the defaults are GPT-2's, and load its weights exactly.
 """
+
 import math
 import os
 from dataclasses import asdict, dataclass, fields
@@ -18,7 +19,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lib.common import Error, atomic_path, read_json, write_json
 
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's weights on the Hugging Face hub
+GPT2_NAMES = (
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+)  # OpenAI's weights on the Hugging Face hub
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but cuDNN's, which plans anew
 # for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -39,19 +45,29 @@ class GPTConfig:
     n_head: int = 12
     n_embd: int = 768
     dropout: float = 0.0
-    bias: bool = True  # biases in Linears and LayerNorms, as GPT-2; False is a little faster and no worse
+    bias: bool = (
+        True  # biases in Linears and LayerNorms, as GPT-2; False is a little faster and no worse
+    )
     attn_impl: str = "sdpa"  # sdpa: F.scaled_dot_product_attention (fused); explicit: attention() below, the math
-    rope: bool = False  # rotary position embeddings (RoFormer) instead of the learned position table
-    qk_norm: bool = False  # RMS-normalise each head's queries and keys before the scores (stabler at high lr)
+    rope: bool = (
+        False  # rotary position embeddings (RoFormer) instead of the learned position table
+    )
+    qk_norm: bool = (
+        False  # RMS-normalise each head's queries and keys before the scores (stabler at high lr)
+    )
 
 
 @dataclass
 class EncoderConfig(GPTConfig):
     n_classes: int = 4
     pad_token_id: int = 0
-    token_dropout: float = 0.0  # training only: hide this fraction of each row's tokens, as if padding (augmentation)
+    token_dropout: float = (
+        0.0  # training only: hide this fraction of each row's tokens, as if padding (augmentation)
+    )
     bow_head: bool = False  # fastText beside the encoder: a linear classifier over the tokens, trained by its own loss
-    bow_buckets: int = 0  # > 0: bow_head also counts each (previous token, token) pair, hashed into this many rows
+    bow_buckets: int = (
+        0  # > 0: bow_head also counts each (previous token, token) pair, hashed into this many rows
+    )
 
 
 def attention(q, k, v, mask=None, dropout_p=0.0):
@@ -60,7 +76,9 @@ def attention(q, k, v, mask=None, dropout_p=0.0):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)  # every key masked: 0/0 -> zeros
+    weights = (
+        torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    )  # every key masked: 0/0 -> zeros
     return F.dropout(weights, dropout_p) @ v, weights
 
 
@@ -120,7 +138,9 @@ class MultiHeadAttention(nn.Module):
         if explicit:
             y, weights = attention(q, k, v, mask, dropout_p)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+            )
             weights = None
         y = y.transpose(1, 2).reshape(B, T, C)  # concatenate the heads
         return self.resid_dropout(self.proj(y)), weights
@@ -135,20 +155,26 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(d, bias=config.bias)
         self.attn = MultiHeadAttention(config)
         self.ln_2 = nn.LayerNorm(d, bias=config.bias)
-        self.mlp = nn.ModuleDict(dict(fc=nn.Linear(d, 4 * d, bias=config.bias),
-                                      proj=nn.Linear(4 * d, d, bias=config.bias)))
+        self.mlp = nn.ModuleDict(
+            dict(
+                fc=nn.Linear(d, 4 * d, bias=config.bias), proj=nn.Linear(4 * d, d, bias=config.bias)
+            )
+        )
         self.mlp_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, cache=None, need_weights=False, rope=None):
         attended, weights = self.attn(self.ln_1(x), mask, self.causal, cache, need_weights, rope)
         x = x + attended
-        hidden = F.gelu(self.mlp.fc(self.ln_2(x)), approximate="tanh")  # GPT-2's GELU: its weights load exactly
+        hidden = F.gelu(
+            self.mlp.fc(self.ln_2(x)), approximate="tanh"
+        )  # GPT-2's GELU: its weights load exactly
         return x + self.mlp_dropout(self.mlp.proj(hidden)), weights
 
 
 class Transformer(nn.Module):
     """What both models share, the body: token (+ learned position) embeddings, n_layer Blocks, a final norm. Each
     model adds its head, and overrides the hooks below where its head changes what they count, group or load."""
+
     OWN_MODULES = ()  # the model's modules outside the body: load_body starts them afresh
 
     def __init__(self, config, causal):
@@ -174,11 +200,17 @@ class Transformer(nn.Module):
         start = cache[0]["k"].size(2) if cache and cache[0] else 0
         T = idx.size(1)
         if start + T > self.config.block_size:
-            raise Error(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
+            raise Error(
+                f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}"
+            )
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
-        rope = rotation(start, T, self.config.n_embd // self.config.n_head, idx.device) if self.config.rope else None
+        rope = (
+            rotation(start, T, self.config.n_embd // self.config.n_head, idx.device)
+            if self.config.rope
+            else None
+        )
         x = self.drop(x)
         maps = []
         for i, block in enumerate(self.blocks):
@@ -207,22 +239,41 @@ class Transformer(nn.Module):
         """AdamW parameter groups with settings of their own, beside the two that configure_optimizers builds."""
         return []
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer="adamw"):
+    def configure_optimizers(
+        self, weight_decay, learning_rate, betas, device_type, optimizer="adamw"
+    ):
         """A list of optimizers. adamw: AdamW with two groups, matrices and embeddings decay, biases and norm gains
         do not, and the model's optimizer_groups(). muon: torch.optim.Muon (orthogonalised momentum) for the 2-D
         weights inside the blocks, AdamW for the rest; Muon's update is scaled to AdamW's size (match_rms_adamw), so
         one learning rate serves both."""
-        hidden = [p for p in self.blocks.parameters() if optimizer == "muon" and p.requires_grad and p.dim() == 2]
+        hidden = [
+            p
+            for p in self.blocks.parameters()
+            if optimizer == "muon" and p.requires_grad and p.dim() == 2
+        ]
         own = self.optimizer_groups()
         taken = {id(p) for p in hidden} | {id(p) for group in own for p in group["params"]}
         rest = [p for p in self.parameters() if p.requires_grad and id(p) not in taken]
-        groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}, *own]
+        groups = [
+            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+            *own,
+        ]
         # fused: each tensor's whole update in one kernel, one pass over its memory (timings: BENCHMARKS.md)
-        optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))]
+        optimizers = [
+            torch.optim.AdamW(
+                groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu")
+            )
+        ]
         if hidden:
-            optimizers.append(torch.optim.Muon(hidden, lr=learning_rate, weight_decay=weight_decay,
-                                               adjust_lr_fn="match_rms_adamw"))
+            optimizers.append(
+                torch.optim.Muon(
+                    hidden,
+                    lr=learning_rate,
+                    weight_decay=weight_decay,
+                    adjust_lr_fn="match_rms_adamw",
+                )
+            )
         return optimizers
 
     def save_pretrained(self, out_dir, **extra):
@@ -231,8 +282,10 @@ class Transformer(nn.Module):
         os.makedirs(out_dir, exist_ok=True)
         with atomic_path(os.path.join(out_dir, "model.safetensors")) as tmp:
             save_model(self, tmp)  # drops a tied head's duplicate tensor
-        write_json(os.path.join(out_dir, "config.json"),
-                   {"architecture": type(self).__name__, "model": asdict(self.config), **extra})
+        write_json(
+            os.path.join(out_dir, "config.json"),
+            {"architecture": type(self).__name__, "model": asdict(self.config), **extra},
+        )
 
     def load_weights(self, state, new=()):
         """Load a state dict in place of the current tensors (assign: a model built on the meta device takes the
@@ -244,18 +297,24 @@ class Transformer(nn.Module):
             state = {**state, **{f"{name}.{k}": v for k, v in module.state_dict().items()}}
         missing, unexpected = self.load_state_dict(state, strict=False, assign=True)
         if missing or unexpected:
-            raise Error(f"the weights do not fit the model: missing {sorted(missing)[:3]}, unexpected "
-                        f"{sorted(unexpected)[:3]}")
+            raise Error(
+                f"the weights do not fit the model: missing {sorted(missing)[:3]}, unexpected "
+                f"{sorted(unexpected)[:3]}"
+            )
         return self
 
     def load_body(self, state):
         """Start from a pretrained GPT: of its state dict, the body's tensors are taken over (the position table cut
         to this block_size: a shorter context keeps the first positions), its head is not, and this model's
         OWN_MODULES start afresh. Returns self."""
-        body = {k: v for k, v in state.items() if k.split(".")[0] in ("wte", "wpe", "blocks", "ln_f")}
+        body = {
+            k: v for k, v in state.items() if k.split(".")[0] in ("wte", "wpe", "blocks", "ln_f")
+        }
         if "wpe.weight" in body:
-            body["wpe.weight"] = body["wpe.weight"][:self.config.block_size]
-        return self.load_weights(body, new=[name for name in self.OWN_MODULES if getattr(self, name) is not None])
+            body["wpe.weight"] = body["wpe.weight"][: self.config.block_size]
+        return self.load_weights(
+            body, new=[name for name in self.OWN_MODULES if getattr(self, name) is not None]
+        )
 
 
 class GPT(Transformer):
@@ -264,7 +323,9 @@ class GPT(Transformer):
     def __init__(self, config):
         super().__init__(config, causal=True)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied: reading a token and writing it share one table
+        self.lm_head.weight = (
+            self.wte.weight
+        )  # tied: reading a token and writing it share one table
         self.init_weights()
 
     def forward(self, idx, targets=None, cache=None, logits_to_keep=0):
@@ -279,7 +340,9 @@ class GPT(Transformer):
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1
+            )
         return logits, loss
 
     def load_weights(self, state, new=()):
@@ -301,7 +364,11 @@ class GPT(Transformer):
         cache the window runs once, then one token a step; without it the whole window runs every step: the same
         logits, so the same tokens."""
         next_token = next_token or (lambda logits, context: logits.argmax(dim=-1))
-        block_size, start, cache = self.config.block_size, max(0, idx.size(1) - self.config.block_size), None
+        block_size, start, cache = (
+            self.config.block_size,
+            max(0, idx.size(1) - self.config.block_size),
+            None,
+        )
         for _ in range(max_new_tokens):
             restart = idx.size(1) - start > block_size
             start = idx.size(1) - max(1, block_size // 2) if restart else start
@@ -323,19 +390,32 @@ class GPT(Transformer):
         path = name_or_dir
         if not os.path.isdir(path):
             if name_or_dir not in GPT2_NAMES:
-                raise Error(f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}")
+                raise Error(
+                    f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}"
+                )
             from huggingface_hub import snapshot_download
 
-            path = snapshot_download(f"openai-community/{name_or_dir}",
-                                     allow_patterns=["model.safetensors", "config.json"])
+            path = snapshot_download(
+                f"openai-community/{name_or_dir}",
+                allow_patterns=["model.safetensors", "config.json"],
+            )
         hf = read_json(os.path.join(path, "config.json"), "Hugging Face config")
         try:
-            config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                               n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=dropout, bias=True)
+            config = GPTConfig(
+                vocab_size=hf["vocab_size"],
+                block_size=hf["n_positions"],
+                n_layer=hf["n_layer"],
+                n_head=hf["n_head"],
+                n_embd=hf["n_embd"],
+                dropout=dropout,
+                bias=True,
+            )
             loaded = load_file(os.path.join(path, "model.safetensors"))
         except Exception as e:
-            raise Error(f"{path} is not a GPT-2 checkpoint in the Hugging Face layout "
-                        f"({type(e).__name__}: {e})") from None
+            raise Error(
+                f"{path} is not a GPT-2 checkpoint in the Hugging Face layout "
+                f"({type(e).__name__}: {e})"
+            ) from None
         state = {}
         for key in list(loaded):
             tensor = loaded.pop(key)  # dropped from the loaded dict as it moves: one copy at a time
@@ -346,7 +426,11 @@ class GPT(Transformer):
             for old, new in (("c_attn", "qkv"), ("c_proj", "proj"), ("c_fc", "fc")):
                 key = key.replace(old, new)
             # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
-            state[key] = tensor.t().contiguous() if key.endswith(("qkv.weight", "proj.weight", "fc.weight")) else tensor
+            state[key] = (
+                tensor.t().contiguous()
+                if key.endswith(("qkv.weight", "proj.weight", "fc.weight"))
+                else tensor
+            )
         with torch.device("meta"):
             model = cls(config)
         return model.load_weights(state)
@@ -356,24 +440,36 @@ class EncoderClassifier(Transformer):
     """The same Blocks without the causal mask, a padding mask, mean pooling over real tokens and a class head.
     Mean pooling rather than a CLS token: every real token gets a gradient from the loss, which trains faster and
     better for small models learned from scratch; a CLS token must first learn to gather the sentence."""
-    BOW_LR_SCALE = 200  # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
+
+    BOW_LR_SCALE = (
+        200  # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
+    )
     OWN_MODULES = ("head", "bow")
 
     def __init__(self, config):
         super().__init__(config, causal=False)
         self.head = nn.Linear(config.n_embd, config.n_classes)
-        self.bow = nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes) if config.bow_head else None
+        self.bow = (
+            nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes)
+            if config.bow_head
+            else None
+        )
         self.init_weights()
 
     def lookup_tables(self):
         """The token table too (the class head is not tied to it), and bow's."""
-        return super().lookup_tables() + [table for table in (self.wte, self.bow) if table is not None]
+        return super().lookup_tables() + [
+            table for table in (self.wte, self.bow) if table is not None
+        ]
 
     def optimizer_groups(self):
         """bow's table: a linear model's rows, each met only by the batches that hold its feature, learn at fastText's
         far higher rate, without decay."""
-        return [] if self.bow is None else [{"params": [self.bow.weight], "weight_decay": 0.0,
-                                             "lr_scale": self.BOW_LR_SCALE}]
+        return (
+            []
+            if self.bow is None
+            else [{"params": [self.bow.weight], "weight_decay": 0.0, "lr_scale": self.BOW_LR_SCALE}]
+        )
 
     def bow_logits(self, idx, real):
         """fastText's linear classifier [B, n_classes]: one weight row per real token and, with bow_buckets, one per
@@ -383,22 +479,36 @@ class EncoderClassifier(Transformer):
         features, real = idx, real.float()
         if self.config.bow_buckets:
             previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
-            bigrams = self.config.vocab_size + (previous * 1_000_003 + idx) % self.config.bow_buckets
+            bigrams = (
+                self.config.vocab_size + (previous * 1_000_003 + idx) % self.config.bow_buckets
+            )
             features, real = torch.cat([idx, bigrams], 1), torch.cat([real, real], 1)
-        return (self.bow(features).float() * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True).clamp(min=1).sqrt()
+        return (self.bow(features).float() * real.unsqueeze(-1)).sum(1) / real.sum(
+            1, keepdim=True
+        ).clamp(min=1).sqrt()
 
     def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
         """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face), by default
         idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the attention maps if need_weights."""
-        real = (idx != self.config.pad_token_id) if attention_mask is None else attention_mask.bool()
-        if self.training and self.config.token_dropout > 0:  # hidden tokens read as padding: a shorter text
+        real = (
+            (idx != self.config.pad_token_id) if attention_mask is None else attention_mask.bool()
+        )
+        if (
+            self.training and self.config.token_dropout > 0
+        ):  # hidden tokens read as padding: a shorter text
             kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
             # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
-        with sdpa_kernel(VARYING_LENGTHS):  # padded lengths change from batch to batch: no cuDNN attention
-            x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)  # padding keys hidden
+        with sdpa_kernel(
+            VARYING_LENGTHS
+        ):  # padded lengths change from batch to batch: no cuDNN attention
+            x, maps = self.hidden_states(
+                idx, real[:, None, None, :], need_weights=need_weights
+            )  # padding keys hidden
         weights = real.unsqueeze(-1).to(x.dtype)
-        logits = self.head((x * weights).sum(1) / weights.sum(1).clamp(min=1)).float()  # mean over real tokens
+        logits = self.head(
+            (x * weights).sum(1) / weights.sum(1).clamp(min=1)
+        ).float()  # mean over real tokens
         loss = None if labels is None else F.cross_entropy(logits, labels)
         if self.bow is not None:
             # Two classifiers side by side on the same batches, each trained by its own loss, and their probabilities
@@ -416,18 +526,24 @@ ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifie
 def build_model(task, settings):
     """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching keys of settings."""
     cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
-    return cls(config_cls(**{f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}))
+    return cls(
+        config_cls(**{f.name: settings[f.name] for f in fields(config_cls) if f.name in settings})
+    )
 
 
 def from_checkpoint(out_dir, device="cpu"):
     """Load what save_pretrained wrote: (model in eval mode, the config.json dict)."""
     path = os.path.join(out_dir, "config.json")
     if not os.path.isfile(path):
-        raise Error(f"no checkpoint in {str(out_dir)!r} (config.json missing): train one with train.py first")
+        raise Error(
+            f"no checkpoint in {str(out_dir)!r} (config.json missing): train one with train.py first"
+        )
     info = read_json(path, "checkpoint config")
     missing = [key for key in ("architecture", "model") if key not in info]
     if missing:
-        raise Error(f"{path}: no {missing[0]!r} key: not a checkpoint config.json that train.py wrote")
+        raise Error(
+            f"{path}: no {missing[0]!r} key: not a checkpoint config.json that train.py wrote"
+        )
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         cls, config_cls = ARCHITECTURES[info["architecture"]]
         known = {f.name for f in fields(config_cls)}
@@ -435,8 +551,10 @@ def from_checkpoint(out_dir, device="cpu"):
             model = cls(config_cls(**{k: v for k, v in info["model"].items() if k in known}))
         model.load_weights(load_file(os.path.join(out_dir, "model.safetensors")))
     except Exception as e:
-        raise Error(f"{str(out_dir)!r} is not a readable checkpoint of this project ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise Error(
+            f"{str(out_dir)!r} is not a readable checkpoint of this project ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     return model.to(device).eval(), info
 
 

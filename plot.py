@@ -4,6 +4,7 @@ validation loss (solid) and training loss (dashed) against step or seconds, and 
 classifiers. The picture to compare recipes with.
   python plot.py out-shakespeare-char-cpu out-shakespeare-char-fast --x seconds --out compare.png
 """
+
 import argparse
 import sys
 
@@ -12,10 +13,23 @@ from lib.plots import plot_runs
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="plot.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="folders that train.py wrote (metrics.jsonl)")
-    p.add_argument("--x", choices=["step", "seconds"], default="step", help="the horizontal axis (default: step)")
-    p.add_argument("--out", default="loss.png", help="the image to write: .png, .svg or .pdf (default: %(default)s)")
+    p = ArgumentParser(
+        prog="plot.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "out_dirs", nargs="+", metavar="OUT_DIR", help="folders that train.py wrote (metrics.jsonl)"
+    )
+    p.add_argument(
+        "--x",
+        choices=["step", "seconds"],
+        default="step",
+        help="the horizontal axis (default: step)",
+    )
+    p.add_argument(
+        "--out",
+        default="loss.png",
+        help="the image to write: .png, .svg or .pdf (default: %(default)s)",
+    )
     a = p.parse_args(argv)
     plot_runs(a.out_dirs, a.out, x=a.x)
     print(f"wrote {a.out}: {len(a.out_dirs)} run(s) against {a.x}", file=sys.stderr)

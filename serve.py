@@ -12,6 +12,7 @@ Checkpoints load and decode through sample.py's and classify.py's own functions.
 decoding step of one request, then one of another), so streams interleave; a stream whose client goes away stops.
 Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "type", "param"}}.
 """
+
 import argparse
 import json
 import os
@@ -27,7 +28,16 @@ import torch
 import classify
 import decoding
 import sample
-from lib.common import ArgumentParser, Error, at_least, autocast, pick_device, read_json, resolve_dtype, run_script
+from lib.common import (
+    ArgumentParser,
+    Error,
+    at_least,
+    autocast,
+    pick_device,
+    read_json,
+    resolve_dtype,
+    run_script,
+)
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
 MAX_BODY = 1 << 16  # bytes of one request's JSON
@@ -35,11 +45,23 @@ MAX_TEXTS = 64  # texts in one classify request
 MAX_TRACE = 20  # candidates per filter in a trace
 MAX_ACTIVE = 16  # requests decoding at once; more get a 503
 # a field's accepted types and default; null means the default, as in OpenAI's API
-COMPLETION = dict(model=((str,), None), prompt=((str,), ""), max_tokens=((int,), 16), n=((int,), 1),
-                  stop=((str, list), None), seed=((int,), None), stream=((bool,), False), trace=((int,), 0),
-                  temperature=((int, float), 1.0), top_p=((int, float), 1.0), top_k=((int,), None),
-                  frequency_penalty=((int, float), 0.0), presence_penalty=((int, float), 0.0),
-                  repetition_penalty=((int, float), 1.0), no_repeat_ngram_size=((int,), 0))
+COMPLETION = dict(
+    model=((str,), None),
+    prompt=((str,), ""),
+    max_tokens=((int,), 16),
+    n=((int,), 1),
+    stop=((str, list), None),
+    seed=((int,), None),
+    stream=((bool,), False),
+    trace=((int,), 0),
+    temperature=((int, float), 1.0),
+    top_p=((int, float), 1.0),
+    top_k=((int,), None),
+    frequency_penalty=((int, float), 0.0),
+    presence_penalty=((int, float), 0.0),
+    repetition_penalty=((int, float), 1.0),
+    no_repeat_ngram_size=((int,), 0),
+)
 CLASSIFY = dict(model=((str,), None), input=((str, list), None), attention=((bool,), False))
 
 
@@ -61,7 +83,9 @@ def fields(body, table):
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
     for name, value in body.items():
-        if name not in table and value is not None:  # null means not given, as OpenAI's clients send it
+        if (
+            name not in table and value is not None
+        ):  # null means not given, as OpenAI's clients send it
             raise RequestError(400, f"unknown field {name!r} (fields: {', '.join(table)})", name)
     out = {}
     for name, (types, default) in table.items():
@@ -69,8 +93,14 @@ def fields(body, table):
         if value is None:
             value = default
         elif type(value) not in types:  # type(), not isinstance(): true is not a number
-            raise RequestError(400, f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r:.40}", name)
-        elif float in types and abs(value) > 1e300:  # an int past a float's range; decoding works in floats
+            raise RequestError(
+                400,
+                f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r:.40}",
+                name,
+            )
+        elif (
+            float in types and abs(value) > 1e300
+        ):  # an int past a float's range; decoding works in floats
             raise RequestError(400, f"{name} must be a finite number, got {value!r:.40}", name)
         out[name] = value
     return out
@@ -79,7 +109,9 @@ def fields(body, table):
 class Playground:
     """The loaded checkpoints, what bounds a request, and the lock that runs one model call at a time."""
 
-    def __init__(self, out_dirs, device="cpu", dtype="auto", max_tokens=256, max_n=8, max_active=MAX_ACTIVE):
+    def __init__(
+        self, out_dirs, device="cpu", dtype="auto", max_tokens=256, max_n=8, max_active=MAX_ACTIVE
+    ):
         self.device, self.models = pick_device(device), {}
         self.max_tokens, self.max_n = max_tokens, max_n
         self.lock, self.slots = threading.Lock(), threading.BoundedSemaphore(max_active)
@@ -92,32 +124,57 @@ class Playground:
 
     def load(self, out_dir, dtype):
         """A checkpoint through sample.py's load (a GPT) or classify.py's (a classifier), by its config.json."""
-        architecture = read_json(os.path.join(out_dir, "config.json"), "checkpoint config").get("architecture")
+        architecture = read_json(os.path.join(out_dir, "config.json"), "checkpoint config").get(
+            "architecture"
+        )
         if architecture == "EncoderClassifier":
             model, tokenizer, names, max_len = classify.load(out_dir, self.device)
-            return dict(task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len)
+            return dict(
+                task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len
+            )
         model, tokenizer, _ = sample.load(out_dir, self.device)
-        return dict(task="lm", model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, self.device))
+        return dict(
+            task="lm", model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, self.device)
+        )
 
     def describe(self):
         """GET /v1/models: OpenAI's list, each entry with what the page needs to draw it."""
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "owned_by": "gpt-starter", "task": m["task"], "labels": m.get("labels"),
-             **{k: getattr(m["model"].config, k) for k in ("block_size", "n_layer", "n_head", "n_embd")}}
-            for name, m in self.models.items()]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "owned_by": "gpt-starter",
+                    "task": m["task"],
+                    "labels": m.get("labels"),
+                    **{
+                        k: getattr(m["model"].config, k)
+                        for k in ("block_size", "n_layer", "n_head", "n_embd")
+                    },
+                }
+                for name, m in self.models.items()
+            ],
+        }
 
     def pick_model(self, name, task):
         """The checkpoint a request names (or the only one of its task), checked to be of that task."""
         of_task = [n for n, m in self.models.items() if m["task"] == task]
         if name is None:
             if len(of_task) != 1:
-                raise RequestError(400, f"name the model: one of {', '.join(of_task) or 'none loaded'}", "model")
+                raise RequestError(
+                    400, f"name the model: one of {', '.join(of_task) or 'none loaded'}", "model"
+                )
             name = of_task[0]
         if name not in self.models:
-            raise RequestError(404, f"no model {name!r}: the server has {', '.join(self.models)}", "model")
+            raise RequestError(
+                404, f"no model {name!r}: the server has {', '.join(self.models)}", "model"
+            )
         if self.models[name]["task"] != task:
             other = "/v1/classify" if task == "lm" else "/v1/completions"
-            raise RequestError(400, f"model {name!r} is a {self.models[name]['task']} model: use {other}", "model")
+            raise RequestError(
+                400, f"model {name!r} is a {self.models[name]['task']} model: use {other}", "model"
+            )
         return name, self.models[name]
 
     # ------------------------------------------------------------------------------------------------ completions
@@ -127,26 +184,42 @@ class Playground:
         req = fields(body, COMPLETION)
         name, m = self.pick_model(req["model"], "lm")
         block_size, tokenizer = m["model"].config.block_size, m["tokenizer"]
-        limits = [("max_tokens", 1, self.max_tokens), ("n", 1, self.max_n), ("trace", 0, MAX_TRACE),
-                  ("frequency_penalty", -2, 2), ("presence_penalty", -2, 2)]  # OpenAI's range of the penalties
+        limits = [
+            ("max_tokens", 1, self.max_tokens),
+            ("n", 1, self.max_n),
+            ("trace", 0, MAX_TRACE),
+            ("frequency_penalty", -2, 2),
+            ("presence_penalty", -2, 2),
+        ]  # OpenAI's range of the penalties
         for field, low, high in limits:
             if not low <= req[field] <= high:
-                raise RequestError(400, f"{field} must be in [{low}, {high}], got {req[field]}", field)
+                raise RequestError(
+                    400, f"{field} must be in [{low}, {high}], got {req[field]}", field
+                )
         stops = [req["stop"]] if isinstance(req["stop"], str) else req["stop"] or []
         if len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
-            raise RequestError(400, "stop must be a non-empty string or a list of at most 4 of them", "stop")
+            raise RequestError(
+                400, "stop must be a non-empty string or a list of at most 4 of them", "stop"
+            )
         try:
             prompt = tokenizer.encode(req["prompt"]) if req["prompt"] else [tokenizer.start_token]
         except Error as e:  # a character a char model never saw
             raise RequestError(400, f"prompt: {e}", "prompt") from None
         if len(prompt) > block_size:
-            raise RequestError(400, f"prompt is {len(prompt)} tokens, past this model's block_size {block_size}",
-                               "prompt")
+            raise RequestError(
+                400,
+                f"prompt is {len(prompt)} tokens, past this model's block_size {block_size}",
+                "prompt",
+            )
         try:  # a generator of the request's own: interleaved requests draw as each would alone
-            generator = torch.Generator().manual_seed(secrets.randbits(63) if req["seed"] is None else req["seed"])
+            generator = torch.Generator().manual_seed(
+                secrets.randbits(63) if req["seed"] is None else req["seed"]
+            )
         except (RuntimeError, ValueError, OverflowError) as e:  # past the 64 bits a generator takes
             raise RequestError(400, f"seed: {e}", "seed") from None
-        options = {k: req[k] for k in decoding.OPTIONS} | {"top_k": req["top_k"] or None}  # 0: off, as sample.py
+        options = {k: req[k] for k in decoding.OPTIONS} | {
+            "top_k": req["top_k"] or None
+        }  # 0: off, as sample.py
         try:
             pick = decoding.make_next_token(**options, generator=generator)
         except Error as e:  # its messages begin with the option's name
@@ -154,9 +227,15 @@ class Playground:
         trace = []
         if req["trace"]:
             pick = traced(pick, req["trace"], tokenizer, trace)
-        steps = sample.continuations(m["model"], tokenizer, prompt, pick, req["n"], req["max_tokens"], stops)
-        head = {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion", "created": int(time.time()),
-                "model": name}
+        steps = sample.continuations(
+            m["model"], tokenizer, prompt, pick, req["n"], req["max_tokens"], stops
+        )
+        head = {
+            "id": f"cmpl-{secrets.token_hex(12)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+        }
         counts = [0] * req["n"]
         events = self.events(steps, counts, stops, trace, autocast(self.device, m["dtype"]))
         return dict(req=req, head=head, prompt_tokens=len(prompt), counts=counts, events=events)
@@ -183,10 +262,17 @@ class Playground:
                     continue
                 counts[i] += 1
                 out = texts[i] if done[i] else sample.printable(texts[i], stops)
-                events.append((i, out[shown[i]:], "stop" if done[i] else None, trace[-1][i] if trace else None))
+                events.append(
+                    (
+                        i,
+                        out[shown[i] :],
+                        "stop" if done[i] else None,
+                        trace[-1][i] if trace else None,
+                    )
+                )
                 shown[i], finished[i] = max(shown[i], len(out)), done[i]
             yield events
-        yield [(i, texts[i][shown[i]:], "length", None) for i in range(n) if not finished[i]]
+        yield [(i, texts[i][shown[i] :], "length", None) for i in range(n) if not finished[i]]
 
     # ---------------------------------------------------------------------------------------------------- classify
     def classify(self, body):
@@ -195,32 +281,58 @@ class Playground:
         req = fields(body, CLASSIFY)
         name, m = self.pick_model(req["model"], "classify")
         texts = [req["input"]] if isinstance(req["input"], str) else req["input"]
-        if texts is None or not texts or len(texts) > MAX_TEXTS or \
-                not all(isinstance(t, str) and t.strip() for t in texts):
-            raise RequestError(400, f"input must be a non-blank text or a list of 1 to {MAX_TEXTS} of them", "input")
+        if (
+            texts is None
+            or not texts
+            or len(texts) > MAX_TEXTS
+            or not all(isinstance(t, str) and t.strip() for t in texts)
+        ):
+            raise RequestError(
+                400,
+                f"input must be a non-blank text or a list of 1 to {MAX_TEXTS} of them",
+                "input",
+            )
         if req["attention"] and len(texts) != 1:
-            raise RequestError(400, "attention maps are drawn for one text: send input as a single text", "attention")
+            raise RequestError(
+                400,
+                "attention maps are drawn for one text: send input as a single text",
+                "attention",
+            )
         try:
-            rows = [row[:m["max_length"]] for row in m["tokenizer"].encode_batch(texts)]
+            rows = [row[: m["max_length"]] for row in m["tokenizer"].encode_batch(texts)]
         except Error as e:  # a character a char model never saw
             raise RequestError(400, f"input: {e}", "input") from None
         with self.lock:  # float32, as classify.py runs
             probs = classify.predict(m["model"], rows, 64, self.device).tolist()
-            maps = classify.attention_maps(m["model"], rows[0], self.device)[1] if req["attention"] else None
+            maps = (
+                classify.attention_maps(m["model"], rows[0], self.device)[1]
+                if req["attention"]
+                else None
+            )
         data = []
         for i, p in enumerate(probs):
             best = max(range(len(p)), key=p.__getitem__)
-            data.append({"index": i, "label": m["labels"][best], "label_id": best, "probs": dict(zip(m["labels"], p))})
+            data.append(
+                {
+                    "index": i,
+                    "label": m["labels"][best],
+                    "label_id": best,
+                    "probs": dict(zip(m["labels"], p)),
+                }
+            )
         if maps is not None:
             data[0]["tokens"] = [m["tokenizer"].decode([t]) for t in rows[0]]
-            data[0]["attention"] = [[[[round(w, 5) for w in q] for q in head] for head in layer.tolist()]
-                                    for layer in maps]
+            data[0]["attention"] = [
+                [[[round(w, 5) for w in q] for q in head] for head in layer.tolist()]
+                for layer in maps
+            ]
         return {"object": "list", "model": name, "data": data}
 
 
 def traced(pick, top, tokenizer, trace):
     """pick, recording every step in trace: per row, the drawn token and the top candidates (token, id, probability)
     of the raw logits and after each filter that runs."""
+
     def next_token(logits, context):
         token = pick(logits, context)
         stages, x = [("raw", logits)], logits
@@ -233,11 +345,20 @@ def traced(pick, top, tokenizer, trace):
             for name, x in stages:
                 p = torch.softmax(x[i].float(), -1)
                 values, ids = p.topk(min(top, p.numel()))
-                entry["stages"].append({"name": name, "chosen": round(p[t].item(), 6), "top": [
-                    [tokenizer.decode([j]), j, round(v, 6)] for v, j in zip(values.tolist(), ids.tolist())]})
+                entry["stages"].append(
+                    {
+                        "name": name,
+                        "chosen": round(p[t].item(), 6),
+                        "top": [
+                            [tokenizer.decode([j]), j, round(v, 6)]
+                            for v, j in zip(values.tolist(), ids.tolist())
+                        ],
+                    }
+                )
             rows.append(entry)
         trace.append(rows)
         return token
+
     return next_token
 
 
@@ -275,7 +396,9 @@ class Handler(BaseHTTPRequestHandler):
         routes = {"/v1/completions": self.complete, "/v1/classify": self.classify}
         try:
             if self.path not in routes:
-                raise RequestError(404, f"no endpoint {self.path}: POST /v1/completions or /v1/classify")
+                raise RequestError(
+                    404, f"no endpoint {self.path}: POST /v1/completions or /v1/classify"
+                )
             routes[self.path](self.body())
         except RequestError as e:
             self.fail(e)
@@ -292,12 +415,19 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(411, "send a Content-Length header with the JSON body")
         if int(length) > MAX_BODY:
             self.close_connection = True
-            self.rfile.read(min(int(length), 16 * MAX_BODY))  # read, so that the client reads the answer, up to 1 MiB
+            self.rfile.read(
+                min(int(length), 16 * MAX_BODY)
+            )  # read, so that the client reads the answer, up to 1 MiB
             raise RequestError(413, f"the body is {length} bytes, more than {MAX_BODY}")
         try:
             return json.loads(self.rfile.read(int(length)))
-        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested past Python's depth, 4300+ digits
-            raise RequestError(400, f"the body is not JSON that can be read ({type(e).__name__})") from None
+        except (
+            ValueError,
+            RecursionError,
+        ) as e:  # not UTF-8, not JSON, nested past Python's depth, 4300+ digits
+            raise RequestError(
+                400, f"the body is not JSON that can be read ({type(e).__name__})"
+            ) from None
 
     def classify(self, body):
         self.send(200, self.playground.classify(body))
@@ -311,8 +441,10 @@ class Handler(BaseHTTPRequestHandler):
             if job["req"]["stream"]:
                 self.stream(job["head"], job["events"])
                 return
-            choices = [{"text": "", "index": i, "logprobs": None, "finish_reason": None}
-                       for i in range(len(job["counts"]))]
+            choices = [
+                {"text": "", "index": i, "logprobs": None, "finish_reason": None}
+                for i in range(len(job["counts"]))
+            ]
             for step in job["events"]:
                 for i, text, finish, trace in step:
                     choices[i]["text"] += text
@@ -320,8 +452,11 @@ class Handler(BaseHTTPRequestHandler):
                     if trace:
                         choices[i].setdefault("trace", []).append(trace)
             generated = sum(job["counts"])
-            usage = {"prompt_tokens": job["prompt_tokens"], "completion_tokens": generated,
-                     "total_tokens": job["prompt_tokens"] + generated}
+            usage = {
+                "prompt_tokens": job["prompt_tokens"],
+                "completion_tokens": generated,
+                "total_tokens": job["prompt_tokens"] + generated,
+            }
             self.send(200, {**job["head"], "choices": choices, "usage": usage})
         finally:
             job["events"].close()  # a decoding cut short (the client gone) ends where it stands
@@ -338,12 +473,22 @@ class Handler(BaseHTTPRequestHandler):
             for step in events:
                 for i, text, finish, trace in step:
                     if text or finish or trace:
-                        choice = {"text": text, "index": i, "logprobs": None, "finish_reason": finish}
-                        chunk = {**head, "choices": [choice | ({"trace": [trace]} if trace else {})]}
+                        choice = {
+                            "text": text,
+                            "index": i,
+                            "logprobs": None,
+                            "finish_reason": finish,
+                        }
+                        chunk = {
+                            **head,
+                            "choices": [choice | ({"trace": [trace]} if trace else {})],
+                        }
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             raise
-        except Exception as e:  # past the headers: the error is the stream's last event, as OpenAI sends it
+        except (
+            Exception
+        ) as e:  # past the headers: the error is the stream's last event, as OpenAI sends it
             if not isinstance(e, RequestError):  # a bug: report it, keep serving
                 traceback.print_exc()
                 e = RequestError(500, f"{type(e).__name__}: {e}")
@@ -364,24 +509,59 @@ def make_server(playground, host="127.0.0.1", port=8000, quiet=False):
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="serve.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", action="append", required=True,
-                   help="a checkpoint folder written by train.py (a GPT or a classifier); repeat it to serve several")
-    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s, this machine)")
-    p.add_argument("--port", type=at_least(0), default=8000, help="(default: %(default)s; 0: any free port)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="a GPT's autocast dtype, as sample.py's (default: %(default)s)")
-    p.add_argument("--max_tokens", type=at_least(1), default=256, help="the most tokens a request may ask for "
-                   "(default: %(default)s)")
-    p.add_argument("--max_n", type=at_least(1), default=8, help="the most completions a request may ask for "
-                   "(default: %(default)s)")
+    p = ArgumentParser(
+        prog="serve.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out_dir",
+        action="append",
+        required=True,
+        help="a checkpoint folder written by train.py (a GPT or a classifier); repeat it to serve several",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default: %(default)s, this machine)",
+    )
+    p.add_argument(
+        "--port", type=at_least(0), default=8000, help="(default: %(default)s; 0: any free port)"
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="a GPT's autocast dtype, as sample.py's (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_tokens",
+        type=at_least(1),
+        default=256,
+        help="the most tokens a request may ask for (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_n",
+        type=at_least(1),
+        default=8,
+        help="the most completions a request may ask for (default: %(default)s)",
+    )
     a = p.parse_args(argv)
     playground = Playground(a.out_dir, a.device, a.dtype, a.max_tokens, a.max_n)
     server = make_server(playground, a.host, a.port)
     for name, m in playground.models.items():
-        print(f"loaded {name}: {m['task']}, {m['model'].num_params() / 1e6:.2f}M parameters", file=sys.stderr)
-    print(f"serving on http://{a.host}:{server.server_address[1]} (Ctrl-C stops)", file=sys.stderr, flush=True)
+        print(
+            f"loaded {name}: {m['task']}, {m['model'].num_params() / 1e6:.2f}M parameters",
+            file=sys.stderr,
+        )
+    print(
+        f"serving on http://{a.host}:{server.server_address[1]} (Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         server.serve_forever()
     finally:

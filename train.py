@@ -9,6 +9,7 @@ out_dir receives model.safetensors + config.json (the best model: what sample.py
 (the latest state, which init_from=resume continues) and metrics.jsonl (the records; plot.py draws them).
 This file reads as one run, in order: the settings, the data, the model, the optimizer, the loop, the end.
 """
+
 import json
 import math
 import os
@@ -32,47 +33,94 @@ from model import GPT2_NAMES, build_model, load_pretrained
 KEYS = dict(
     # run
     out_dir=Key("out", "where the checkpoints and metrics.jsonl go"),
-    task=Key("lm", "lm: next-token prediction with GPT; classify: EncoderClassifier on labelled rows",
-             choices=("lm", "classify")),
-    dataset=Key("shakespeare_char", "a folder under data/ made by its prepare.py, or a path to a prepared folder"),
-    init_from=Key("scratch", "scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)"),
-    overwrite_out_dir=Key(False, "let a new run replace the checkpoint in out_dir (without it, it refuses)"),
+    task=Key(
+        "lm",
+        "lm: next-token prediction with GPT; classify: EncoderClassifier on labelled rows",
+        choices=("lm", "classify"),
+    ),
+    dataset=Key(
+        "shakespeare_char",
+        "a folder under data/ made by its prepare.py, or a path to a prepared folder",
+    ),
+    init_from=Key(
+        "scratch",
+        "scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)",
+    ),
+    overwrite_out_dir=Key(
+        False, "let a new run replace the checkpoint in out_dir (without it, it refuses)"
+    ),
     seed=Key(1337, "batches, initial weights and dropout all follow from it"),
-    device=Key("auto", "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps (a resume runs where it is told)"),
-    dtype=Key("auto", "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, else float32",
-              choices=("auto", "float32", "bfloat16", "float16")),
+    device=Key(
+        "auto",
+        "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps (a resume runs where it is told)",
+    ),
+    dtype=Key(
+        "auto",
+        "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, else float32",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    ),
     compile=Key(False, "torch.compile the model: a slower start, faster steps on GPUs"),
-    deterministic=Key(False, "deterministic GPU kernels (slower): identical reruns, resumes and DDP on GPUs as well"),
+    deterministic=Key(
+        False,
+        "deterministic GPU kernels (slower): identical reruns, resumes and DDP on GPUs as well",
+    ),
     # evaluation, logging, checkpoints
     eval_interval=Key(250, "steps between evaluations (and checkpoints)", at_least=1),
     eval_iters=Key(100, "batches per evaluation, the same ones every time", at_least=1),
-    log_interval=Key(10, "steps between log lines (loss, lr, speed, MFU, gradient norm)", at_least=1),
+    log_interval=Key(
+        10, "steps between log lines (loss, lr, speed, MFU, gradient norm)", at_least=1
+    ),
     eval_only=Key(False, "evaluate once and exit"),
-    always_save_checkpoint=Key(True, "save trainer_state.pt at every evaluation, not only when validation improves"),
+    always_save_checkpoint=Key(
+        True, "save trainer_state.pt at every evaluation, not only when validation improves"
+    ),
     wandb_log=Key(False, "log to wandb as well (WANDB_MODE=offline works without an account)"),
     wandb_project=Key("gpt-starter", "the wandb project"),
     wandb_run_name=Key("", "the wandb run's name; empty: out_dir and the start time"),
     # data and model
     batch_size=Key(12, "rows per micro-step per process", at_least=1),
-    gradient_accumulation_steps=Key(1, "micro-steps per optimizer step, over all processes together", at_least=1),
-    block_size=Key(256, "tokens of context (classify: the most tokens of a row the model reads)", at_least=1),
+    gradient_accumulation_steps=Key(
+        1, "micro-steps per optimizer step, over all processes together", at_least=1
+    ),
+    block_size=Key(
+        256, "tokens of context (classify: the most tokens of a row the model reads)", at_least=1
+    ),
     vocab_size=Key(0, "0: the dataset's", at_least=0),
     n_layer=Key(6, "transformer blocks", at_least=1),
     n_head=Key(6, "attention heads per block, dividing n_embd", at_least=1),
     n_embd=Key(384, "width of the residual stream", at_least=1),
-    dropout=Key(0.0, "dropout on embeddings, attention weights and residual branches", at_least=0, below=1),
+    dropout=Key(
+        0.0, "dropout on embeddings, attention weights and residual branches", at_least=0, below=1
+    ),
     bias=Key(False, "biases in Linears and LayerNorms (GPT-2 has them)"),
-    attn_impl=Key("sdpa", "sdpa: fused F.scaled_dot_product_attention; explicit: model.attention(), the math to edit",
-                  choices=("sdpa", "explicit")),
+    attn_impl=Key(
+        "sdpa",
+        "sdpa: fused F.scaled_dot_product_attention; explicit: model.attention(), the math to edit",
+        choices=("sdpa", "explicit"),
+    ),
     rope=Key(False, "rotary position embeddings instead of the learned position table"),
     qk_norm=Key(False, "RMS-normalise queries and keys per head"),
-    token_dropout=Key(0.0, "classify: hide this fraction of each training row's tokens (augmentation for small data)",
-                      at_least=0, below=1),
-    bow_head=Key(False, "classify: a fastText classifier beside the encoder, the two models' probabilities multiplied"),
-    bow_buckets=Key(0, "classify: > 0: bow_head also counts (previous token, token) pairs, hashed into this many rows",
-                    at_least=0),
+    token_dropout=Key(
+        0.0,
+        "classify: hide this fraction of each training row's tokens (augmentation for small data)",
+        at_least=0,
+        below=1,
+    ),
+    bow_head=Key(
+        False,
+        "classify: a fastText classifier beside the encoder, the two models' probabilities multiplied",
+    ),
+    bow_buckets=Key(
+        0,
+        "classify: > 0: bow_head also counts (previous token, token) pairs, hashed into this many rows",
+        at_least=0,
+    ),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
-    optimizer=Key("adamw", "adamw; muon: Muon for the blocks' matrices, AdamW for the rest", choices=("adamw", "muon")),
+    optimizer=Key(
+        "adamw",
+        "adamw; muon: Muon for the blocks' matrices, AdamW for the rest",
+        choices=("adamw", "muon"),
+    ),
     learning_rate=Key(6e-4, "peak learning rate", at_least=0),
     min_lr=Key(6e-5, "learning rate at the end of the decay", at_least=0),
     warmup_iters=Key(100, "steps of linear warmup", at_least=0),
@@ -90,17 +138,44 @@ def rules(cfg, resuming):
     """What the keys must satisfy together. A resumed run's init_from names where its weights once came from, which
     need not exist any more."""
     forms, processes = ("scratch", "resume") + GPT2_NAMES, int(os.environ.get("WORLD_SIZE", 1))
-    return [(cfg.n_embd % cfg.n_head == 0, "n_head", f"a divisor of n_embd={cfg.n_embd}"),
-            (not cfg.rope or cfg.n_embd // cfg.n_head % 2 == 0, "n_head", "such that the head size n_embd / n_head is "
-             "even: rotary embeddings rotate pairs of channels"),
-            (not cfg.decay_lr or cfg.min_lr <= cfg.learning_rate, "min_lr", f"<= learning_rate={cfg.learning_rate}"),
-            (resuming or cfg.init_from in forms or os.path.isdir(cfg.init_from), "init_from",
-             f"one of {', '.join(forms)} or a folder of GPT weights" + config.did_you_mean(cfg.init_from, forms)),
-            (cfg.gradient_accumulation_steps % processes == 0, "gradient_accumulation_steps", f"a multiple of the "
-             f"{processes} processes: each takes an equal share of the micro-steps"),
-            (cfg.bow_head or not cfg.bow_buckets, "bow_buckets", "0 unless bow_head=True (its classifier's bigrams)")] \
-        + [(cfg.task == "classify" or not getattr(cfg, key), key, "0 unless task=classify (an option of the encoder)")
-           for key in ("token_dropout", "bow_head", "bow_buckets")]
+    return [
+        (cfg.n_embd % cfg.n_head == 0, "n_head", f"a divisor of n_embd={cfg.n_embd}"),
+        (
+            not cfg.rope or cfg.n_embd // cfg.n_head % 2 == 0,
+            "n_head",
+            "such that the head size n_embd / n_head is "
+            "even: rotary embeddings rotate pairs of channels",
+        ),
+        (
+            not cfg.decay_lr or cfg.min_lr <= cfg.learning_rate,
+            "min_lr",
+            f"<= learning_rate={cfg.learning_rate}",
+        ),
+        (
+            resuming or cfg.init_from in forms or os.path.isdir(cfg.init_from),
+            "init_from",
+            f"one of {', '.join(forms)} or a folder of GPT weights"
+            + config.did_you_mean(cfg.init_from, forms),
+        ),
+        (
+            cfg.gradient_accumulation_steps % processes == 0,
+            "gradient_accumulation_steps",
+            f"a multiple of the "
+            f"{processes} processes: each takes an equal share of the micro-steps",
+        ),
+        (
+            cfg.bow_head or not cfg.bow_buckets,
+            "bow_buckets",
+            "0 unless bow_head=True (its classifier's bigrams)",
+        ),
+    ] + [
+        (
+            cfg.task == "classify" or not getattr(cfg, key),
+            key,
+            "0 unless task=classify (an option of the encoder)",
+        )
+        for key in ("token_dropout", "bow_head", "bow_buckets")
+    ]
 
 
 def main(argv):
@@ -112,14 +187,18 @@ def main(argv):
     if "--print_config" in argv:
         print(json.dumps(vars(settings), indent=2))
         return None, {}
-    new_run = not resuming and not settings.overwrite_out_dir  # then a checkpoint in out_dir is refused
+    new_run = (
+        not resuming and not settings.overwrite_out_dir
+    )  # then a checkpoint in out_dir is refused
     with started(settings.device, settings.deterministic) as run, ExitStack() as held:
+
         def open_run():  # rank 0 holds out_dir for the run; every rank takes a resumed run's settings and checks them
             if run.master:
                 held.enter_context(checkpoint.locked_out_dir(settings.out_dir, new_run))
             state = checkpoint.resume(settings, user_keys) if resuming else None
             config.check(settings, KEYS, lambda cfg: rules(cfg, resuming))
             return state
+
         state = agreed(run, open_run)  # a refusal on any rank is every rank's one line
         run = run.resolved(settings.dtype)
         with StepGuard(run) as guard:
@@ -134,21 +213,42 @@ def train(cfg, run, guard, state):
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
     model = DDP(raw_model, device_ids=run.device_ids) if run.ddp else raw_model
     model = torch.compile(model) if cfg.compile else model
-    optimizers = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                                run.device_type, cfg.optimizer)
+    optimizers = raw_model.configure_optimizers(
+        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type, cfg.optimizer
+    )
     scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
     step, best, seconds = checkpoint.restore(state, optimizers, scaler)
-    record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, None if state is None else step)
-    card, ctx, (metric, goal) = checkpoint.model_card(cfg, train_data.meta), autocast(run.device, run.dtype), \
-        train_data.best
-    save = lambda: checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, dict(
-        step=step, best=best, seconds=record.seconds(), config=vars(cfg)))
-    micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share of the step
+    record, wandb_run, speed = start_records(
+        cfg, run, raw_model, seconds, None if state is None else step
+    )
+    card, ctx, (metric, goal) = (
+        checkpoint.model_card(cfg, train_data.meta),
+        autocast(run.device, run.dtype),
+        train_data.best,
+    )
+    save = lambda: checkpoint.save_state(
+        cfg.out_dir,
+        raw_model,
+        optimizers,
+        scaler,
+        dict(step=step, best=best, seconds=record.seconds(), config=vars(cfg)),
+    )
+    micro_steps = (
+        cfg.gradient_accumulation_steps // run.world_size
+    )  # this process's share of the step
     rows_per_step = cfg.batch_size * cfg.gradient_accumulation_steps
-    bar = tqdm(total=cfg.max_iters, initial=step, disable=not run.master, dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(
+        total=cfg.max_iters,
+        initial=step,
+        disable=not run.master,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     first_step, best_step, metrics = step, None, {}
     while True:
-        if guard.stop_now():  # before a due evaluation: torchrun and SLURM kill a stopping job within seconds
+        if (
+            guard.stop_now()
+        ):  # before a due evaluation: torchrun and SLURM kill a stopping job within seconds
             bar.close()
             guard.stop(save if run.master else None, step, cfg.out_dir)
         lr = get_lr(step, cfg)
@@ -156,15 +256,27 @@ def train(cfg, run, guard, state):
             group["lr"] = lr * group.get("lr_scale", 1.0)
         if step % cfg.eval_interval == 0 or step == cfg.max_iters or cfg.eval_only:
             eval_start = time.perf_counter()
-            metrics = {f"{split}/{k}": v for split, data in (("train", train_data), ("val", val_data))
-                       for k, v in evaluate(raw_model, data, cfg, run, ctx).items()}
+            metrics = {
+                f"{split}/{k}": v
+                for split, data in (("train", train_data), ("val", val_data))
+                for k, v in evaluate(raw_model, data, cfg, run, ctx).items()
+            }
             if run.master:
-                bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+                bar.write(
+                    f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
+                    file=sys.stderr,
+                )
                 record.log(step, **metrics, lr=lr)
-                if step > first_step and not cfg.eval_only:  # nothing new to save at a run's first evaluation
-                    if best is None or (metrics[metric] > best if goal == "max" else metrics[metric] < best):
+                if (
+                    step > first_step and not cfg.eval_only
+                ):  # nothing new to save at a run's first evaluation
+                    if best is None or (
+                        metrics[metric] > best if goal == "max" else metrics[metric] < best
+                    ):
                         best, best_step = metrics[metric], step
-                        raw_model.save_pretrained(cfg.out_dir, **card, metrics={"step": step, **metrics})
+                        raw_model.save_pretrained(
+                            cfg.out_dir, **card, metrics={"step": step, **metrics}
+                        )
                     if best_step == step or cfg.always_save_checkpoint:
                         save()
             bar.unpause()  # the bar's rate and the logged speed count training steps, not evaluations
@@ -178,7 +290,7 @@ def train(cfg, run, guard, state):
         loss_sum = torch.zeros((), device=run.device)
         for micro in range(micro_steps):
             first = (run.rank * micro_steps + micro) * cfg.batch_size
-            batch = to_device(train_data.batch(rows[first:first + cfg.batch_size]), run.device)
+            batch = to_device(train_data.batch(rows[first : first + cfg.batch_size]), run.device)
             # without no_sync DDP would all-reduce on every micro-step; it must wrap the forward as well as backward
             with model.no_sync() if run.ddp and micro < micro_steps - 1 else nullcontext():
                 with ctx:
@@ -190,7 +302,9 @@ def train(cfg, run, guard, state):
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or float("inf"))
-        loss_value, norm_value = guard.read(step, loss_sum, norm, scaler, cfg.out_dir)  # the step's one sync
+        loss_value, norm_value = guard.read(
+            step, loss_sum, norm, scaler, cfg.out_dir
+        )  # the step's one sync
         for optimizer in optimizers:
             scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
@@ -199,9 +313,19 @@ def train(cfg, run, guard, state):
         bar.update(1)
         if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
             (rate, mfu), unit = speed.read(run.world_size), train_data.unit
-            bar.set_postfix_str(f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * mfu:.1f}%")
-            record.log(step, **{"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate, "mfu": mfu,
-                                "grad_norm": norm_value})
+            bar.set_postfix_str(
+                f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * mfu:.1f}%"
+            )
+            record.log(
+                step,
+                **{
+                    "train/step_loss": loss_value,
+                    "lr": lr,
+                    f"{unit}/s": rate,
+                    "mfu": mfu,
+                    "grad_norm": norm_value,
+                },
+            )
     bar.close()
     if run.master:
         finish(cfg, record, wandb_run, (metric, best, best_step), step - first_step, metrics)
@@ -210,29 +334,41 @@ def train(cfg, run, guard, state):
 
 # ------------------------------------------------------------------------------------ the pieces, in the order used
 
+
 def load_data(cfg, master):
     """(train, val) of the dataset, checked against the task and the model's vocabulary; a dataset never prepared is
     prepared first by its prepare.py (a single process only), or the error names the command."""
-    path = cfg.dataset if os.sep in cfg.dataset else \
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
+    path = (
+        cfg.dataset
+        if os.sep in cfg.dataset
+        else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
+    )
     command = f"python data/{cfg.dataset}/prepare.py"
     if not os.path.exists(os.path.join(path, "meta.json")):
         if "RANK" in os.environ or not os.path.isfile(os.path.join(path, "prepare.py")):
             raise Error(f"no prepared data in {path}: run {command} first")
         print(f"no prepared data in {path}: running {command}", file=sys.stderr)
         if subprocess.run([sys.executable, os.path.join(path, "prepare.py")]).returncode:
-            raise Error(f"{command} failed (message above); offline, prepare from local files: {command} --source DIR")
+            raise Error(
+                f"{command} failed (message above); offline, prepare from local files: {command} --source DIR"
+            )
     train_data, val_data = (load_split(path, split, cfg.block_size) for split in ("train", "val"))
     meta = train_data.meta
     if meta["task"] != cfg.task:
-        raise Error(f"dataset {cfg.dataset} is prepared for task={meta['task']}, but task={cfg.task}")
+        raise Error(
+            f"dataset {cfg.dataset} is prepared for task={meta['task']}, but task={cfg.task}"
+        )
     cfg.vocab_size = cfg.vocab_size or meta["vocab_size"]
     if meta["vocab_size"] > cfg.vocab_size:
-        raise Error(f"the model has {cfg.vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}")
+        raise Error(
+            f"the model has {cfg.vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
+        )
     if master and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
-        print(f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the learning rate will not "
-              f"have decayed to min_lr by the end (lr_decay_iters={cfg.max_iters} gives a full schedule)",
-              file=sys.stderr)
+        print(
+            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the learning rate will not "
+            f"have decayed to min_lr by the end (lr_decay_iters={cfg.max_iters} gives a full schedule)",
+            file=sys.stderr,
+        )
     return train_data, val_data
 
 
@@ -245,16 +381,27 @@ def make_model(cfg, meta, state):
     if state is None and cfg.init_from != "scratch":
         source, info = load_pretrained(cfg.init_from)
         if info["architecture"] != "GPT":
-            raise Error(f"init_from={cfg.init_from!r} holds an {info['architecture']}, not a GPT to start from")
-        vars(cfg).update({k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)},
-                       block_size=min(cfg.block_size, source.config.block_size))
-    settings = {**vars(cfg), "n_classes": len(meta.get("label_names", [])),
-                "pad_token_id": meta.get("pad_token_id", 0)}
+            raise Error(
+                f"init_from={cfg.init_from!r} holds an {info['architecture']}, not a GPT to start from"
+            )
+        vars(cfg).update(
+            {k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)},
+            block_size=min(cfg.block_size, source.config.block_size),
+        )
+    settings = {
+        **vars(cfg),
+        "n_classes": len(meta.get("label_names", [])),
+        "pad_token_id": meta.get("pad_token_id", 0),
+    }
     if state is None and source is None:
         return build_model(cfg.task, settings)
     with torch.device("meta"):
         model = build_model(cfg.task, settings)
-    return model.load_weights(state["model"]) if state is not None else model.load_body(source.state_dict())
+    return (
+        model.load_weights(state["model"])
+        if state is not None
+        else model.load_body(source.state_dict())
+    )
 
 
 def start_records(cfg, run, model, seconds, resumed_step):
@@ -265,14 +412,22 @@ def start_records(cfg, run, model, seconds, resumed_step):
     if not run.master:
         return None, None, speed
     write_json(os.path.join(cfg.out_dir, "train_config.json"), vars(cfg))
-    print(f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
-          f"MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})", file=sys.stderr)
+    print(
+        f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
+        f"MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})",
+        file=sys.stderr,
+    )
     wandb_run = None
-    if cfg.wandb_log:  # files in out_dir/wandb; the run named wandb_run_name, or after out_dir and the start time
+    if (
+        cfg.wandb_log
+    ):  # files in out_dir/wandb; the run named wandb_run_name, or after out_dir and the start time
         import wandb
+
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = cfg.wandb_run_name or f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{stamp}"
-        wandb_run = wandb.init(project=cfg.wandb_project, name=name, config=vars(cfg), dir=cfg.out_dir)
+        wandb_run = wandb.init(
+            project=cfg.wandb_project, name=name, config=vars(cfg), dir=cfg.out_dir
+        )
         wandb_run.summary["parameters"] = model.num_params()
     return RunRecord(cfg.out_dir, wandb_run, seconds, resumed_step), wandb_run, speed
 
@@ -293,7 +448,9 @@ def to_device(batch, device):
     """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue to drain first, a
     copy from pinned memory runs beside it."""
     pin = device.startswith("cuda")
-    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()}
+    return {
+        k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()
+    }
 
 
 @torch.no_grad()
@@ -301,11 +458,11 @@ def evaluate(model, data, cfg, run, ctx):
     """Mean loss (and accuracy for labelled data) over the same eval_iters batches every time, shared out across the
     processes. The sums stay on the device until the end: one host-device sync per evaluation."""
     model.eval()
-    rows = data.eval_rows(cfg.eval_iters * cfg.batch_size)[run.rank::run.world_size]
+    rows = data.eval_rows(cfg.eval_iters * cfg.batch_size)[run.rank :: run.world_size]
     sums = torch.zeros(3, device=run.device)  # loss x rows, correct predictions, rows
     sums[2] = len(rows)
     for i in range(0, len(rows), cfg.batch_size):
-        batch = to_device(data.batch(rows[i:i + cfg.batch_size]), run.device)
+        batch = to_device(data.batch(rows[i : i + cfg.batch_size]), run.device)
         with ctx:
             logits, loss = model(**batch)
         sums[0] += loss.float() * len(batch["idx"])
@@ -316,20 +473,31 @@ def evaluate(model, data, cfg, run, ctx):
     loss_sum, correct, n = sums.tolist()
     model.train()
     loss = loss_sum / n
-    return {"loss": loss, "accuracy": correct / n} if data.labelled else \
-        {"loss": loss, "perplexity": math.exp(min(loss, 50))}
+    return (
+        {"loss": loss, "accuracy": correct / n}
+        if data.labelled
+        else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
+    )
 
 
 def finish(cfg, record, wandb_run, best, steps, metrics):
     """The run's summary on stderr, the best metric in the wandb summary. best: (the metric's name, its best value,
     the step it was reached at in this run, or None)."""
     (metric, value, step), out_dir = best, cfg.out_dir
-    lines = [f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"]
+    lines = [
+        f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"
+    ]
     if step is not None:
-        lines.append(f"best {metric} {value:.4f} at step {step}: {out_dir}/model.safetensors + config.json")
+        lines.append(
+            f"best {metric} {value:.4f} at step {step}: {out_dir}/model.safetensors + config.json"
+        )
     elif metrics and value is not None:
-        lines.append(f"no better {metric} than before ({value:.4f}): {out_dir}/model.safetensors unchanged")
-    lines.append(f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); state: {out_dir}/trainer_state.pt")
+        lines.append(
+            f"no better {metric} than before ({value:.4f}): {out_dir}/model.safetensors unchanged"
+        )
+    lines.append(
+        f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); state: {out_dir}/trainer_state.pt"
+    )
     print("\n".join(lines), file=sys.stderr)
     if wandb_run:
         wandb_run.summary[f"best {metric}"] = value

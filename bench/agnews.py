@@ -11,6 +11,7 @@ tokens our recipe reads and their bigrams, with a linear SVM.
 Each of our runs is `python data/agnews/prepare.py` once, then per seed `python train.py RUN` (a config and overrides)
 and `python classify.py --eval` on each split, as a user runs them.
 """
+
 import argparse
 import csv
 import hashlib
@@ -23,7 +24,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from anywhere: the repository root
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # run from anywhere: the repository root
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, run_script
 from lib.prepare import read_labelled
@@ -37,8 +40,13 @@ def split_holdout(source, n):
     texts, labels, _ = read_labelled(os.path.join(source, "train.csv"), LABEL_NAMES)
     digest = lambda i: hashlib.md5(texts[i].encode("utf-8")).hexdigest()
     held = set(sorted(range(len(texts)), key=digest)[:n])
-    splits = {"train": ([t for i, t in enumerate(texts) if i not in held], [y for i, y in enumerate(labels) if i not in held]),
-              "holdout": ([texts[i] for i in sorted(held)], [labels[i] for i in sorted(held)])}
+    splits = {
+        "train": (
+            [t for i, t in enumerate(texts) if i not in held],
+            [y for i, y in enumerate(labels) if i not in held],
+        ),
+        "holdout": ([texts[i] for i in sorted(held)], [labels[i] for i in sorted(held)]),
+    }
     splits["val"] = read_labelled(os.path.join(source, "val.csv"), LABEL_NAMES)[:2]
     return splits
 
@@ -53,30 +61,51 @@ def peers(splits, scored):
     svm = lambda C: LinearSVC(C=C, max_iter=10000)
     bpe = get_tokenizer({"type": "bpe", "encoding": "r50k_base", "lowercase": True})
 
-    def bpe_ngrams(text):  # what our recipe reads: prepare.py's lowercased GPT-2 BPE, cut at 128, and its pairs
+    def bpe_ngrams(
+        text,
+    ):  # what our recipe reads: prepare.py's lowercased GPT-2 BPE, cut at 128, and its pairs
         ids = [str(t) for t in bpe.encode(text)[:128]]
         return ids + [f"{a} {b}" for a, b in zip(ids, ids[1:])]
 
-    models = {"TF-IDF words + linear SVM": (dict(sublinear_tf=True), svm),
-              "TF-IDF words + logistic regression": (dict(sublinear_tf=True), lambda C: LogisticRegression(C=C, max_iter=3000)),
-              "TF-IDF words and bigrams + linear SVM": (dict(sublinear_tf=True, ngram_range=(1, 2)), svm),
-              "TF-IDF BPE tokens and bigrams + linear SVM": (dict(sublinear_tf=True, analyzer=bpe_ngrams), svm)}
+    models = {
+        "TF-IDF words + linear SVM": (dict(sublinear_tf=True), svm),
+        "TF-IDF words + logistic regression": (
+            dict(sublinear_tf=True),
+            lambda C: LogisticRegression(C=C, max_iter=3000),
+        ),
+        "TF-IDF words and bigrams + linear SVM": (dict(sublinear_tf=True, ngram_range=(1, 2)), svm),
+        "TF-IDF BPE tokens and bigrams + linear SVM": (
+            dict(sublinear_tf=True, analyzer=bpe_ngrams),
+            svm,
+        ),
+    }
     results = {}
     for name, (features, make) in models.items():
         t0, vectorizer = time.time(), TfidfVectorizer(**features)
         x = vectorizer.fit_transform(splits["train"][0])
         fitted = {C: make(C=C).fit(x, splits["train"][1]) for C in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)}
-        score = lambda model, s: float((model.predict(vectorizer.transform(splits[s][0])) == splits[s][1]).mean())
+        score = lambda model, s: float(
+            (model.predict(vectorizer.transform(splits[s][0])) == splits[s][1]).mean()
+        )
         C = max(fitted, key=lambda C: score(fitted[C], "val"))
-        results[name] = {"C": C, "seconds": (time.time() - t0) / len(fitted), **{s: score(fitted[C], s) for s in scored}}
+        results[name] = {
+            "C": C,
+            "seconds": (time.time() - t0) / len(fitted),
+            **{s: score(fitted[C], s) for s in scored},
+        }
     return results
 
 
 def run(command, env):
     """python SCRIPT ARGS, SCRIPT relative to the repository root (and run there): its stdout."""
     script, *args = command
-    r = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True, text=True,
-                       env=env)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if r.returncode:
         raise Error(f"{' '.join(command)} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     return r.stdout
@@ -86,8 +115,11 @@ def ours(splits, runs, seeds, scored, work, prepare_args=()):
     """{run: {split: [accuracy per seed], "seconds": [...]}}: each run is train.py's arguments (a config, overrides)."""
     source, data = os.path.join(work, "source"), os.path.join(work, "data")
     os.makedirs(source, exist_ok=True)
-    paths = {"train": os.path.join(source, "train.csv"), "val": os.path.join(source, "val.csv"),
-             "holdout": os.path.join(work, "holdout.csv")}  # outside the prepared source: nothing trains on it
+    paths = {
+        "train": os.path.join(source, "train.csv"),
+        "val": os.path.join(source, "val.csv"),
+        "holdout": os.path.join(work, "holdout.csv"),
+    }  # outside the prepared source: nothing trains on it
     for split, (texts, labels) in splits.items():
         with open(paths[split], "w", newline="", encoding="utf-8") as f:
             csv.writer(f).writerows([("text", "label"), *zip(texts, labels)])
@@ -101,46 +133,110 @@ def ours(splits, runs, seeds, scored, work, prepare_args=()):
         for seed in seeds:
             out_dir = os.path.join(work, f"run-{len(results)}-seed{seed}")
             t0 = time.time()
-            run(["train.py", *shlex.split(arguments), f"--dataset={data}", f"--out_dir={out_dir}", f"--seed={seed}",
-                 "--overwrite_out_dir=True"], env)
+            run(
+                [
+                    "train.py",
+                    *shlex.split(arguments),
+                    f"--dataset={data}",
+                    f"--out_dir={out_dir}",
+                    f"--seed={seed}",
+                    "--overwrite_out_dir=True",
+                ],
+                env,
+            )
             r["seconds"].append(time.time() - t0 + prepare_s)
             for split in scored:
                 out = run(["classify.py", f"--out_dir={out_dir}", f"--eval={paths[split]}"], env)
                 r[split].append(float(re.search(r"accuracy: ([0-9.]+)", out).group(1)))
-            print(f"{arguments} seed {seed}: " + ", ".join(f"{s} {r[s][-1]:.4f}" for s in scored)
-                  + f", {r['seconds'][-1]:.0f} s", file=sys.stderr)
+            print(
+                f"{arguments} seed {seed}: "
+                + ", ".join(f"{s} {r[s][-1]:.4f}" for s in scored)
+                + f", {r['seconds'][-1]:.0f} s",
+                file=sys.stderr,
+            )
     return results
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="agnews.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", default=os.path.join(os.path.dirname(ROOT), "shared", "data", "agnews_sample"),
-                   help="a folder with train.csv and val.csv (default: ../shared/data/agnews_sample)")
-    p.add_argument("--holdout", action="store_true", help="also score the hold-out (report the final recipe once)")
-    p.add_argument("--holdout_rows", type=int, default=2000, help="rows of train.csv held out (default: %(default)s)")
-    p.add_argument("--runs", nargs="+", default=["config/agnews.py"], metavar="RUN", help="train.py's arguments, a "
-                   "config file and overrides, one quoted string per run (default: %(default)s)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="seeds per run (default: %(default)s)")
+    p = ArgumentParser(
+        prog="agnews.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--source",
+        default=os.path.join(os.path.dirname(ROOT), "shared", "data", "agnews_sample"),
+        help="a folder with train.csv and val.csv (default: ../shared/data/agnews_sample)",
+    )
+    p.add_argument(
+        "--holdout",
+        action="store_true",
+        help="also score the hold-out (report the final recipe once)",
+    )
+    p.add_argument(
+        "--holdout_rows",
+        type=int,
+        default=2000,
+        help="rows of train.csv held out (default: %(default)s)",
+    )
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        default=["config/agnews.py"],
+        metavar="RUN",
+        help="train.py's arguments, a "
+        "config file and overrides, one quoted string per run (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[1337, 1338],
+        help="seeds per run (default: %(default)s)",
+    )
     p.add_argument("--no_peers", action="store_true", help="skip the scikit-learn peers")
-    p.add_argument("--prepare", default="", help="arguments for data/agnews/prepare.py, e.g. \"--cased\"")
+    p.add_argument(
+        "--prepare", default="", help='arguments for data/agnews/prepare.py, e.g. "--cased"'
+    )
     a = p.parse_args(argv)
     shared_bpe = os.path.join(os.path.dirname(ROOT), "shared", "tiktoken_cache")
-    if os.path.isdir(shared_bpe):  # offline machines: GPT-2's BPE file from ../shared, for the peers and our runs
+    if os.path.isdir(
+        shared_bpe
+    ):  # offline machines: GPT-2's BPE file from ../shared, for the peers and our runs
         os.environ.setdefault("TIKTOKEN_CACHE_DIR", shared_bpe)
     scored = ["val", "holdout"] if a.holdout else ["val"]
     splits = split_holdout(a.source, a.holdout_rows)
-    print(f"train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}, hold-out {len(splits['holdout'][0]):,}"
-          f"{'' if a.holdout else ' (not scored)'}", file=sys.stderr)
+    print(
+        f"train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}, hold-out {len(splits['holdout'][0]):,}"
+        f"{'' if a.holdout else ' (not scored)'}",
+        file=sys.stderr,
+    )
     rows = []
     if not a.no_peers:
         for name, r in peers(splits, scored).items():
-            rows.append([f"{name} (C = {r['C']}, chosen on val)", *(f"{r[s]:.4f}" for s in scored), f"{r['seconds']:.1f} s"])
+            rows.append(
+                [
+                    f"{name} (C = {r['C']}, chosen on val)",
+                    *(f"{r[s]:.4f}" for s in scored),
+                    f"{r['seconds']:.1f} s",
+                ]
+            )
     with tempfile.TemporaryDirectory(prefix="bench-agnews-") as work:
-        for arguments, r in ours(splits, a.runs, a.seeds, scored, work, shlex.split(a.prepare)).items():
-            rows.append([f"`python train.py {arguments}`",
-                         *(" / ".join(f"{x:.4f}" for x in r[s]) + f" (mean {statistics.mean(r[s]):.4f})" for s in scored),
-                         " / ".join(f"{x:.0f}" for x in r["seconds"]) + " s"])
-    print(f"\n| method | {' | '.join(f'{s} accuracy' for s in scored)} | time (ours: prepare + train, per seed) |")
+        for arguments, r in ours(
+            splits, a.runs, a.seeds, scored, work, shlex.split(a.prepare)
+        ).items():
+            rows.append(
+                [
+                    f"`python train.py {arguments}`",
+                    *(
+                        " / ".join(f"{x:.4f}" for x in r[s])
+                        + f" (mean {statistics.mean(r[s]):.4f})"
+                        for s in scored
+                    ),
+                    " / ".join(f"{x:.0f}" for x in r["seconds"]) + " s",
+                ]
+            )
+    print(
+        f"\n| method | {' | '.join(f'{s} accuracy' for s in scored)} | time (ours: prepare + train, per seed) |"
+    )
     print("|---|" + "---|" * (len(scored) + 1))
     print("\n".join("| " + " | ".join(row) + " |" for row in rows))
 

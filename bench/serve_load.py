@@ -5,6 +5,7 @@ the same text, however the decoding steps of concurrent requests interleave), an
 after a warm-up round and after each measured round: flat memory means no request leaves anything behind.
   python bench/serve_load.py --out_dir=out-shakespeare-char --out_dir=out-agnews --requests=200 --concurrency=8
 """
+
 import argparse
 import json
 import os
@@ -17,18 +18,29 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from anywhere: the repository root
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # run from anywhere: the repository root
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, at_least, run_script  # noqa: E402
 from serve import MAX_ACTIVE  # noqa: E402
 
-HEADLINES = ["Stocks fall as oil prices jump", "Lakers win again in overtime", "New chip doubles battery life",
-             "Talks on trade resume in Geneva", "Bank raises rates to cool prices", "Striker signs five-year deal",
-             "Probe finds water ice on the moon", "Election results contested in court"]
+HEADLINES = [
+    "Stocks fall as oil prices jump",
+    "Lakers win again in overtime",
+    "New chip doubles battery life",
+    "Talks on trade resume in Geneva",
+    "Bank raises rates to cool prices",
+    "Striker signs five-year deal",
+    "Probe finds water ice on the moon",
+    "Election results contested in court",
+]
 
 
 def post(url, body):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
             return json.loads(response.read())
@@ -43,8 +55,13 @@ def rss_mb(pid):
 
 def start_server(out_dirs, device):
     """serve.py on a free port -> (the process, its base URL, its models)."""
-    command = [sys.executable, os.path.join(ROOT, "serve.py"), *(f"--out_dir={d}" for d in out_dirs), "--port=0",
-               f"--device={device}"]
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "serve.py"),
+        *(f"--out_dir={d}" for d in out_dirs),
+        "--port=0",
+        f"--device={device}",
+    ]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     for line in server.stderr:
         found = re.search(r"serving on (http://\S+)", line)
@@ -61,15 +78,23 @@ def body_for(model, i, max_tokens):
     if model["task"] == "classify":
         return "/v1/classify", {"model": model["id"], "input": HEADLINES[i % len(HEADLINES)]}
     prompt = ["ROMEO:", "JULIET:", "First Citizen:", "KING HENRY:"][i % 4]
-    return "/v1/completions", {"model": model["id"], "prompt": prompt, "max_tokens": max_tokens, "seed": i,
-                               "temperature": 0.8, "top_k": 200}
+    return "/v1/completions", {
+        "model": model["id"],
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "seed": i,
+        "temperature": 0.8,
+        "top_k": 200,
+    }
 
 
 def measure(server, url, model, args):
     """One model's rounds: (requests/s, p50 and p99 latency in s, generated tokens/s, memory after each round)."""
     bodies = [body_for(model, i, args.max_tokens) for i in range(args.distinct)]
     alone = [post(url + path, body) for path, body in bodies]
-    strip = lambda answer: answer.get("choices", answer.get("data"))  # ids and timestamps differ by request
+    strip = lambda answer: answer.get(
+        "choices", answer.get("data")
+    )  # ids and timestamps differ by request
 
     def one(i):
         path, body = bodies[i % len(bodies)]
@@ -86,37 +111,82 @@ def measure(server, url, model, args):
             results = list(pool.map(one, range(args.requests)))
             seconds = time.perf_counter() - start
             memory.append(rss_mb(server.pid))
-            print(f"{model['id']} round {round_}: {args.requests} requests in {seconds:.2f} s, server RSS "
-                  f"{memory[-1]:.1f} MB", file=sys.stderr)
+            print(
+                f"{model['id']} round {round_}: {args.requests} requests in {seconds:.2f} s, server RSS "
+                f"{memory[-1]:.1f} MB",
+                file=sys.stderr,
+            )
     latencies = sorted(r[0] for r in results)
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]
-    return args.requests / seconds, pick(0.5), pick(0.99), sum(r[1] for r in results) / seconds, memory
+    return (
+        args.requests / seconds,
+        pick(0.5),
+        pick(0.99),
+        sum(r[1] for r in results) / seconds,
+        memory,
+    )
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="serve_load.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", action="append", required=True, help="a checkpoint to serve (repeatable)")
-    p.add_argument("--requests", type=at_least(1), default=200, help="requests per round (default: %(default)s)")
-    p.add_argument("--concurrency", type=at_least(1), default=8, help="requests in flight (default: %(default)s)")
-    p.add_argument("--rounds", type=at_least(1), default=2, help="measured rounds after the warm-up (default: "
-                   "%(default)s)")
-    p.add_argument("--distinct", type=at_least(1), default=20, help="distinct requests, each answered alone first")
-    p.add_argument("--max_tokens", type=at_least(1), default=32, help="tokens per completion (default: %(default)s)")
+    p = ArgumentParser(
+        prog="serve_load.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out_dir", action="append", required=True, help="a checkpoint to serve (repeatable)"
+    )
+    p.add_argument(
+        "--requests",
+        type=at_least(1),
+        default=200,
+        help="requests per round (default: %(default)s)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=at_least(1),
+        default=8,
+        help="requests in flight (default: %(default)s)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=at_least(1),
+        default=2,
+        help="measured rounds after the warm-up (default: %(default)s)",
+    )
+    p.add_argument(
+        "--distinct",
+        type=at_least(1),
+        default=20,
+        help="distinct requests, each answered alone first",
+    )
+    p.add_argument(
+        "--max_tokens",
+        type=at_least(1),
+        default=32,
+        help="tokens per completion (default: %(default)s)",
+    )
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     if args.concurrency > MAX_ACTIVE:
-        p.error(f"--concurrency {args.concurrency}: serve.py decodes at most {MAX_ACTIVE} requests at once")
+        p.error(
+            f"--concurrency {args.concurrency}: serve.py decodes at most {MAX_ACTIVE} requests at once"
+        )
     server, url, models = start_server(args.out_dir, args.device)
     try:
         rows = [(m, *measure(server, url, m, args)) for m in models]
     finally:
         server.terminate()
         server.wait()
-    print("| model | task | requests/s | p50 latency | p99 latency | tokens/s | server RSS after the warm-up, then "
-          "each round (MB) |\n|---|---|---|---|---|---|---|")
+    print(
+        "| model | task | requests/s | p50 latency | p99 latency | tokens/s | server RSS after the warm-up, then "
+        "each round (MB) |\n|---|---|---|---|---|---|---|"
+    )
     for m, rate, p50, p99, tokens, memory in rows:
-        print(f"| {m['id']} | {m['task']} | {rate:.1f} | {1000 * p50:.0f} ms | {1000 * p99:.0f} ms | "
-              f"{tokens:,.0f} | {' / '.join(f'{x:.1f}' for x in memory)} |")
+        print(
+            f"| {m['id']} | {m['task']} | {rate:.1f} | {1000 * p50:.0f} ms | {1000 * p99:.0f} ms | "
+            f"{tokens:,.0f} | {' / '.join(f'{x:.1f}' for x in memory)} |"
+        )
 
 
 if __name__ == "__main__":

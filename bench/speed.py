@@ -17,6 +17,7 @@ Usage, from the repository root (config paths are taken relative to it from any 
       --png bench/figures/time_to_loss_cpu.png
                                                wall time to a validation loss, the runs side by side, and a plot
 """
+
 import argparse
 import json
 import math
@@ -34,17 +35,30 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run from anywhere: the repository root
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))
+)  # run from anywhere: the repository root
 sys.path.insert(0, ROOT)
-from lib.common import ArgumentParser, Error, cpu_has_bf16, matmul_flops, pick_device, run_script, sync
 from lib.batches import read_meta
+from lib.common import (
+    ArgumentParser,
+    Error,
+    cpu_has_bf16,
+    matmul_flops,
+    pick_device,
+    run_script,
+    sync,
+)
 from lib.plots import pyplot, read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, build_model
 
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
-META_FALLBACK = {"shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/meta.json was never prepared
-                 "shakespeare": {"vocab_size": 50257}, "openwebtext": {"vocab_size": 50257},
-                 "agnews": {"vocab_size": 50257, "pad_token_id": 50256, "label_names": ["W", "S", "B", "T"]}}
+META_FALLBACK = {
+    "shakespeare_char": {"vocab_size": 65},  # when data/<dataset>/meta.json was never prepared
+    "shakespeare": {"vocab_size": 50257},
+    "openwebtext": {"vocab_size": 50257},
+    "agnews": {"vocab_size": 50257, "pad_token_id": 50256, "label_names": ["W", "S", "B", "T"]},
+}
 MODES = ["fp32", "bf16", "bf16+compile"]
 ATTENTION_PATHS = ["fused", "fused bf16", "explicit", "loop"]
 OPTIMIZERS = ["loop", "foreach", "fused"]
@@ -57,7 +71,9 @@ class LoopAttention(nn.Module):
     def __init__(self, d, h, bias=True):
         super().__init__()
         self.d, self.h, self.bias = d, h, bias
-        self.q, self.k, self.v = (nn.ModuleList(nn.Linear(d, d // h, bias=bias) for _ in range(h)) for _ in range(3))
+        self.q, self.k, self.v = (
+            nn.ModuleList(nn.Linear(d, d // h, bias=bias) for _ in range(h)) for _ in range(3)
+        )
         self.o = nn.Linear(d, d, bias=bias)
 
     def forward(self, x):
@@ -70,10 +86,14 @@ class LoopAttention(nn.Module):
 
     def fused_copy(self):
         """A model.MultiHeadAttention with these weights: head i's Q, K, V are rows i*d/h... of each third of qkv."""
-        mha = MultiHeadAttention(GPTConfig(n_embd=self.d, n_head=self.h, bias=self.bias)).to(self.o.weight.device)
+        mha = MultiHeadAttention(GPTConfig(n_embd=self.d, n_head=self.h, bias=self.bias)).to(
+            self.o.weight.device
+        )
         with torch.no_grad():
             for name in ("weight", "bias") if self.bias else ("weight",):
-                getattr(mha.qkv, name).copy_(torch.cat([getattr(lin, name) for g in (self.q, self.k, self.v) for lin in g]))
+                getattr(mha.qkv, name).copy_(
+                    torch.cat([getattr(lin, name) for g in (self.q, self.k, self.v) for lin in g])
+                )
                 getattr(mha.proj, name).copy_(getattr(self.o, name))
         return mha
 
@@ -89,7 +109,12 @@ def timed(fn, repeats, device, warm_fn=None):
         fn()
         sync(device)
         times.append(time.perf_counter() - t0)
-    return {"times_s": times, "min_s": min(times), "median_s": statistics.median(times), "warmup_s": warmup_s}
+    return {
+        "times_s": times,
+        "min_s": min(times),
+        "median_s": statistics.median(times),
+        "warmup_s": warmup_s,
+    }
 
 
 def rates(r, work, unit):
@@ -101,16 +126,36 @@ def rates(r, work, unit):
 def autocast(device, mode):
     """(dtype name, context) for fp32 / bf16 modes, built as train.py builds it."""
     dtype = "float32" if mode == "fp32" else "bfloat16"
-    return dtype, nullcontext() if dtype == "float32" else torch.autocast(device.split(":")[0], dtype=getattr(torch, dtype))
+    return dtype, nullcontext() if dtype == "float32" else torch.autocast(
+        device.split(":")[0], dtype=getattr(torch, dtype)
+    )
 
 
 def machine(device):
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else platform.processor() or platform.machine()
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.startswith("cuda")
+        else platform.processor() or platform.machine()
+    )
     if device == "cpu" and os.path.isfile("/proc/cpuinfo"):
-        name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), name)
-    return {"device": device, "name": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu_cores": os.cpu_count(), "cpu_bf16": cpu_has_bf16(), "python": platform.python_version(),
-            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}  # other jobs skew CPU timings
+        name = next(
+            (
+                l.split(":", 1)[1].strip()
+                for l in open("/proc/cpuinfo")
+                if l.startswith("model name")
+            ),
+            name,
+        )
+    return {
+        "device": device,
+        "name": name,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_cores": os.cpu_count(),
+        "cpu_bf16": cpu_has_bf16(),
+        "python": platform.python_version(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }  # other jobs skew CPU timings
 
 
 def bench_matmul(device, dtype, n, repeats):
@@ -121,13 +166,21 @@ def bench_matmul(device, dtype, n, repeats):
 def load_shape(config_file):
     """(config dict, dataset meta): the config as train.py resolves it (train.py CONFIG --print_config), without
     reading any data; the dataset's meta.json where it was prepared, else a stand-in with its vocabulary."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), config_file, "--print_config"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), config_file, "--print_config"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         raise Error(f"train.py {config_file} --print_config failed: {r.stderr.strip()}")
     c = json.loads(r.stdout)
     meta_dir = os.path.join(ROOT, "data", c["dataset"])
-    meta = read_meta(meta_dir) if os.path.isfile(os.path.join(meta_dir, "meta.json")) else META_FALLBACK[c["dataset"]]
+    meta = (
+        read_meta(meta_dir)
+        if os.path.isfile(os.path.join(meta_dir, "meta.json"))
+        else META_FALLBACK[c["dataset"]]
+    )
     c["vocab_size"] = c["vocab_size"] or meta["vocab_size"]
     return c, meta
 
@@ -135,19 +188,34 @@ def load_shape(config_file):
 def new_model(c, meta):
     """The model train.py builds for config c, with its seed."""
     torch.manual_seed(c["seed"])
-    return build_model(c["task"], {**c, "n_classes": len(meta.get("label_names", [])), "pad_token_id": meta.get("pad_token_id", 0)})
+    return build_model(
+        c["task"],
+        {
+            **c,
+            "n_classes": len(meta.get("label_names", [])),
+            "pad_token_id": meta.get("pad_token_id", 0),
+        },
+    )
 
 
 def make_batch(c, meta, rows, device, seed):
     """Random tokens: lm rows of block_size; classify rows of ~47 tokens (AG News-like) padded to the batch max."""
     V, T, gen = c["vocab_size"], c["block_size"], torch.Generator().manual_seed(seed)
     if c["task"] == "lm":
-        batch = {"idx": torch.randint(V, (rows, T), generator=gen), "targets": torch.randint(V, (rows, T), generator=gen)}
+        batch = {
+            "idx": torch.randint(V, (rows, T), generator=gen),
+            "targets": torch.randint(V, (rows, T), generator=gen),
+        }
     else:
         lengths = (47 + 15 * torch.randn(rows, generator=gen)).round().long().clamp(4, T)
         mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
-        batch = {"idx": torch.randint(V, mask.shape, generator=gen).masked_fill(mask == 0, meta["pad_token_id"]),
-                 "attention_mask": mask, "labels": torch.randint(len(meta["label_names"]), (rows,), generator=gen)}
+        batch = {
+            "idx": torch.randint(V, mask.shape, generator=gen).masked_fill(
+                mask == 0, meta["pad_token_id"]
+            ),
+            "attention_mask": mask,
+            "labels": torch.randint(len(meta["label_names"]), (rows,), generator=gen),
+        }
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -155,8 +223,9 @@ def train_step(c, meta, mode, device, rows):
     """(step, model, batch): one training step as train.py takes it, forward under autocast, backward, clip, AdamW
     step, zero_grad, on random tokens of the config's shape."""
     model = new_model(c, meta).to(device)
-    optimizer, = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]),
-                                            device.split(":")[0])
+    (optimizer,) = model.configure_optimizers(
+        c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device.split(":")[0]
+    )
     if mode.endswith("compile"):
         torch._dynamo.reset()  # each model compiles afresh
     runner = torch.compile(model) if mode.endswith("compile") else model
@@ -167,7 +236,9 @@ def train_step(c, meta, mode, device, rows):
         with ctx:
             _, loss = runner(**batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
+        torch.nn.utils.clip_grad_norm_(
+            model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf")
+        )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -180,9 +251,15 @@ def bench_train(c, meta, mode, device, repeats, max_rows=None):
     step, model, batch = train_step(c, meta, mode, device, rows)
     width = batch["idx"].size(1)  # for classify the padded width: train.py counts those tokens too
     r = rates(timed(step, repeats, device), rows * width, "tokens_per_s")
-    return {**rates(r, rows, "examples_per_s"), "rows": rows, "width": width, "dtype": autocast(device, mode)[0],
-            "task": c["task"], "flops_per_token": model.flops_per_token(width),
-            "shape": f"{c['n_layer']} x {c['n_embd']}, {c['n_head']} heads"}
+    return {
+        **rates(r, rows, "examples_per_s"),
+        "rows": rows,
+        "width": width,
+        "dtype": autocast(device, mode)[0],
+        "task": c["task"],
+        "flops_per_token": model.flops_per_token(width),
+        "shape": f"{c['n_layer']} x {c['n_embd']}, {c['n_head']} heads",
+    }
 
 
 def bench_optimizer(c, meta, kind, device, repeats):
@@ -191,9 +268,16 @@ def bench_optimizer(c, meta, kind, device, repeats):
     model = new_model(c, meta).to(device)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
-    optimizer = torch.optim.AdamW(model.parameters(), **{"loop": dict(foreach=False), "foreach": dict(foreach=True),
-                                                        "fused": dict(fused=True)}[kind])
-    return {**timed(optimizer.step, repeats, device), "params": sum(p.numel() for p in model.parameters())}
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        **{"loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}[
+            kind
+        ],
+    )
+    return {
+        **timed(optimizer.step, repeats, device),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
@@ -209,8 +293,14 @@ def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
         with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
             step()
             sync(device)
-        print(f"\n### {os.path.relpath(config_file, ROOT)}, {mode}, batch {tuple(batch['idx'].shape)}: one training step\n")
-        print(prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=top))
+        print(
+            f"\n### {os.path.relpath(config_file, ROOT)}, {mode}, batch {tuple(batch['idx'].shape)}: one training step\n"
+        )
+        print(
+            prof.key_averages().table(
+                sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=top
+            )
+        )
 
 
 def bench_classify_inference(c, meta, mode, device, repeats, rows=256):
@@ -230,7 +320,11 @@ def bench_classify_inference(c, meta, mode, device, repeats, rows=256):
 def bench_generate(device, new_tokens, use_cache, repeats):
     """Greedy decoding of new_tokens from a 1-token prompt, float32, the shakespeare_char GPT shape."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)).to(device).eval()
+    model = (
+        GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384))
+        .to(device)
+        .eval()
+    )
     idx = torch.zeros(1, 1, dtype=torch.long, device=device)
 
     def run(n):
@@ -254,8 +348,12 @@ def bench_attention(path, n, device, repeats, d=384, h=6):
     torch.manual_seed(0)
     loop = LoopAttention(d, h).to(device)
     mha = loop.fused_copy()
-    forward = {"fused": lambda x: mha(x)[0], "fused bf16": lambda x: mha(x)[0],
-               "explicit": lambda x: mha(x, need_weights=True)[0], "loop": loop}[path]
+    forward = {
+        "fused": lambda x: mha(x)[0],
+        "fused bf16": lambda x: mha(x)[0],
+        "explicit": lambda x: mha(x, need_weights=True)[0],
+        "loop": loop,
+    }[path]
     ctx = autocast(device, "bf16" if path.endswith("bf16") else "fp32")[1]
     params = [*loop.parameters(), *mha.parameters()]
     x = torch.randn(1, n, d, device=device, requires_grad=True)
@@ -301,62 +399,149 @@ def table(title, header, rows):
 
 
 def report(info, peaks, trains, optims, gens, attns, infers, notes):
-    print(f"## Machine\n\n{info['name']} ({info['device']}), torch {info['torch']}, {info['threads']} threads, "
-          f"{info['cpu_cores']} CPU cores, CPU bf16: {info['cpu_bf16']}, Python {info['python']}, "
-          f"load average at the start {info['load_average']}")
-    table("Matmul peak: n x n products, best / median of the samples taken at the start and at the end of the run",
-          ["dtype", "n", "TFLOP/s"], [[dt, p["n"], two(p, "flops", "{:.3f}", 1e-12)] for dt, p in peaks.items()])
+    print(
+        f"## Machine\n\n{info['name']} ({info['device']}), torch {info['torch']}, {info['threads']} threads, "
+        f"{info['cpu_cores']} CPU cores, CPU bf16: {info['cpu_bf16']}, Python {info['python']}, "
+        f"load average at the start {info['load_average']}"
+    )
+    table(
+        "Matmul peak: n x n products, best / median of the samples taken at the start and at the end of the run",
+        ["dtype", "n", "TFLOP/s"],
+        [[dt, p["n"], two(p, "flops", "{:.3f}", 1e-12)] for dt, p in peaks.items()],
+    )
     rows = []
     for (cfg, mode), r in trains.items():
         if "error" in r:
             rows.append([cfg, "", "", mode, r["error"], "", "", ""])
             continue
-        r.update({f"mfu_{k}": r["flops_per_token"] * r[f"tokens_per_s_{k}"] / peaks[r["dtype"]]["flops_best"]
-                  for k in ("best", "median")})
-        rows.append([cfg, r["shape"], f"{r['rows']} x {r['width']}", mode, two(r, "ms", "{:.1f}"), two(r, "tokens_per_s"),
-                     two(r, "examples_per_s") if r["task"] == "classify" else "", two(r, "mfu", "{:.1f}%", 100)])
-    table("Training step, best / median: forward, backward, clip, AdamW. MFU: against the best measured matmul FLOP/s "
-          "of the dtype; classify counts padded tokens, as train.py does",
-          ["config", "shape", "batch", "mode", "ms/step", "tokens/s", "examples/s", "MFU"], rows)
+        r.update(
+            {
+                f"mfu_{k}": r["flops_per_token"]
+                * r[f"tokens_per_s_{k}"]
+                / peaks[r["dtype"]]["flops_best"]
+                for k in ("best", "median")
+            }
+        )
+        rows.append(
+            [
+                cfg,
+                r["shape"],
+                f"{r['rows']} x {r['width']}",
+                mode,
+                two(r, "ms", "{:.1f}"),
+                two(r, "tokens_per_s"),
+                two(r, "examples_per_s") if r["task"] == "classify" else "",
+                two(r, "mfu", "{:.1f}%", 100),
+            ]
+        )
+    table(
+        "Training step, best / median: forward, backward, clip, AdamW. MFU: against the best measured matmul FLOP/s "
+        "of the dtype; classify counts padded tokens, as train.py does",
+        ["config", "shape", "batch", "mode", "ms/step", "tokens/s", "examples/s", "MFU"],
+        rows,
+    )
     rows = []
     for cfg in dict.fromkeys(cfg for cfg, _ in trains):
         m = {mode: trains.get((cfg, mode), {}) for mode in MODES}
-        ratio = lambda a, b: f"{m[a]['median_s'] / m[b]['median_s']:.2f}x" if "median_s" in m[a] and "median_s" in m[b] else "n/a"
-        first = f"{m['bf16+compile']['warmup_s']:.1f} s" if "warmup_s" in m["bf16+compile"] else "n/a"
+        ratio = lambda a, b: (
+            f"{m[a]['median_s'] / m[b]['median_s']:.2f}x"
+            if "median_s" in m[a] and "median_s" in m[b]
+            else "n/a"
+        )
+        first = (
+            f"{m['bf16+compile']['warmup_s']:.1f} s" if "warmup_s" in m["bf16+compile"] else "n/a"
+        )
         rows.append([cfg, ratio("fp32", "bf16"), ratio("bf16", "bf16+compile"), first])
-    table("Speed-ups, medians", ["config", "bf16 / fp32", "compile / eager (bf16)", "first step with compiling"], rows)
-    table("AdamW step alone, ms (best / median): the default per-tensor loop, foreach, fused",
-          ["config", "parameters", *OPTIMIZERS, "loop / fused (medians)"],
-          [[cfg, f"{optims[(cfg, 'loop')]['params'] / 1e6:.2f}M", *(two(optims[(cfg, k)], "ms", "{:.2f}") for k in OPTIMIZERS),
-            f"{optims[(cfg, 'loop')]['median_s'] / optims[(cfg, 'fused')]['median_s']:.1f}x"]
-           for cfg in dict.fromkeys(cfg for cfg, _ in optims) if all("median_s" in optims[(cfg, k)] for k in OPTIMIZERS)])
-    table(f"Generation: GPT 6 x 384, vocab 65, block 256, fp32, greedy, {gens[True]['new_tokens']} new tokens from 1",
-          ["KV cache", "tokens/s (best / median)"], [["yes" if k else "no", two(r, "tokens_per_s", "{:,.1f}")] for k, r in gens.items()])
+    table(
+        "Speed-ups, medians",
+        ["config", "bf16 / fp32", "compile / eager (bf16)", "first step with compiling"],
+        rows,
+    )
+    table(
+        "AdamW step alone, ms (best / median): the default per-tensor loop, foreach, fused",
+        ["config", "parameters", *OPTIMIZERS, "loop / fused (medians)"],
+        [
+            [
+                cfg,
+                f"{optims[(cfg, 'loop')]['params'] / 1e6:.2f}M",
+                *(two(optims[(cfg, k)], "ms", "{:.2f}") for k in OPTIMIZERS),
+                f"{optims[(cfg, 'loop')]['median_s'] / optims[(cfg, 'fused')]['median_s']:.1f}x",
+            ]
+            for cfg in dict.fromkeys(cfg for cfg, _ in optims)
+            if all("median_s" in optims[(cfg, k)] for k in OPTIMIZERS)
+        ],
+    )
+    table(
+        f"Generation: GPT 6 x 384, vocab 65, block 256, fp32, greedy, {gens[True]['new_tokens']} new tokens from 1",
+        ["KV cache", "tokens/s (best / median)"],
+        [["yes" if k else "no", two(r, "tokens_per_s", "{:,.1f}")] for k, r in gens.items()],
+    )
     print(f"\nKV cache speed-up (medians): {gens[False]['median_s'] / gens[True]['median_s']:.2f}x")
     cuda = any("cuda_peak_bytes" in r for r in attns.values())
     peak = lambda path: peaks["bfloat16" if path.endswith("bf16") else "float32"]["flops_best"]
-    table("Attention alone, forward + backward: d=384, h=6, batch 1, no mask; fp32 but for \"fused bf16\" (bf16 "
-          "autocast). GFLOP/s: model FLOPs (3 x forward), and as a share of the best measured matmul FLOP/s of the dtype. "
-          "Memory: the bytes autograd saves for backward plus the output (saved_tensors_hooks, each storage once, "
-          "parameters excluded)" + "; CUDA peak: torch.cuda.max_memory_allocated over forward + backward" * cuda,
-          ["n", "path", "ms (best / median)", "GFLOP/s (best / median)", "of the peak (best)", "saved MiB"]
-          + ["CUDA peak MiB"] * cuda,
-          [[n, path, r["error"]] if "error" in r else
-           [n, path, two(r, "ms", "{:.2f}"), two(r, "flops", "{:,.0f}", 1e-9), f"{r['flops_best'] / peak(path):.0%}",
-            f"{r['saved_bytes'] / 2 ** 20:,.1f}"] + ([f"{r['cuda_peak_bytes'] / 2 ** 20:,.1f}"] if cuda else [])
-           for (path, n), r in attns.items()])
+    table(
+        'Attention alone, forward + backward: d=384, h=6, batch 1, no mask; fp32 but for "fused bf16" (bf16 '
+        "autocast). GFLOP/s: model FLOPs (3 x forward), and as a share of the best measured matmul FLOP/s of the dtype. "
+        "Memory: the bytes autograd saves for backward plus the output (saved_tensors_hooks, each storage once, "
+        "parameters excluded)"
+        + "; CUDA peak: torch.cuda.max_memory_allocated over forward + backward"
+        * cuda,
+        [
+            "n",
+            "path",
+            "ms (best / median)",
+            "GFLOP/s (best / median)",
+            "of the peak (best)",
+            "saved MiB",
+        ]
+        + ["CUDA peak MiB"] * cuda,
+        [
+            [n, path, r["error"]]
+            if "error" in r
+            else [
+                n,
+                path,
+                two(r, "ms", "{:.2f}"),
+                two(r, "flops", "{:,.0f}", 1e-9),
+                f"{r['flops_best'] / peak(path):.0%}",
+                f"{r['saved_bytes'] / 2**20:,.1f}",
+            ]
+            + ([f"{r['cuda_peak_bytes'] / 2**20:,.1f}"] if cuda else [])
+            for (path, n), r in attns.items()
+        ],
+    )
     print()
     for n in dict.fromkeys(n for _, n in attns):
         loop = attns[("loop", n)]
-        speedup = lambda path: f"{loop['median_s'] / attns[(path, n)]['median_s']:.2f}x" if "median_s" in attns[(path, n)] else "n/a"
-        print(f"- n={n}, medians: fused {speedup('fused')} the per-head loop's speed, fused bf16 {speedup('fused bf16')}; "
-              f"the loop runs at {loop['flops_best'] / peak('loop'):.0%} of the fp32 matmul peak, so no fp32 path can be "
-              f"more than {peak('loop') / loop['flops_best']:.1f}x faster" + " (target: fused >= 3x)" * (n == 512))
+        speedup = lambda path: (
+            f"{loop['median_s'] / attns[(path, n)]['median_s']:.2f}x"
+            if "median_s" in attns[(path, n)]
+            else "n/a"
+        )
+        print(
+            f"- n={n}, medians: fused {speedup('fused')} the per-head loop's speed, fused bf16 {speedup('fused bf16')}; "
+            f"the loop runs at {loop['flops_best'] / peak('loop'):.0%} of the fp32 matmul peak, so no fp32 path can be "
+            f"more than {peak('loop') / loop['flops_best']:.1f}x faster"
+            + " (target: fused >= 3x)"
+            * (n == 512)
+        )
     if infers:
         cfg = next(iter(infers.values()))[0]
-        rows = [[mode, f"{two(trains[(cfg, mode)], 'examples_per_s')} ({trains[(cfg, mode)]['rows']} rows)"
-                 if "rows" in trains.get((cfg, mode), {}) else "n/a", two(r, "examples_per_s")] for mode, (_, r) in infers.items()]
-        table(f"Classifier examples/s, best / median ({cfg})", ["mode", "train (eager)", "inference (batch 256, eval, no_grad)"], rows)
+        rows = [
+            [
+                mode,
+                f"{two(trains[(cfg, mode)], 'examples_per_s')} ({trains[(cfg, mode)]['rows']} rows)"
+                if "rows" in trains.get((cfg, mode), {})
+                else "n/a",
+                two(r, "examples_per_s"),
+            ]
+            for mode, (_, r) in infers.items()
+        ]
+        table(
+            f"Classifier examples/s, best / median ({cfg})",
+            ["mode", "train (eager)", "inference (batch 256, eval, no_grad)"],
+            rows,
+        )
     for note in notes:
         print(f"\nNote: {note}")
 
@@ -370,23 +555,58 @@ def time_to_loss(runs, target, repeats, png):
     for _ in range(repeats):
         for run in runs:
             out_dir, t0 = tempfile.mkdtemp(prefix="time-to-loss-"), time.time()
-            r = subprocess.run([sys.executable, train, *shlex.split(run), f"--out_dir={out_dir}",
-                                "--overwrite_out_dir=True"], cwd=ROOT, capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    train,
+                    *shlex.split(run),
+                    f"--out_dir={out_dir}",
+                    "--overwrite_out_dir=True",
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
             wall = time.time() - t0
             if r.returncode:
                 raise Error(f"train.py {run} failed: {r.stderr.strip().splitlines()[-1]}")
-            curve = [(m["time"] - t0, m["val/loss"]) for m in read_metrics(out_dir) if "val/loss" in m]
-            results[run].append({"wall_s": wall, "curve": curve, "final": curve[-1][1],
-                                 "reached_s": next((s for s, loss in curve if round(loss, 4) <= target), None)})
+            curve = [
+                (m["time"] - t0, m["val/loss"]) for m in read_metrics(out_dir) if "val/loss" in m
+            ]
+            results[run].append(
+                {
+                    "wall_s": wall,
+                    "curve": curve,
+                    "final": curve[-1][1],
+                    "reached_s": next((s for s, loss in curve if round(loss, 4) <= target), None),
+                }
+            )
             bar.update()
     bar.close()
     base = statistics.median(r["wall_s"] for r in results[runs[0]])
-    table(f"Time to validation loss {target}: `python train.py RUN`, start to finish, {repeats} turn(s) each, taking "
-          f"turns", ["run", "wall s (each turn)", "final val loss (each turn)", f"first eval <= {target} at s",
-                     f"wall time / {runs[0].split()[0]}'s (medians)"],
-          [[f"`{run}`", ", ".join(f"{r['wall_s']:.1f}" for r in rs), ", ".join(f"{r['final']:.4f}" for r in rs),
-            ", ".join("never" if r["reached_s"] is None else f"{r['reached_s']:.1f}" for r in rs),
-            f"{statistics.median(r['wall_s'] for r in rs) / base:.2f}x"] for run, rs in results.items()])
+    table(
+        f"Time to validation loss {target}: `python train.py RUN`, start to finish, {repeats} turn(s) each, taking "
+        f"turns",
+        [
+            "run",
+            "wall s (each turn)",
+            "final val loss (each turn)",
+            f"first eval <= {target} at s",
+            f"wall time / {runs[0].split()[0]}'s (medians)",
+        ],
+        [
+            [
+                f"`{run}`",
+                ", ".join(f"{r['wall_s']:.1f}" for r in rs),
+                ", ".join(f"{r['final']:.4f}" for r in rs),
+                ", ".join(
+                    "never" if r["reached_s"] is None else f"{r['reached_s']:.1f}" for r in rs
+                ),
+                f"{statistics.median(r['wall_s'] for r in rs) / base:.2f}x",
+            ]
+            for run, rs in results.items()
+        ],
+    )
     plot_time_to_loss(results, target, png)
     return results
 
@@ -399,11 +619,21 @@ def plot_time_to_loss(results, target, png):
     fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
     for i, (run, rs) in enumerate(results.items()):
         for j, r in enumerate(rs):
-            ax.plot(*zip(*r["curve"]), "-o", color=f"C{i}", markersize=3, alpha=1 if j == 0 else 0.4,
-                    label=textwrap.fill(run, 90) if j == 0 else None)
+            ax.plot(
+                *zip(*r["curve"]),
+                "-o",
+                color=f"C{i}",
+                markersize=3,
+                alpha=1 if j == 0 else 0.4,
+                label=textwrap.fill(run, 90) if j == 0 else None,
+            )
     ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target}")
-    ax.set(xlabel="seconds since `python train.py` started", ylabel="validation loss", ylim=(target - 0.3, target + 1.2),
-           title="validation loss against wall time")
+    ax.set(
+        xlabel="seconds since `python train.py` started",
+        ylabel="validation loss",
+        ylim=(target - 0.3, target + 1.2),
+        title="validation loss against wall time",
+    )
     ax.grid(alpha=0.3)
     fig.legend(fontsize=7, loc="outside lower center")
     fig.savefig(png, dpi=110)
@@ -411,31 +641,72 @@ def plot_time_to_loss(results, target, png):
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="speed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cuda, cuda:1, mps or cpu")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per figure, after one warm-up")
-    p.add_argument("--quick", action="store_true", help="2 repeats, n = 128 and 512, 100 new tokens, training batches "
-                   "of at most 4 rows, torch.compile on the first config only")
+    p = ArgumentParser(
+        prog="speed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda, mps, cpu), cuda, cuda:1, mps or cpu"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=5, help="timed repeats per figure, after one warm-up"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 repeats, n = 128 and 512, 100 new tokens, training batches "
+        "of at most 4 rows, torch.compile on the first config only",
+    )
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
-    p.add_argument("--json", metavar="PATH", help="also save every figure (with the raw times) as JSON")
-    p.add_argument("--configs", nargs="+", default=CONFIGS, metavar="CONFIG", help="the configs whose shapes the "
-                   "training and AdamW tables measure (default: %(default)s)")
-    p.add_argument("--profile", metavar="CONFIG", help="instead: where one training step of CONFIG's shape spends its "
-                   "time, fp32 and bf16 (torch.profiler's operators)")
-    p.add_argument("--time_to_loss", metavar="RUN", nargs="+", help="instead: run each RUN (a config file, then any "
-                   "--key=value overrides, quoted as one argument) as `python train.py RUN`, taking turns --repeats "
-                   "times; print the wall times and the val loss each reached, and plot val loss against seconds")
-    p.add_argument("--target", type=float, default=1.8818, help="with --time_to_loss: the validation loss to reach "
-                   "(default: %(default)s, what config/shakespeare_char_cpu.py reaches)")
-    p.add_argument("--png", default="time_to_loss.png", help="with --time_to_loss: the plot (default: %(default)s)")
+    p.add_argument(
+        "--json", metavar="PATH", help="also save every figure (with the raw times) as JSON"
+    )
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=CONFIGS,
+        metavar="CONFIG",
+        help="the configs whose shapes the "
+        "training and AdamW tables measure (default: %(default)s)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="CONFIG",
+        help="instead: where one training step of CONFIG's shape spends its "
+        "time, fp32 and bf16 (torch.profiler's operators)",
+    )
+    p.add_argument(
+        "--time_to_loss",
+        metavar="RUN",
+        nargs="+",
+        help="instead: run each RUN (a config file, then any "
+        "--key=value overrides, quoted as one argument) as `python train.py RUN`, taking turns --repeats "
+        "times; print the wall times and the val loss each reached, and plot val loss against seconds",
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=1.8818,
+        help="with --time_to_loss: the validation loss to reach "
+        "(default: %(default)s, what config/shakespeare_char_cpu.py reaches)",
+    )
+    p.add_argument(
+        "--png",
+        default="time_to_loss.png",
+        help="with --time_to_loss: the plot (default: %(default)s)",
+    )
     a = p.parse_args(argv)
     if a.time_to_loss:
         results = time_to_loss(a.time_to_loss, a.target, a.repeats, os.path.abspath(a.png))
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"machine": machine("cpu"), "target": a.target, "runs": results}, f, indent=2)
+                json.dump(
+                    {"machine": machine("cpu"), "target": a.target, "runs": results}, f, indent=2
+                )
         return
-    json_path, profile = a.json and os.path.abspath(a.json), a.profile and os.path.join(ROOT, a.profile)
+    json_path, profile = (
+        a.json and os.path.abspath(a.json),
+        a.profile and os.path.join(ROOT, a.profile),
+    )
     if profile and not os.path.isfile(profile):
         p.error(f"--profile {a.profile}: no such config file (try config/shakespeare_char.py)")
     os.chdir(ROOT)  # config files exec other config files by relative path
@@ -447,17 +718,35 @@ def main(argv=None):
     # "first step with compiling" means a cold compile: inductor's on-disk caches would otherwise make reruns fast
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-"))
     repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
-    print(f"# speed.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads", file=sys.stderr)
+    print(
+        f"# speed.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads",
+        file=sys.stderr,
+    )
     configs = a.configs
     shapes = {cfg: load_shape(cfg) for cfg in configs}
-    notes = [f"{cfg}: data/{c['dataset']} not prepared, so the vocabulary is a stand-in of {c['vocab_size']}"
-             for cfg, (c, meta) in shapes.items() if meta is META_FALLBACK.get(c["dataset"])]
-    plan = [(cfg, mode) for i, cfg in enumerate(configs) for mode in MODES
-            if not (mode.endswith("compile") and (a.no_compile or (a.quick and i > 0)))]
+    notes = [
+        f"{cfg}: data/{c['dataset']} not prepared, so the vocabulary is a stand-in of {c['vocab_size']}"
+        for cfg, (c, meta) in shapes.items()
+        if meta is META_FALLBACK.get(c["dataset"])
+    ]
+    plan = [
+        (cfg, mode)
+        for i, cfg in enumerate(configs)
+        for mode in MODES
+        if not (mode.endswith("compile") and (a.no_compile or (a.quick and i > 0)))
+    ]
     ns = [128, 512] if a.quick else [128, 512, 1024, 2048, 4096]
     cls = next((cfg for cfg in configs if shapes[cfg][0]["task"] == "classify"), None)
-    bar = tqdm(total=4 + len(plan) + len(configs) * len(OPTIMIZERS) + 2 + len(ATTENTION_PATHS) * len(ns) + 2 * bool(cls),
-               file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(
+        total=4
+        + len(plan)
+        + len(configs) * len(OPTIMIZERS)
+        + 2
+        + len(ATTENTION_PATHS) * len(ns)
+        + 2 * bool(cls),
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
 
     def run(label, fn, *args, catch=False):
         bar.set_description(label)
@@ -466,7 +755,9 @@ def main(argv=None):
         except Exception as e:  # no compiler for torch.compile, no bf16 on this device...
             if not catch:
                 raise
-            r = {"error": f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:80]}"}
+            r = {
+                "error": f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:80]}"
+            }
         bar.update()
         return r
 
@@ -474,36 +765,111 @@ def main(argv=None):
         for name in ("float32", "bfloat16"):
             n = 8192 if device.startswith("cuda") else 2048
             p = peaks.setdefault(name, {"n": n, "flops": []})
-            p["flops"] += run(f"matmul {name}", bench_matmul, device, getattr(torch, name), n, repeats)
+            p["flops"] += run(
+                f"matmul {name}", bench_matmul, device, getattr(torch, name), n, repeats
+            )
             p["flops_best"], p["flops_median"] = max(p["flops"]), statistics.median(p["flops"])
 
     peaks = {}
     matmul_peaks()
-    trains = {(cfg, mode): run(f"train {os.path.basename(cfg)} {mode}", bench_train, *shapes[cfg][:2], mode, device,
-                               repeats, 4 if a.quick else None, catch=True) for cfg, mode in plan}
-    optims = {(cfg, kind): run(f"AdamW {kind} {os.path.basename(cfg)}", bench_optimizer, *shapes[cfg][:2], kind, device,
-                               repeats, catch=True) for cfg in configs for kind in OPTIMIZERS}
-    gens = {cache: run(f"generate, cache={cache}", bench_generate, device, 100 if a.quick else 500, cache, repeats)
-            for cache in (True, False)}
-    attns = {(path, n): run(f"attention {path} n={n}", bench_attention, path, n, device, repeats, catch=path.endswith("bf16"))
-             for n in ns for path in ATTENTION_PATHS}
-    infers = {mode: (cls, run(f"classify inference {mode}", bench_classify_inference, *shapes[cls][:2], mode, device, repeats,
-                              catch=True)) for mode in ("fp32", "bf16")} if cls else {}
+    trains = {
+        (cfg, mode): run(
+            f"train {os.path.basename(cfg)} {mode}",
+            bench_train,
+            *shapes[cfg][:2],
+            mode,
+            device,
+            repeats,
+            4 if a.quick else None,
+            catch=True,
+        )
+        for cfg, mode in plan
+    }
+    optims = {
+        (cfg, kind): run(
+            f"AdamW {kind} {os.path.basename(cfg)}",
+            bench_optimizer,
+            *shapes[cfg][:2],
+            kind,
+            device,
+            repeats,
+            catch=True,
+        )
+        for cfg in configs
+        for kind in OPTIMIZERS
+    }
+    gens = {
+        cache: run(
+            f"generate, cache={cache}",
+            bench_generate,
+            device,
+            100 if a.quick else 500,
+            cache,
+            repeats,
+        )
+        for cache in (True, False)
+    }
+    attns = {
+        (path, n): run(
+            f"attention {path} n={n}",
+            bench_attention,
+            path,
+            n,
+            device,
+            repeats,
+            catch=path.endswith("bf16"),
+        )
+        for n in ns
+        for path in ATTENTION_PATHS
+    }
+    infers = (
+        {
+            mode: (
+                cls,
+                run(
+                    f"classify inference {mode}",
+                    bench_classify_inference,
+                    *shapes[cls][:2],
+                    mode,
+                    device,
+                    repeats,
+                    catch=True,
+                ),
+            )
+            for mode in ("fp32", "bf16")
+        }
+        if cls
+        else {}
+    )
     matmul_peaks()
     bar.close()
     for r in [*trains.values(), *optims.values(), *attns.values()]:
         if "min_s" in r:
             r["ms_best"], r["ms_median"] = 1e3 * r["min_s"], 1e3 * r["median_s"]
     report(info, peaks, trains, optims, gens, attns, infers, notes)
-    print(f"\n{'--quick run: ' * a.quick}{repeats} timed repeats per figure; {time.perf_counter() - t0:.0f} s in all")
+    print(
+        f"\n{'--quick run: ' * a.quick}{repeats} timed repeats per figure; {time.perf_counter() - t0:.0f} s in all"
+    )
     if json_path:
         key = lambda k: " ".join(map(str, k))
         with open(json_path, "w") as f:
-            json.dump({"machine": info, "args": vars(a), "notes": notes, "matmul": peaks,
-                       "train": {key(k): v for k, v in trains.items()}, "optimizer": {key(k): v for k, v in optims.items()},
-                       "generate": {f"cache={k}": v for k, v in gens.items()},
-                       "attention": {key(k): v for k, v in attns.items()},
-                       "classify_inference": {k: {"config": cfg, **r} for k, (cfg, r) in infers.items()}}, f, indent=2)
+            json.dump(
+                {
+                    "machine": info,
+                    "args": vars(a),
+                    "notes": notes,
+                    "matmul": peaks,
+                    "train": {key(k): v for k, v in trains.items()},
+                    "optimizer": {key(k): v for k, v in optims.items()},
+                    "generate": {f"cache={k}": v for k, v in gens.items()},
+                    "attention": {key(k): v for k, v in attns.items()},
+                    "classify_inference": {
+                        k: {"config": cfg, **r} for k, (cfg, r) in infers.items()
+                    },
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

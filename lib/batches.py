@@ -1,6 +1,7 @@
 """Training-time data: a prepared dataset's files, checked against its meta.json, and the batches drawn from them. A
 step's global batch is a function of (seed, step) alone, and each process takes its slice of it: the data order
 survives a resume and does not depend on how many processes share the work."""
+
 import os
 
 import numpy as np
@@ -9,31 +10,51 @@ import torch
 from lib.common import Error, read_json
 
 # what each task's meta.json must hold (data/README.md)
-META_KEYS = {"lm": ("tokenizer", "vocab_size", "dtype", "splits"),
-             "classify": ("tokenizer", "vocab_size", "dtype", "splits", "label_names", "max_length", "pad_token_id")}
+META_KEYS = {
+    "lm": ("tokenizer", "vocab_size", "dtype", "splits"),
+    "classify": (
+        "tokenizer",
+        "vocab_size",
+        "dtype",
+        "splits",
+        "label_names",
+        "max_length",
+        "pad_token_id",
+    ),
+}
 
 
 def read_meta(data_dir):
     """A prepared dataset's meta.json, checked: a task this project knows, every key it needs, a known dtype."""
     path = os.path.join(data_dir, "meta.json")
     meta = read_json(path, "dataset description (meta.json)")
-    check(meta.get("task") in META_KEYS, path, f"task {meta.get('task')!r} is neither lm nor classify")
+    check(
+        meta.get("task") in META_KEYS, path, f"task {meta.get('task')!r} is neither lm nor classify"
+    )
     missing = [key for key in META_KEYS[meta["task"]] if key not in meta]
     check(not missing, path, f"no {missing[0]!r} key" if missing else "")
-    check(meta["dtype"] in ("uint16", "uint32"), path, f"dtype {meta['dtype']!r} is neither uint16 nor uint32")
+    check(
+        meta["dtype"] in ("uint16", "uint32"),
+        path,
+        f"dtype {meta['dtype']!r} is neither uint16 nor uint32",
+    )
     return meta
 
 
 def check(ok, path, what):
     if not ok:
-        raise Error(f"{path}: {what}; the data is damaged or from another version: run its prepare.py again")
+        raise Error(
+            f"{path}: {what}; the data is damaged or from another version: run its prepare.py again"
+        )
 
 
 def load_array(path, **kw):
     try:
         return np.load(path, **kw) if path.endswith(".npy") else np.memmap(path, mode="r", **kw)
     except (OSError, ValueError) as e:
-        raise Error(f"{path}: cannot read it ({type(e).__name__}); run the dataset's prepare.py again") from None
+        raise Error(
+            f"{path}: cannot read it ({type(e).__name__}); run the dataset's prepare.py again"
+        ) from None
 
 
 def pad_batch(rows, pad_token_id):
@@ -43,37 +64,56 @@ def pad_batch(rows, pad_token_id):
     idx = np.full((len(rows), width), pad_token_id, dtype=np.int64)
     attention_mask = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
-        idx[i, :len(r)], attention_mask[i, :len(r)] = r, 1
+        idx[i, : len(r)], attention_mask[i, : len(r)] = r, 1
     return torch.from_numpy(idx), torch.from_numpy(attention_mask)
 
 
 class LMData:
     """A token stream; a row is block_size tokens from a random offset, its targets the same shifted by one."""
-    best = ("val/loss", "min")  # the metric that picks the checkpoint to keep, and which way is better
-    labelled, unit = False, "tok"  # evaluations report accuracy for labelled data; the speed counts tokens
+
+    best = (
+        "val/loss",
+        "min",
+    )  # the metric that picks the checkpoint to keep, and which way is better
+    labelled, unit = (
+        False,
+        "tok",
+    )  # evaluations report accuracy for labelled data; the speed counts tokens
 
     def __init__(self, data_dir, split, block_size, meta):
         self.meta, self.block_size = meta, block_size
         path = os.path.join(data_dir, f"{split}.bin")
         self.tokens = load_array(path, dtype=meta["dtype"])
-        check(len(self.tokens) == meta["splits"][split], path, f"{len(self.tokens):,} tokens, meta.json says "
-              f"{meta['splits'][split]:,}")
+        check(
+            len(self.tokens) == meta["splits"][split],
+            path,
+            f"{len(self.tokens):,} tokens, meta.json says {meta['splits'][split]:,}",
+        )
         if len(self.tokens) <= block_size:
-            raise Error(f"{path} holds {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}: use "
-                        f"a smaller block_size or more text")
-        if len(self.tokens) <= 1 << 28:  # a full scan up to 256M tokens (a second or two); the length is checked always
-            check(int(self.tokens.max()) < meta["vocab_size"], path, f"token ids reach {int(self.tokens.max())}, "
-                  f"past vocab_size {meta['vocab_size']}")
+            raise Error(
+                f"{path} holds {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}: use "
+                f"a smaller block_size or more text"
+            )
+        if (
+            len(self.tokens) <= 1 << 28
+        ):  # a full scan up to 256M tokens (a second or two); the length is checked always
+            check(
+                int(self.tokens.max()) < meta["vocab_size"],
+                path,
+                f"token ids reach {int(self.tokens.max())}, past vocab_size {meta['vocab_size']}",
+            )
 
     def rows(self, seed, step, n):
-        return np.random.default_rng([seed, step]).integers(0, len(self.tokens) - self.block_size, n)
+        return np.random.default_rng([seed, step]).integers(
+            0, len(self.tokens) - self.block_size, n
+        )
 
     def eval_rows(self, n):
-        return self.rows(seed=2 ** 31 - 1, step=0, n=n)  # the same n rows at every evaluation
+        return self.rows(seed=2**31 - 1, step=0, n=n)  # the same n rows at every evaluation
 
     def batch(self, rows):
-        x = np.stack([self.tokens[i:i + self.block_size] for i in rows]).astype(np.int64)
-        y = np.stack([self.tokens[i + 1:i + 1 + self.block_size] for i in rows]).astype(np.int64)
+        x = np.stack([self.tokens[i : i + self.block_size] for i in rows]).astype(np.int64)
+        y = np.stack([self.tokens[i + 1 : i + 1 + self.block_size] for i in rows]).astype(np.int64)
         return {"idx": torch.from_numpy(x), "targets": torch.from_numpy(y)}
 
     @staticmethod
@@ -84,6 +124,7 @@ class LMData:
 
 class ClassificationData:
     """Labelled rows, read in epochs (a fresh permutation each); a batch is padded to its own longest row."""
+
     best = ("val/accuracy", "max")
     labelled, unit = True, "ex"  # the speed counts examples
 
@@ -91,17 +132,38 @@ class ClassificationData:
         self.meta, self.block_size = meta, block_size
         path = os.path.join(data_dir, split)
         self.tokens = load_array(path + ".bin", dtype=meta["dtype"])
-        self.offsets, self.labels = load_array(path + ".offsets.npy"), load_array(path + ".labels.npy")
+        self.offsets, self.labels = (
+            load_array(path + ".offsets.npy"),
+            load_array(path + ".labels.npy"),
+        )
         n = meta["splits"][split]
-        check(len(self.labels) == n, path + ".labels.npy", f"{len(self.labels):,} labels for {n:,} rows")
-        check(len(self.offsets) == n + 1 and self.offsets[0] == 0 and (np.diff(self.offsets) >= 0).all(),
-              path + ".offsets.npy", f"not {n + 1:,} rising offsets from 0")
-        check(self.offsets[-1] == len(self.tokens), path + ".bin", f"{len(self.tokens):,} tokens, the offsets "
-              f"say {self.offsets[-1]:,}")
-        check(len(self.tokens) == 0 or int(self.tokens.max()) < meta["vocab_size"], path + ".bin",
-              f"token ids past vocab_size {meta['vocab_size']}")
-        check(n == 0 or 0 <= self.labels.min() and self.labels.max() < len(meta["label_names"]), path + ".labels.npy",
-              f"labels outside 0..{len(meta['label_names']) - 1}")
+        check(
+            len(self.labels) == n,
+            path + ".labels.npy",
+            f"{len(self.labels):,} labels for {n:,} rows",
+        )
+        check(
+            len(self.offsets) == n + 1
+            and self.offsets[0] == 0
+            and (np.diff(self.offsets) >= 0).all(),
+            path + ".offsets.npy",
+            f"not {n + 1:,} rising offsets from 0",
+        )
+        check(
+            self.offsets[-1] == len(self.tokens),
+            path + ".bin",
+            f"{len(self.tokens):,} tokens, the offsets say {self.offsets[-1]:,}",
+        )
+        check(
+            len(self.tokens) == 0 or int(self.tokens.max()) < meta["vocab_size"],
+            path + ".bin",
+            f"token ids past vocab_size {meta['vocab_size']}",
+        )
+        check(
+            n == 0 or 0 <= self.labels.min() and self.labels.max() < len(meta["label_names"]),
+            path + ".labels.npy",
+            f"labels outside 0..{len(meta['label_names']) - 1}",
+        )
         if n == 0:
             raise Error(f"{path}: the {split} split has no rows: prepare it from more data")
         self._epoch = (None, None)
@@ -123,9 +185,13 @@ class ClassificationData:
         return np.arange(min(n, len(self)))  # in order, each row once
 
     def batch(self, rows):
-        seqs = [self.tokens[self.offsets[i]:self.offsets[i + 1]][:self.block_size] for i in rows]
+        seqs = [self.tokens[self.offsets[i] : self.offsets[i + 1]][: self.block_size] for i in rows]
         idx, attention_mask = pad_batch(seqs, self.meta["pad_token_id"])
-        return {"idx": idx, "attention_mask": attention_mask, "labels": torch.from_numpy(self.labels[rows])}
+        return {
+            "idx": idx,
+            "attention_mask": attention_mask,
+            "labels": torch.from_numpy(self.labels[rows]),
+        }
 
     @staticmethod
     def count(batch):
@@ -136,5 +202,11 @@ class ClassificationData:
 def load_split(data_dir, split, block_size):
     """The split's reader for the task that meta.json names, its files checked against meta.json."""
     meta = read_meta(data_dir)
-    check(split in meta["splits"], os.path.join(data_dir, "meta.json"), f"no {split} split ({sorted(meta['splits'])})")
-    return (LMData if meta["task"] == "lm" else ClassificationData)(data_dir, split, block_size, meta)
+    check(
+        split in meta["splits"],
+        os.path.join(data_dir, "meta.json"),
+        f"no {split} split ({sorted(meta['splits'])})",
+    )
+    return (LMData if meta["task"] == "lm" else ClassificationData)(
+        data_dir, split, block_size, meta
+    )

@@ -1,5 +1,6 @@
 """What a run keeps in out_dir besides records: the lock that gives one run the folder, trainer_state.pt (model,
 optimizers, step, best metric, settings) that init_from=resume continues exactly, and config.json beside the model."""
+
 import os
 import socket
 import sys
@@ -10,8 +11,18 @@ import torch
 from lib.common import Error, atomic_path
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
-SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "rope", "qk_norm", "bow_head",
-         "bow_buckets")
+SHAPE = (
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "bias",
+    "rope",
+    "qk_norm",
+    "bow_head",
+    "bow_buckets",
+)
 KEPT_ON_RESUME = SHAPE + ("task", "optimizer")
 
 
@@ -23,27 +34,40 @@ def locked_out_dir(out_dir, new_run):
         os.makedirs(out_dir, exist_ok=True)
         lock = open(os.path.join(out_dir, ".lock"), "a+")
     except OSError as e:
-        raise Error(f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir") from None
+        raise Error(
+            f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
+        ) from None
     try:
         import fcntl  # POSIX; elsewhere runs are not locked
+
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except ImportError:
         pass
     except BlockingIOError:  # held: the one failure that means another run
         lock.seek(0)
-        raise Error(f"out_dir {out_dir!r} is in use by another run ({lock.read().strip() or 'pid ?'}): wait for it "
-                    f"to end, or pick another --out_dir") from None
+        raise Error(
+            f"out_dir {out_dir!r} is in use by another run ({lock.read().strip() or 'pid ?'}): wait for it "
+            f"to end, or pick another --out_dir"
+        ) from None
     except OSError as e:
-        raise Error(f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without flock, such as some "
-                    f"network mounts?): pick an --out_dir on a local disk") from None
+        raise Error(
+            f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without flock, such as some "
+            f"network mounts?): pick an --out_dir on a local disk"
+        ) from None
     lock.truncate(0)
     lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
     lock.flush()
     try:
-        saved = [f for f in ("model.safetensors", "trainer_state.pt") if os.path.exists(os.path.join(out_dir, f))]
+        saved = [
+            f
+            for f in ("model.safetensors", "trainer_state.pt")
+            if os.path.exists(os.path.join(out_dir, f))
+        ]
         if saved and new_run:
-            raise Error(f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it with "
-                        f"--init_from=resume, replace it with --overwrite_out_dir=True, or pick another --out_dir")
+            raise Error(
+                f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it with "
+                f"--init_from=resume, replace it with --overwrite_out_dir=True, or pick another --out_dir"
+            )
         yield
     finally:
         lock.close()
@@ -56,30 +80,50 @@ def resume(settings, user_keys):
     stays through every resume."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
     if not os.path.isfile(path):
-        raise Error(f"init_from=resume but {path} does not exist: train with init_from=scratch first")
+        raise Error(
+            f"init_from=resume but {path} does not exist: train with init_from=scratch first"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         saved = state["config"]
     except Exception as e:
-        raise Error(f"cannot resume from {path} ({type(e).__name__}): "
-                    "not a trainer state that train.py wrote") from None
-    if saved["init_from"] != "scratch":  # the shape came from pretrained weights, not from the keys given
+        raise Error(
+            f"cannot resume from {path} ({type(e).__name__}): "
+            "not a trainer state that train.py wrote"
+        ) from None
+    if (
+        saved["init_from"] != "scratch"
+    ):  # the shape came from pretrained weights, not from the keys given
         user_keys = user_keys - set(SHAPE)
     current = vars(settings)
-    changed = [f"{k}={saved[k]!r} there, {current[k]!r} here"
-               for k in KEPT_ON_RESUME if k in user_keys and saved[k] != current[k]]
+    changed = [
+        f"{k}={saved[k]!r} there, {current[k]!r} here"
+        for k in KEPT_ON_RESUME
+        if k in user_keys and saved[k] != current[k]
+    ]
     if changed:
-        raise Error(f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}")
+        raise Error(
+            f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}"
+        )
     # the device is where this command runs (its processes joined their group on it); init_from stays the first's
-    current.update({k: v for k, v in saved.items()
-                    if k in current and k != "device" and (k not in user_keys or k == "init_from")})
+    current.update(
+        {
+            k: v
+            for k, v in saved.items()
+            if k in current and k != "device" and (k not in user_keys or k == "init_from")
+        }
+    )
     return state
 
 
 def save_state(out_dir, model, optimizers, scaler, progress):
     """The whole trainer state in one file, atomically; progress: step, best, seconds and settings (config)."""
-    state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-             "scaler": scaler.state_dict(), **progress}
+    state = {
+        "model": model.state_dict(),
+        "optimizers": [o.state_dict() for o in optimizers],
+        "scaler": scaler.state_dict(),
+        **progress,
+    }
     with atomic_path(os.path.join(out_dir, "trainer_state.pt")) as tmp:
         torch.save(state, tmp)
 
@@ -99,10 +143,19 @@ def restore(state, optimizers, scaler):
 
 def model_card(settings, meta):
     """What config.json says beside the model; a classifier's labels also as Hugging Face's id2label and label2id."""
-    card = dict(task=settings.task, dataset=settings.dataset, init_from=settings.init_from, tokenizer=meta["tokenizer"],
-                command=["torchrun ..." if "RANK" in os.environ else "python"] + sys.argv)
+    card = dict(
+        task=settings.task,
+        dataset=settings.dataset,
+        init_from=settings.init_from,
+        tokenizer=meta["tokenizer"],
+        command=["torchrun ..." if "RANK" in os.environ else "python"] + sys.argv,
+    )
     if settings.task == "classify":
         names = meta["label_names"]
-        card.update(label_names=names, max_length=meta["max_length"], id2label=dict(enumerate(names)),
-                    label2id={name: i for i, name in enumerate(names)})
+        card.update(
+            label_names=names,
+            max_length=meta["max_length"],
+            id2label=dict(enumerate(names)),
+            label2id={name: i for i, name in enumerate(names)},
+        )
     return card

@@ -1,5 +1,6 @@
 """What the scripts share: the error type and how a script reports it, device and dtype rules, timing, the matmul
 peak for MFU, atomic writes. Library code (lib/, model.py, decoding.py) raises Error, and never prints or exits."""
+
 import argparse
 import json
 import os
@@ -22,7 +23,9 @@ def run_script(main, prog):
     try:
         main()
     except Error as e:
-        sys.stderr.write(f"{prog}: error: {e}\n")  # one write: every rank of a group may print its line at once
+        sys.stderr.write(
+            f"{prog}: error: {e}\n"
+        )  # one write: every rank of a group may print its line at once
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -39,11 +42,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def at_least(low, kind=int):
     """An argparse type: a finite number of kind, >= low."""
+
     def parse(text):
         value = kind(text)
         if not value >= low or value == float("inf"):  # NaN fails every comparison
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
         return value
+
     parse.__name__ = kind.__name__  # argparse's "invalid int value" names it
     return parse
 
@@ -53,9 +58,20 @@ def pick_device(name="auto"):
     """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto = cuda, then mps, then cpu. A chosen GPU
     is made the current one, so synchronize(), new tensors and libraries' contexts all go to it, not to GPU 0."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        name = (
+            "cuda"
+            if torch.cuda.is_available()
+            else "mps"
+            if torch.backends.mps.is_available()
+            else "cpu"
+        )
     kind = name.split(":")[0]
-    if kind == "cuda" and not torch.cuda.is_available() or kind == "mps" and not torch.backends.mps.is_available():
+    if (
+        kind == "cuda"
+        and not torch.cuda.is_available()
+        or kind == "mps"
+        and not torch.backends.mps.is_available()
+    ):
         raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
     try:
         device = torch.device(name)
@@ -64,9 +80,14 @@ def pick_device(name="auto"):
         raise Error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}") from None
     if device.type == "cuda":
         if device.index is None:  # "cuda" is the current GPU
-            device, name = torch.device("cuda", torch.cuda.current_device()), f"cuda:{torch.cuda.current_device()}"
+            device, name = (
+                torch.device("cuda", torch.cuda.current_device()),
+                f"cuda:{torch.cuda.current_device()}",
+            )
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls on tensor cores (TF32), as nanoGPT
+        torch.backends.cuda.matmul.allow_tf32 = (
+            True  # float32 matmuls on tensor cores (TF32), as nanoGPT
+        )
         torch.backends.cudnn.allow_tf32 = True
     return name
 
@@ -90,22 +111,32 @@ def resolve_dtype(dtype, device):
         raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     if dtype == "float16" and kind != "cuda":
         raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
-    if dtype == "bfloat16" and kind == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        raise Error("dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, and compile "
-                    "skipped): use dtype=auto (float16 here) or float32")
+    if (
+        dtype == "bfloat16"
+        and kind == "cuda"
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
+        raise Error(
+            "dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, and compile "
+            "skipped): use dtype=auto (float16 here) or float32"
+        )
     return dtype
 
 
 def cpu_has_bf16():
     """AMX or AVX-512 BF16: bf16 matmuls then run 2x (AVX-512) to several times (AMX) faster than fp32."""
-    flags = open("/proc/cpuinfo").read() if os.path.isfile("/proc/cpuinfo") else ""  # Linux; elsewhere none
+    flags = (
+        open("/proc/cpuinfo").read() if os.path.isfile("/proc/cpuinfo") else ""
+    )  # Linux; elsewhere none
     return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def autocast(device, dtype):
     """Mixed precision for forward passes: matmuls in dtype, reductions in float32; float32 is no context at all."""
     kind = torch.device(device).type
-    return nullcontext() if dtype == "float32" else torch.autocast(kind, dtype=getattr(torch, dtype))
+    return (
+        nullcontext() if dtype == "float32" else torch.autocast(kind, dtype=getattr(torch, dtype))
+    )
 
 
 def sync(device):
@@ -119,8 +150,18 @@ def sync(device):
 
 # ------------------------------------------------------------------------------------------- the peak MFU is against
 # Dense (not sparse) bf16/fp16 tensor-core FLOP/s from the vendors' datasheets, by the words of the device's name
-DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "A100": 312e12,
-                  "L40S": 362e12, "L4": 121e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
+DATASHEET_BF16 = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+}
 
 
 def datasheet_peak(name):
@@ -142,7 +183,7 @@ def matmul_flops(device, dtype, n=None, repeats=3):
         a @ b
         sync(device)
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def peak_flops(device, dtype):

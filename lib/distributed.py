@@ -1,5 +1,6 @@
 """What a run's processes are (Run, from started(): device, dtype, rank) and what may stop them between steps
 (StepGuard): a signal, a NaN, another rank's stop. One process or torchrun's group (DDP: NCCL on CUDA, gloo on CPUs)."""
+
 import math
 import os
 import signal
@@ -17,6 +18,7 @@ from lib.common import Error, pick_device, resolve_dtype
 @dataclass(frozen=True)
 class Run:
     """What a run resolves at start-up and keeps to the end: this process's device, dtype and place in the group."""
+
     device: str  # cpu, cuda:3, mps
     dtype: str  # float32, bfloat16 or float16: the autocast dtype
     ddp: bool = False  # one of torchrun's processes
@@ -54,13 +56,19 @@ def started(device, deterministic=False):
     if "RANK" not in os.environ:
         yield Run(pick_device(device), dtype=None)
         return
-    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    rank, local_rank, world_size = (
+        int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    )
     if device not in ("auto", "cuda", "cpu"):
-        raise Error(f"--device {device} with {world_size} processes: each process takes its own GPU (LOCAL_RANK); "
-                    f"use --device=auto or cuda (or cpu)")
+        raise Error(
+            f"--device {device} with {world_size} processes: each process takes its own GPU (LOCAL_RANK); "
+            f"use --device=auto or cuda (or cpu)"
+        )
     cuda = device in ("auto", "cuda") and torch.cuda.is_available()
     device = pick_device(f"cuda:{local_rank}" if cuda else device)
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60))
+    dist.init_process_group(
+        backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60)
+    )
     try:
         yield Run(device, None, True, rank, world_size)
     finally:
@@ -93,7 +101,9 @@ class StepGuard:
         self.run, self.signum, self.agreed, self.saving = run, 0, 0, False
 
     def __enter__(self):
-        self.handlers = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.handlers = {
+            s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+        }
         return self
 
     def __exit__(self, *exc):
@@ -109,15 +119,19 @@ class StepGuard:
         """(mean loss over the ranks, gradient norm) as numbers, in the step's one sync; an Error on a NaN or inf."""
         flag = torch.full((), float(self.signum), device=self.run.device)
         loss_sum = loss_sum.float()
-        if self.run.ddp:  # the signal, and the mean loss over the ranks: a NaN on one rank stops every rank
+        if (
+            self.run.ddp
+        ):  # the signal, and the mean loss over the ranks: a NaN on one rank stops every rank
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             dist.all_reduce(loss_sum)
             loss_sum /= self.run.world_size
         loss, norm, signum = torch.stack([loss_sum, norm.float(), flag]).tolist()
         # a NaN gradient on any rank reaches every rank's norm through DDP's all-reduce; fp16's scaler skips such steps
         if not math.isfinite(loss) or not scaler.is_enabled() and not math.isfinite(norm):
-            raise Error(f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in {out_dir} "
-                        f"is untouched (try a lower learning_rate, or dtype=float32)")
+            raise Error(
+                f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in {out_dir} "
+                f"is untouched (try a lower learning_rate, or dtype=float32)"
+            )
         self.agreed = int(signum)
         return loss, norm
 
@@ -135,6 +149,8 @@ class StepGuard:
             dist.barrier()
         signum = self.stop_now()
         # one write: every rank prints this line at once, and print() writes the text and its newline separately
-        sys.stderr.write(f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: resume "
-                         f"with --init_from=resume\n")
+        sys.stderr.write(
+            f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: resume "
+            f"with --init_from=resume\n"
+        )
         raise SystemExit(128 + signum)

@@ -1,5 +1,6 @@
 """Drawing, for the tools (plot.py, classify.py, bench/): the loss curves of runs from their metrics.jsonl, and
 matplotlib set up to draw into files."""
+
 import json
 import os
 
@@ -15,24 +16,48 @@ def read_metrics(out_dir):
         with open(path) as f:
             return [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError) as e:
-        raise Error(f"{path}: not a readable metrics file ({type(e).__name__}): was it cut short?") from None
+        raise Error(
+            f"{path}: not a readable metrics file ({type(e).__name__}): was it cut short?"
+        ) from None
 
 
 def plot_runs(out_dirs, path, x="step"):
     """Validation (solid) and training (dashed) loss of each run against step or seconds, one colour a run; a second
     panel with validation accuracy when any run is a classifier. Saved to path (PNG, SVG, PDF: by its extension)."""
-    if not path.lower().endswith((".png", ".svg", ".pdf")) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise Error(f"{path}: give an image path ending in .png, .svg or .pdf, in an existing folder")
+    if not path.lower().endswith((".png", ".svg", ".pdf")) or not os.path.isdir(
+        os.path.dirname(os.path.abspath(path))
+    ):
+        raise Error(
+            f"{path}: give an image path ending in .png, .svg or .pdf, in an existing folder"
+        )
     plt = pyplot()
     runs = {d: [r for r in read_metrics(d) if "val/loss" in r] for d in out_dirs}
     accuracy = any("val/accuracy" in r for rows in runs.values() for r in rows)
-    fig, axes = plt.subplots(1, 1 + accuracy, figsize=(7 + 5 * accuracy, 4.5), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        1, 1 + accuracy, figsize=(7 + 5 * accuracy, 4.5), squeeze=False, layout="constrained"
+    )
     for i, (d, rows) in enumerate(runs.items()):
         colour, label, xs = f"C{i % 10}", os.path.basename(os.path.abspath(d)), [r[x] for r in rows]
-        axes[0][0].plot(xs, [r["val/loss"] for r in rows], "-o", color=colour, markersize=3, label=f"{label} val")
-        axes[0][0].plot(xs, [r["train/loss"] for r in rows], "--", color=colour, label=f"{label} train")
+        axes[0][0].plot(
+            xs,
+            [r["val/loss"] for r in rows],
+            "-o",
+            color=colour,
+            markersize=3,
+            label=f"{label} val",
+        )
+        axes[0][0].plot(
+            xs, [r["train/loss"] for r in rows], "--", color=colour, label=f"{label} train"
+        )
         if accuracy:
-            axes[0][1].plot(xs, [r.get("val/accuracy") for r in rows], "-o", color=colour, markersize=3, label=label)
+            axes[0][1].plot(
+                xs,
+                [r.get("val/accuracy") for r in rows],
+                "-o",
+                color=colour,
+                markersize=3,
+                label=label,
+            )
     axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
     if accuracy:
         axes[0][1].set(xlabel=x, ylabel="validation accuracy", title="accuracy")
@@ -46,7 +71,9 @@ def plot_runs(out_dirs, path, x="step"):
 def pyplot():
     """matplotlib's pyplot drawing into files only (no window), with plain-text labels ("$5" is not TeX)."""
     import matplotlib
+
     matplotlib.use("Agg")
     matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
+
     return plt

@@ -7,6 +7,7 @@ writing a prepared dataset, meta.json last, in the formats of data/README.md:
   meta.json: task, tokenizer, vocab_size, dtype (uint16, or uint32 past 65,536 tokens), splits (tokens or rows per
              split); classify adds label_names, max_length and pad_token_id
 """
+
 import argparse
 import csv
 import json
@@ -19,6 +20,7 @@ import numpy as np
 from lib.common import ArgumentParser, Error, atomic_path, write_json
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
+
 
 def fraction(text):
     """An argparse type: a number strictly between 0 and 1."""
@@ -35,11 +37,15 @@ def read_records(path):
         raise Error(f"{path}: expected a .csv, .parquet or .jsonl file with columns text,label")
     try:
         if path.endswith(".csv"):
-            csv.field_size_limit(2 ** 31 - 1)  # a long article must not stop the run
-            with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: spreadsheets often start with a BOM
+            csv.field_size_limit(2**31 - 1)  # a long article must not stop the run
+            with open(
+                path, newline="", encoding="utf-8-sig"
+            ) as f:  # -sig: spreadsheets often start with a BOM
                 reader = csv.DictReader(f)
                 if not {"text", "label"} <= set(reader.fieldnames or []):
-                    raise Error(f"{path}: needs a header with the columns text,label (found {reader.fieldnames})")
+                    raise Error(
+                        f"{path}: needs a header with the columns text,label (found {reader.fieldnames})"
+                    )
                 return [(r["text"], r["label"]) for r in reader]
         if path.endswith(".parquet"):
             import pyarrow.parquet as pq  # installed with datasets
@@ -57,12 +63,21 @@ def read_records(path):
                         r = json.loads(line)
                     except json.JSONDecodeError:
                         r = None
-                    records.append((r.get("text"), r.get("label")) if isinstance(r, dict) else (None, None))
+                    records.append(
+                        (r.get("text"), r.get("label")) if isinstance(r, dict) else (None, None)
+                    )
         return records
-    except (OSError, UnicodeDecodeError, csv.Error, ValueError) as e:  # missing, not UTF-8, broken csv or parquet
+    except (
+        OSError,
+        UnicodeDecodeError,
+        csv.Error,
+        ValueError,
+    ) as e:  # missing, not UTF-8, broken csv or parquet
         reason = (str(e).splitlines() or [""])[0][:200]
-        raise Error(f"{path}: cannot read it ({type(e).__name__}: {reason}); it must be UTF-8 text (csv, jsonl) or "
-                    f"parquet, with columns text,label") from None
+        raise Error(
+            f"{path}: cannot read it ({type(e).__name__}: {reason}); it must be UTF-8 text (csv, jsonl) or "
+            f"parquet, with columns text,label"
+        ) from None
 
 
 def label_ids(values, names):
@@ -70,6 +85,7 @@ def label_ids(values, names):
     of an int, or class names. Returns (ids, with None where a label is none of the classes; a note or None). A file
     whose integer labels are exactly 1..n (no 0, as in the original AG News CSVs) is read as 1-based and shifted
     down, and the note says so: never shifted silently, never half-dropped."""
+
     def parse(value):  # -> (id, whether it was written as a number)
         if isinstance(value, str):
             value = value.strip()
@@ -85,8 +101,14 @@ def label_ids(values, names):
     numbers = {i for i, number in parsed if number}
     shift = 1 if numbers and min(numbers) == 1 and max(numbers) == len(names) else 0
     ids = [None if i is None else i - shift * number for i, number in parsed]
-    note = (f"labels run 1..{len(names)} with no 0: read as 1-based, "
-            + ", ".join(f"{i + 1} = {n}" for i, n in enumerate(names))) if shift else None
+    note = (
+        (
+            f"labels run 1..{len(names)} with no 0: read as 1-based, "
+            + ", ".join(f"{i + 1} = {n}" for i, n in enumerate(names))
+        )
+        if shift
+        else None
+    )
     return [i if i is not None and 0 <= i < len(names) else None for i in ids], note
 
 
@@ -111,12 +133,16 @@ def clean_labelled(records, names, path):
             labels.append(label)
     classes = f"a class id 0..{len(names) - 1} or a name ({', '.join(names)})"
     if not texts:
-        raise Error(f"{path}: no usable row among {len(records):,} (each needs columns text,label: a non-empty text "
-                    f"and {classes}; {no_text:,} had no text, {bad_label:,} another label)")
+        raise Error(
+            f"{path}: no usable row among {len(records):,} (each needs columns text,label: a non-empty text "
+            f"and {classes}; {no_text:,} had no text, {bad_label:,} another label)"
+        )
     warnings = [f"{path}: {note}"] if note else []
     if no_text or bad_label:
-        warnings.append(f"{path}: skipped {no_text + bad_label:,} of {len(records):,} rows ({no_text:,} with no text, "
-                        f"{bad_label:,} with a label that is not {classes})")
+        warnings.append(
+            f"{path}: skipped {no_text + bad_label:,} of {len(records):,} rows ({no_text:,} with no text, "
+            f"{bad_label:,} with a label that is not {classes})"
+        )
     return texts, labels, warnings
 
 
@@ -127,21 +153,25 @@ def read_text(source, url):
             with urllib.request.urlopen(url, timeout=30) as r:
                 return r.read().decode("utf-8")
         except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
-            raise Error(f"cannot download {url} (no network? {type(e).__name__}: {e}): pass --source FILE") from None
+            raise Error(
+                f"cannot download {url} (no network? {type(e).__name__}: {e}): pass --source FILE"
+            ) from None
     try:
         with open(source, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         raise Error(f"--source {source}: no such file; pass the path of a text file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise Error(f"--source {source}: not readable UTF-8 text ({type(e).__name__}); convert it to UTF-8") from None
+        raise Error(
+            f"--source {source}: not readable UTF-8 text ({type(e).__name__}); convert it to UTF-8"
+        ) from None
     if not text:
         raise Error(f"--source {source}: the file is empty; pass a file holding the text")
     return text
 
 
 def token_dtype(vocab_size):
-    return np.uint16 if vocab_size <= 2 ** 16 else np.uint32
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
 
 
 def save_array(path, array):
@@ -175,8 +205,15 @@ def write_lm(out_dir, splits, tok, source):
     unpublish(out_dir)
     for name, ids in splits.items():
         save_array(os.path.join(out_dir, f"{name}.bin"), np.asarray(ids, dtype=dtype))
-    write_meta(out_dir, task="lm", tokenizer=tok.spec, vocab_size=tok.vocab_size, dtype=np.dtype(dtype).name,
-               splits={name: len(ids) for name, ids in splits.items()}, source=source)
+    write_meta(
+        out_dir,
+        task="lm",
+        tokenizer=tok.spec,
+        vocab_size=tok.vocab_size,
+        dtype=np.dtype(dtype).name,
+        splits={name: len(ids) for name, ids in splits.items()},
+        source=source,
+    )
 
 
 def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
@@ -194,16 +231,22 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
     n = int(len(text) * 0.9)
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
     write_lm(args.out_dir, splits, tok, source=args.source or url)
-    print(f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: train "
-          f"{len(splits['train']):,} tokens, val {len(splits['val']):,} tokens -> {args.out_dir} "
-          f"({time.time() - t0:.1f} s)")
+    print(
+        f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: train "
+        f"{len(splits['train']):,} tokens, val {len(splits['val']):,} tokens -> {args.out_dir} "
+        f"({time.time() - t0:.1f} s)"
+    )
 
 
 def write_classification_split(data_dir, split, rows, labels, dtype):
     """rows: token id lists; labels: class ids. Writes {split}.bin, {split}.offsets.npy, {split}.labels.npy."""
     os.makedirs(data_dir, exist_ok=True)
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    save_array(os.path.join(data_dir, f"{split}.bin"), np.fromiter((t for r in rows for t in r), dtype, lengths.sum()))
-    save_array(os.path.join(data_dir, f"{split}.offsets.npy"), np.concatenate([[0], np.cumsum(lengths)]))
+    save_array(
+        os.path.join(data_dir, f"{split}.bin"),
+        np.fromiter((t for r in rows for t in r), dtype, lengths.sum()),
+    )
+    save_array(
+        os.path.join(data_dir, f"{split}.offsets.npy"), np.concatenate([[0], np.cumsum(lengths)])
+    )
     save_array(os.path.join(data_dir, f"{split}.labels.npy"), np.asarray(labels, dtype=np.int64))
-

@@ -1,5 +1,6 @@
 """Run records: each evaluation and log step as one JSON line in out_dir/metrics.jsonl, mirrored to wandb when asked
 (plot.py draws the loss curves from those files), and the speed meter behind the log lines' rate and MFU."""
+
 import functools
 import json
 import os
@@ -17,8 +18,15 @@ class RunRecord:
         that crashed after its last save had logged steps that it will now run again)."""
         self.path, self.wandb = os.path.join(out_dir, "metrics.jsonl"), wandb_run
         self.t0 = time.perf_counter() - resumed_seconds
-        kept = [] if resumed_step is None or not os.path.isfile(self.path) else \
-            [line for line in open(self.path) if line.strip() and self.before(json.loads(line), resumed_step)]
+        kept = (
+            []
+            if resumed_step is None or not os.path.isfile(self.path)
+            else [
+                line
+                for line in open(self.path)
+                if line.strip() and self.before(json.loads(line), resumed_step)
+            ]
+        )
         with atomic_path(self.path) as tmp, open(tmp, "w") as f:
             f.writelines(kept)
 
@@ -33,8 +41,17 @@ class RunRecord:
 
     def log(self, step, **metrics):
         with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, "seconds": round(self.seconds(), 3), "time": round(time.time(), 3),
-                                **metrics}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "seconds": round(self.seconds(), 3),
+                        "time": round(time.time(), 3),
+                        **metrics,
+                    }
+                )
+                + "\n"
+            )
         if self.wandb:
             self.wandb.log(metrics, step=step)
 
@@ -54,7 +71,10 @@ class Speed:
 
     def add(self, items, idx):
         """A micro-batch of this process: its examples (or tokens), and its tokens idx [B, width] for the FLOPs."""
-        self.items, self.flops = self.items + items, self.flops + self.flops_per_token(idx.size(1)) * idx.numel()
+        self.items, self.flops = (
+            self.items + items,
+            self.flops + self.flops_per_token(idx.size(1)) * idx.numel(),
+        )
 
     def skip(self, seconds):
         self.t0 += seconds

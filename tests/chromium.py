@@ -1,5 +1,6 @@
 """Headless Chromium driven over the DevTools protocol through a pipe (--remote-debugging-pipe: JSON messages ended
 by a NUL byte, commands on its fd 3, answers on its fd 4), with the standard library alone."""
+
 import base64
 import fcntl
 import json
@@ -9,13 +10,25 @@ import shutil
 import signal
 import time
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-         "--disable-background-networking", "--disable-component-update", "--remote-debugging-pipe"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--remote-debugging-pipe",
+]
 
 
 def find():
     """The Chromium binary, or None."""
-    return next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
+    return next(
+        (shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)),
+        None,
+    )
 
 
 class Browser:
@@ -26,19 +39,31 @@ class Browser:
         high = lambda fd: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
         to_browser, self.writer = map(high, os.pipe())
         self.reader, from_browser = map(high, os.pipe())
-        actions = [(os.POSIX_SPAWN_DUP2, to_browser, 3), (os.POSIX_SPAWN_DUP2, from_browser, 4)] + \
-            [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+        actions = [(os.POSIX_SPAWN_DUP2, to_browser, 3), (os.POSIX_SPAWN_DUP2, from_browser, 4)] + [
+            (os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)
+        ]
         # posix_spawn, not fork: no Python runs in the child of a process whose other threads may hold its locks
-        self.pid = os.posix_spawn(binary, [binary, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
-                                  os.environ, file_actions=actions)
+        self.pid = os.posix_spawn(
+            binary,
+            [binary, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
+            os.environ,
+            file_actions=actions,
+        )
         os.close(to_browser)
         os.close(from_browser)
         self.buffer, self.next_id, self.session = b"", 0, None
         try:
             target = self.send("Target.createTarget", url="about:blank")["targetId"]
-            self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-            self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                      mobile=False)
+            self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)[
+                "sessionId"
+            ]
+            self.send(
+                "Emulation.setDeviceMetricsOverride",
+                width=width,
+                height=height,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
         except BaseException:
             self.close()
             raise
@@ -53,7 +78,9 @@ class Browser:
         deadline = time.monotonic() + timeout
         while True:
             while b"\0" not in self.buffer:
-                if not select.select([self.reader], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                if not select.select([self.reader], [], [], max(0.0, deadline - time.monotonic()))[
+                    0
+                ]:
                     raise TimeoutError(f"Chromium did not answer {method} within {timeout} s")
                 chunk = os.read(self.reader, 1 << 16)
                 if not chunk:
@@ -71,7 +98,9 @@ class Browser:
 
     def js(self, expression):
         """The value of a JavaScript expression in the page (a promise is awaited)."""
-        result = self.send("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+        result = self.send(
+            "Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -81,7 +110,9 @@ class Browser:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                value = self.js(f"(() => {{ try {{ return {expression}; }} catch (e) {{ return null; }} }})()")
+                value = self.js(
+                    f"(() => {{ try {{ return {expression}; }} catch (e) {{ return null; }} }})()"
+                )
             except RuntimeError:  # the page is between two documents (navigating)
                 value = None
             if value:

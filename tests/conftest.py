@@ -1,4 +1,5 @@
 """Shared test setup: the read-only ../shared folder (real data, the GPT-2 BPE file), when it is there."""
+
 import os
 import sys
 
@@ -9,17 +10,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, ROOT)
 
-if os.environ.get("TIKTOKEN_CACHE_DIR"):  # a relative path would break in the tests that run from other folders
+if os.environ.get(
+    "TIKTOKEN_CACHE_DIR"
+):  # a relative path would break in the tests that run from other folders
     os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
 elif os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
     os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(SHARED, "tiktoken_cache")
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach a server
 
-needs_shared = pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"needs the shared data folder {SHARED}")
+needs_shared = pytest.mark.skipif(
+    not os.path.isdir(SHARED), reason=f"needs the shared data folder {SHARED}"
+)
 
 # a model and schedule small enough for a training run in a fraction of a second, in float32 on the CPU
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-        "--dtype=float32", "--device=cpu", "--warmup_iters=2", "--lr_decay_iters=10", "--learning_rate=1e-2"]
+TINY = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=16",
+    "--batch_size=4",
+    "--eval_iters=2",
+    "--dtype=float32",
+    "--device=cpu",
+    "--warmup_iters=2",
+    "--lr_decay_iters=10",
+    "--learning_rate=1e-2",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """The course notes' worked numbers, reproduced by model.attention and MultiHeadAttention."""
+
 import math
 
 import pytest
@@ -7,10 +8,10 @@ import torch
 from model import GPTConfig, MultiHeadAttention, attention
 
 # "dogs chase cats", d = 4, d_k = d_v = 2
-X = torch.tensor([[1., 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 1]])
-W_Q = torch.tensor([[1., 0], [0, 1], [1, 0], [0, 0]])
-W_K = torch.tensor([[0., 1], [1, 0], [0, 0], [1, 1]])
-W_V = torch.tensor([[1., 0], [0, 2], [1, 1], [0, 1]])
+X = torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 1]])
+W_Q = torch.tensor([[1.0, 0], [0, 1], [1, 0], [0, 0]])
+W_K = torch.tensor([[0.0, 1], [1, 0], [0, 0], [1, 1]])
+W_V = torch.tensor([[1.0, 0], [0, 2], [1, 1], [0, 1]])
 Q, K, V = X @ W_Q, X @ W_K, X @ W_V
 
 
@@ -30,7 +31,9 @@ def test_worked_example():
 
 
 def test_padding_and_causal_masks():
-    _, A = attention(Q, K, V, mask=torch.tensor([True, True, False]))  # "cats" is padding: its key column is hidden
+    _, A = attention(
+        Q, K, V, mask=torch.tensor([True, True, False])
+    )  # "cats" is padding: its key column is hidden
     close(A, [[0.056, 0.944, 0], [0.5, 0.5, 0], [0.196, 0.804, 0]])
     _, A = attention(Q, K, V, mask=torch.ones(3, 3, dtype=torch.bool).tril())
     close(A, [[1, 0, 0], [0.5, 0.5, 0], [0.140, 0.576, 0.284]])
@@ -63,25 +66,35 @@ def test_sqrt_dk_simulation():
     """n = 16 keys, q, k ~ N(0, I), 2000 trials per d_k: the notes' table."""
     torch.manual_seed(0)
     notes = {  # d_k: (std of q.k, max weight unscaled, scaled, 1 - sum(alpha^2) unscaled)
-        1: (0.99, 0.21, 0.21, 0.87), 4: (1.99, 0.43, 0.23, 0.71), 16: (4.01, 0.69, 0.25, 0.43),
-        64: (8.02, 0.84, 0.25, 0.22), 512: (22.49, 0.94, 0.25, 0.08)}
+        1: (0.99, 0.21, 0.21, 0.87),
+        4: (1.99, 0.43, 0.23, 0.71),
+        16: (4.01, 0.69, 0.25, 0.43),
+        64: (8.02, 0.84, 0.25, 0.22),
+        512: (22.49, 0.94, 0.25, 0.08),
+    }
     for d_k, (std, max_raw, max_scaled, spread_raw) in notes.items():
-        q, k = torch.randn(2000, 1, d_k, dtype=torch.float64), torch.randn(2000, 16, d_k, dtype=torch.float64)
+        q, k = (
+            torch.randn(2000, 1, d_k, dtype=torch.float64),
+            torch.randn(2000, 16, d_k, dtype=torch.float64),
+        )
         dots = (q * k).sum(-1)
         raw, scaled = torch.softmax(dots, -1), torch.softmax(dots / math.sqrt(d_k), -1)
         assert abs(dots.std().item() / std - 1) < 0.05, d_k
         assert abs(raw.max(-1).values.mean().item() - max_raw) < 0.03, d_k
         assert abs(scaled.max(-1).values.mean().item() - max_scaled) < 0.03, d_k
-        assert abs((1 - (raw ** 2).sum(-1)).mean().item() - spread_raw) < 0.03, d_k
-        assert abs((1 - (scaled ** 2).sum(-1)).mean().item() - 0.87) < 0.03, d_k
+        assert abs((1 - (raw**2).sum(-1)).mean().item() - spread_raw) < 0.03, d_k
+        assert abs((1 - (scaled**2).sum(-1)).mean().item() - 0.87) < 0.03, d_k
 
 
 @pytest.mark.parametrize("d, h", [(32, 4), (768, 12), (64, 1), (64, 2), (64, 8), (64, 64)])
 def test_parameter_count_is_4d2_for_any_h(d, h):
-    n = sum(p.numel() for p in MultiHeadAttention(GPTConfig(n_embd=d, n_head=h, bias=False)).parameters())
+    n = sum(
+        p.numel()
+        for p in MultiHeadAttention(GPTConfig(n_embd=d, n_head=h, bias=False)).parameters()
+    )
     assert n == 4 * d * d
     if d == 32:
-        assert n == 3 * 4 * 32 * 8 + 32 ** 2 == 4096
+        assert n == 3 * 4 * 32 * 8 + 32**2 == 4096
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1,4 +1,5 @@
 """bench/speed.py: the notebook-style per-head loop computes what the fused projection computes; measurements run."""
+
 import torch
 
 from bench import speed as bench
@@ -23,7 +24,9 @@ def test_attention_flops_is_three_times_what_pytorch_counts_in_the_forward():
 
     mha = LoopAttention(48, 6).fused_copy()
     with FlopCounterMode(display=False) as counter:
-        mha(torch.randn(1, 10, 48), need_weights=True)  # the explicit path: its matmuls are what the counter sees
+        mha(
+            torch.randn(1, 10, 48), need_weights=True
+        )  # the explicit path: its matmuls are what the counter sees
     assert 3 * counter.get_total_flops() == bench.attention_flops(10, 48)
 
 
@@ -31,16 +34,24 @@ def test_attention_measurement_smoke():
     sizes = {}
     for path in ATTENTION_PATHS:
         r = bench_attention(path, 64, "cpu", repeats=1)
-        assert r["min_s"] > 0 and r["median_s"] > 0 and len(r["times_s"]) == 1 and r["saved_bytes"] > 0
+        assert (
+            r["min_s"] > 0 and r["median_s"] > 0 and len(r["times_s"]) == 1 and r["saved_bytes"] > 0
+        )
         assert r["flops_best"] == bench.attention_flops(64, 384) / r["min_s"]
         sizes[path] = r["saved_bytes"]
-    assert sizes["fused"] < sizes["explicit"]  # the explicit path keeps the n x n weights for backward
+    assert (
+        sizes["fused"] < sizes["explicit"]
+    )  # the explicit path keeps the n x n weights for backward
 
 
 def test_profile_prints_each_dtypes_operators(capsys, monkeypatch):
-    monkeypatch.chdir(bench.ROOT)  # main changes directory to the repository; this puts the old one back afterwards
+    monkeypatch.chdir(
+        bench.ROOT
+    )  # main changes directory to the repository; this puts the old one back afterwards
     bench.main(["--profile", "config/shakespeare_char_cpu.py"])
     out = capsys.readouterr().out
     for mode in ("fp32", "bf16"):
         table = out.split(f"config/shakespeare_char_cpu.py, {mode}, batch (12, 64)")[1]
-        assert "aten::mm" in table.split("###")[0]  # the projections' matmuls, in this dtype's own table
+        assert (
+            "aten::mm" in table.split("###")[0]
+        )  # the projections' matmuls, in this dtype's own table

@@ -1,6 +1,7 @@
 """classify.py end to end: a tiny char-level EncoderClassifier trained here for a moment on a toy task (which of a, b, c
 a text holds most of), run as a user runs it (subprocesses, started together) and checked against the model itself,
 one text at a time and unpadded. Variants of the same code paths (--file, other formats, errors) run in-process."""
+
 import csv
 import io
 import json
@@ -12,16 +13,20 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT, needs_shared
 
 import classify
 from lib.common import run_script
-from conftest import ROOT, needs_shared
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint
 
 CHARS = "abcd "
 NAMES = ["alpha", "beta", "gamma"]
-MAX_LENGTH = 24  # < block_size 32: longer texts are cut to 24 tokens, as prepare.py cut them for training
-PAD = CHARS.index(" ")  # a real character: classify.py must mask by length, never by "idx != pad_token_id"
+MAX_LENGTH = (
+    24  # < block_size 32: longer texts are cut to 24 tokens, as prepare.py cut them for training
+)
+PAD = CHARS.index(
+    " "
+)  # a real character: classify.py must mask by length, never by "idx != pad_token_id"
 
 
 def toy_rows(n, seed):
@@ -29,7 +34,9 @@ def toy_rows(n, seed):
     rng, rows = random.Random(seed), []
     for _ in range(n):
         label, length = rng.randrange(3), rng.choice([rng.randint(1, 6), rng.randint(7, 40)])
-        text = "".join("abc"[label] if rng.random() < 0.4 else rng.choice(CHARS) for _ in range(length))
+        text = "".join(
+            "abc"[label] if rng.random() < 0.4 else rng.choice(CHARS) for _ in range(length)
+        )
         rows.append((text.strip() or "d", label))
     return rows
 
@@ -37,8 +44,12 @@ def toy_rows(n, seed):
 def direct_probs(model, ids_list):
     """Each text alone, unpadded: what classify.py's sorted, padded batches must reproduce."""
     with torch.no_grad():
-        return [torch.softmax(model(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0][0], -1)
-                for ids in ids_list]
+        return [
+            torch.softmax(
+                model(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0][0], -1
+            )
+            for ids in ids_list
+        ]
 
 
 def char_ids(text):
@@ -47,8 +58,16 @@ def char_ids(text):
 
 def launch(*args, cwd, stdin=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # several at once: one thread each
-    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "classify.py"), *args], cwd=cwd, env=env, text=True,
-                         encoding="utf-8", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "classify.py"), *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        encoding="utf-8",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     return p, stdin or ""
 
 
@@ -65,12 +84,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def ckpt(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("clf")
     torch.manual_seed(0)
-    model = EncoderClassifier(EncoderConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=16,
-                                            n_classes=3, pad_token_id=PAD))
+    model = EncoderClassifier(
+        EncoderConfig(
+            vocab_size=len(CHARS),
+            block_size=32,
+            n_layer=2,
+            n_head=2,
+            n_embd=16,
+            n_classes=3,
+            pad_token_id=PAD,
+        )
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     train = toy_rows(512, seed=1)
     for step in range(60):
-        batch = train[step % 16 * 32:(step % 16 + 1) * 32]
+        batch = train[step % 16 * 32 : (step % 16 + 1) * 32]
         ids = [char_ids(t) for t, _ in batch]
         width = max(map(len, ids))
         idx = torch.tensor([r + [PAD] * (width - len(r)) for r in ids])
@@ -79,8 +107,13 @@ def ckpt(tmp_path_factory):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.save_pretrained(out_dir, task="classify", tokenizer={"type": "char", "chars": CHARS}, label_names=NAMES,
-                          max_length=MAX_LENGTH)
+    model.save_pretrained(
+        out_dir,
+        task="classify",
+        tokenizer={"type": "char", "chars": CHARS},
+        label_names=NAMES,
+        max_length=MAX_LENGTH,
+    )
     return str(out_dir)
 
 
@@ -92,8 +125,16 @@ def data(tmp_path_factory):
         csv.writer(f).writerows([("text", "label"), *rows])
     with open(d / "val.jsonl", "w") as f:  # the same rows with class names for labels
         f.writelines(json.dumps({"text": t, "label": NAMES[y]}) + "\n" for t, y in rows)
-    texts = ["dd", "b", "aaaa", "ccccc cccccccc ccccccccc cccccccccc ccc", "abcd abcd"]  # not in length order
-    (d / "texts.txt").write_text("\n".join(texts[:2]) + "\n\n" + "\n".join(texts[2:]) + "\n")  # a blank line
+    texts = [
+        "dd",
+        "b",
+        "aaaa",
+        "ccccc cccccccc ccccccccc cccccccccc ccc",
+        "abcd abcd",
+    ]  # not in length order
+    (d / "texts.txt").write_text(
+        "\n".join(texts[:2]) + "\n\n" + "\n".join(texts[2:]) + "\n"
+    )  # a blank line
     return d, rows, texts
 
 
@@ -102,9 +143,13 @@ def runs(ckpt, data):
     """Every classify.py subprocess of these tests, started at once (each spends a second or two importing torch)."""
     d, rows, texts = data
     started = {
-        "eval": launch("--out_dir", ckpt, "--eval", "val.csv", "--plot", "cm.png", "--batch_size", "7", cwd=d),
+        "eval": launch(
+            "--out_dir", ckpt, "--eval", "val.csv", "--plot", "cm.png", "--batch_size", "7", cwd=d
+        ),
         "args": launch("--out_dir", ckpt, *texts, "--batch_size", "2", cwd=d),
-        "stdin": launch("--out_dir", ckpt, "--json", "--batch_size", "3", cwd=d, stdin="\n".join(texts) + "\n"),
+        "stdin": launch(
+            "--out_dir", ckpt, "--json", "--batch_size", "3", cwd=d, stdin="\n".join(texts) + "\n"
+        ),
         "attn": launch("--out_dir", ckpt, "--attention_maps", "attn.png", "abca cab", cwd=d),
         "missing": launch("--out_dir", str(d / "nothing"), "abc", cwd=d),
     }
@@ -114,7 +159,10 @@ def runs(ckpt, data):
 def eval_numbers(model, rows):
     """accuracy, per class (precision, recall, f1, support) and the confusion matrix, computed here."""
     preds = [int(p.argmax()) for p in direct_probs(model, [char_ids(t) for t, _ in rows])]
-    cm = [[sum(1 for (_, y), p in zip(rows, preds) if (y, p) == (i, j)) for j in range(3)] for i in range(3)]
+    cm = [
+        [sum(1 for (_, y), p in zip(rows, preds) if (y, p) == (i, j)) for j in range(3)]
+        for i in range(3)
+    ]
     per_class = []
     for i in range(3):
         p = cm[i][i] / max(1, sum(r[i] for r in cm))
@@ -129,17 +177,25 @@ def test_eval_matches_the_model(ckpt, data, runs):
     assert rc == 0, err
     lines = out.splitlines()
     accuracy, per_class, cm = eval_numbers(from_checkpoint(ckpt)[0], rows)
-    assert 0.5 < accuracy < 1.0  # learned something, and still makes mistakes for the matrix to show
-    assert lines[0].startswith("accuracy: ") and float(lines[0].split()[1]) == pytest.approx(accuracy, abs=5e-5)
+    assert (
+        0.5 < accuracy < 1.0
+    )  # learned something, and still makes mistakes for the matrix to show
+    assert lines[0].startswith("accuracy: ") and float(lines[0].split()[1]) == pytest.approx(
+        accuracy, abs=5e-5
+    )
     table = {line.split()[0]: line.split()[1:] for line in lines[2:6]}
     for name, (p, r, f1, support) in zip(NAMES, per_class):
-        assert [float(v) for v in table[name][:3]] == pytest.approx([p, r, f1], abs=5e-5) and int(table[name][3]) == support
+        assert [float(v) for v in table[name][:3]] == pytest.approx([p, r, f1], abs=5e-5) and int(
+            table[name][3]
+        ) == support
     macro = next(line for line in lines if line.startswith("macro avg")).split()[2:]
-    assert [float(v) for v in macro[:3]] == pytest.approx([sum(c[j] for c in per_class) / 3 for j in range(3)], abs=5e-5)
+    assert [float(v) for v in macro[:3]] == pytest.approx(
+        [sum(c[j] for c in per_class) / 3 for j in range(3)], abs=5e-5
+    )
     start = lines.index("confusion matrix (rows = true, columns = predicted):")
     assert lines[start + 1].split() == NAMES
-    matrix = [[int(v) for v in line.split()[1:]] for line in lines[start + 2:start + 5]]
-    assert [line.split()[0] for line in lines[start + 2:start + 5]] == NAMES
+    matrix = [[int(v) for v in line.split()[1:]] for line in lines[start + 2 : start + 5]]
+    assert [line.split()[0] for line in lines[start + 2 : start + 5]] == NAMES
     assert matrix == cm and sum(map(sum, matrix)) == len(rows)
     assert (d / "cm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -147,8 +203,11 @@ def test_eval_matches_the_model(ckpt, data, runs):
 def test_eval_reads_jsonl_and_parquet_with_class_names(ckpt, data, runs, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
+
     d, rows, _ = data
-    pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}), d / "val.parquet")
+    pq.write_table(
+        pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}), d / "val.parquet"
+    )
     first = runs["eval"][1].splitlines()[0]
     for name in ("val.jsonl", "val.parquet"):
         classify.main(["--out_dir", ckpt, "--eval", str(d / name)])
@@ -163,7 +222,9 @@ def parse_line(line):
 @pytest.mark.parametrize("run", ["args", "file"])
 def test_predict_texts_and_file(ckpt, data, runs, run, capsys):
     d, _, texts = data
-    if run == "file":  # in-process: the same code as a subprocess, without a second's import of torch
+    if (
+        run == "file"
+    ):  # in-process: the same code as a subprocess, without a second's import of torch
         classify.main(["--out_dir", ckpt, "--file", str(d / "texts.txt")])
         rc, out, err = 0, capsys.readouterr().out, ""
     else:
@@ -174,7 +235,9 @@ def test_predict_texts_and_file(ckpt, data, runs, run, capsys):
     assert len(lines) == len(texts)  # the blank line of the file is skipped
     for line, text, probs in zip(lines, texts, expected):
         label, shown, shown_text = parse_line(line)
-        assert shown_text == text and label == NAMES[int(probs.argmax())]  # input order, despite length-sorting
+        assert (
+            shown_text == text and label == NAMES[int(probs.argmax())]
+        )  # input order, despite length-sorting
         assert shown == pytest.approx(probs.tolist(), abs=0.006)
 
 
@@ -186,7 +249,9 @@ def test_predict_stdin_json(ckpt, data, runs):
     objects = [json.loads(line) for line in out.splitlines()]
     assert [o["text"] for o in objects] == texts
     for o, probs in zip(objects, expected):
-        assert list(o["probs"]) == NAMES and sum(o["probs"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert list(o["probs"]) == NAMES and sum(o["probs"].values()) == pytest.approx(
+            1.0, abs=1e-5
+        )
         assert o["label"] == max(o["probs"], key=o["probs"].get) == NAMES[o["label_id"]]
         assert list(o["probs"].values()) == pytest.approx(probs.tolist(), abs=1e-5)
 
@@ -204,7 +269,9 @@ def test_attention_maps(ckpt, data, runs):
         _, _, maps = model(idx, torch.ones_like(idx), need_weights=True)
     fig = classify.attention_figure([m[0].numpy() for m in maps], list("abca cab"), "predicted: x")
     panels = [ax for ax in fig.axes if ax.get_title()]
-    assert sorted(ax.get_title() for ax in panels) == [f"layer {l} head {h}" for l in range(2) for h in range(2)]
+    assert sorted(ax.get_title() for ax in panels) == [
+        f"layer {l} head {h}" for l in range(2) for h in range(2)
+    ]
     assert [t.get_text() for t in panels[0].get_xticklabels()] == list("abca cab")
     assert [t.get_text() for t in panels[0].get_yticklabels()] == list("abca cab")
     assert (panels[0].get_xlabel(), panels[0].get_ylabel()) == ("key", "query")
@@ -215,7 +282,9 @@ def test_attention_maps(ckpt, data, runs):
 
 
 def one_line_error(rc, err, *words):
-    assert rc != 0 and len(err.strip().splitlines()) == 1 and err.startswith("classify.py: error:"), err
+    assert (
+        rc != 0 and len(err.strip().splitlines()) == 1 and err.startswith("classify.py: error:")
+    ), err
     assert all(w in err for w in words), err
 
 
@@ -225,27 +294,40 @@ def test_error_from_the_command_line(runs):
 
 def in_process_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        run_script(lambda: classify.main(argv), "classify.py")  # what `python classify.py ARGV` runs
+        run_script(
+            lambda: classify.main(argv), "classify.py"
+        )  # what `python classify.py ARGV` runs
     message = capsys.readouterr().err
-    assert e.value.code == 2 and message.startswith("classify.py: error:") and message.count("\n") == 1, message
+    assert (
+        e.value.code == 2 and message.startswith("classify.py: error:") and message.count("\n") == 1
+    ), message
     return message
 
 
 def test_errors(ckpt, tmp_path, capsys, monkeypatch):
     GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=8)).save_pretrained(
-        tmp_path / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS})
+        tmp_path / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS}
+    )
     assert "sample.py" in in_process_error(["--out_dir", str(tmp_path / "gpt"), "abc"], capsys)
     (tmp_path / "cols.csv").write_text("sentence,category\nabc,1\n")
-    assert "text,label" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "cols.csv")], capsys)
+    assert "text,label" in in_process_error(
+        ["--out_dir", ckpt, "--eval", str(tmp_path / "cols.csv")], capsys
+    )
     (tmp_path / "cols.jsonl").write_text('{"text": "abc"}\n')
-    assert "text,label" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "cols.jsonl")], capsys)
+    assert "text,label" in in_process_error(
+        ["--out_dir", ckpt, "--eval", str(tmp_path / "cols.jsonl")], capsys
+    )
     (tmp_path / "labels.csv").write_text("text,label\nabc,0\nbca,3\ncab,delta\n")
-    classify.main(["--out_dir", ckpt, "--eval", str(tmp_path / "labels.csv")])  # scores the one usable row
+    classify.main(
+        ["--out_dir", ckpt, "--eval", str(tmp_path / "labels.csv")]
+    )  # scores the one usable row
     out, err = capsys.readouterr()
     assert "(0 of 1)" in out or "(1 of 1)" in out
     assert "skipped 2 of 3 rows (0 with no text, 2 with a label that is not a class id 0..2" in err
     (tmp_path / "empty.csv").write_text("text,label\n")
-    assert "no usable row" in in_process_error(["--out_dir", ckpt, "--eval", str(tmp_path / "empty.csv")], capsys)
+    assert "no usable row" in in_process_error(
+        ["--out_dir", ckpt, "--eval", str(tmp_path / "empty.csv")], capsys
+    )
     assert "not in this model's vocabulary" in in_process_error(["--out_dir", ckpt, "xyz"], capsys)
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert "no text to classify" in in_process_error(["--out_dir", ckpt], capsys)
@@ -257,20 +339,50 @@ def test_help_documents_every_flag(capsys):
         classify.main(["--help"])
     help_text = capsys.readouterr().out
     assert e.value.code == 0 and "python classify.py" in help_text
-    for flag in ("--out_dir", "--device", "--batch_size", "--file", "--json", "--eval", "--plot", "--attention_maps"):
-        assert re.search(rf"^  {flag}( [A-Z_]+)?\s+[^-\s]", help_text, re.M), flag  # followed by its help
+    for flag in (
+        "--out_dir",
+        "--device",
+        "--batch_size",
+        "--file",
+        "--json",
+        "--eval",
+        "--plot",
+        "--attention_maps",
+    ):
+        assert re.search(rf"^  {flag}( [A-Z_]+)?\s+[^-\s]", help_text, re.M), (
+            flag
+        )  # followed by its help
 
 
 @needs_shared
 def test_bpe_checkpoint_truncates_to_block_size(tmp_path, capsys):
     """GPT-2's BPE through tiktoken; max_length 64 > block_size 32, so texts are cut to 32 tokens."""
     from lib.tokenizer import BPETokenizer
+
     tok = BPETokenizer("r50k_base")
     torch.manual_seed(0)
-    model = EncoderClassifier(EncoderConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16,
-                                            n_classes=4, pad_token_id=tok.start_token))
-    model.save_pretrained(tmp_path, task="classify", tokenizer=tok.spec, label_names=["W", "S", "B", "T"], max_length=64)
-    texts = ["Stocks fall as oil hits a record $55 a barrel", " ".join(["the market rallied again today"] * 12)]
+    model = EncoderClassifier(
+        EncoderConfig(
+            vocab_size=tok.vocab_size,
+            block_size=32,
+            n_layer=1,
+            n_head=2,
+            n_embd=16,
+            n_classes=4,
+            pad_token_id=tok.start_token,
+        )
+    )
+    model.save_pretrained(
+        tmp_path,
+        task="classify",
+        tokenizer=tok.spec,
+        label_names=["W", "S", "B", "T"],
+        max_length=64,
+    )
+    texts = [
+        "Stocks fall as oil hits a record $55 a barrel",
+        " ".join(["the market rallied again today"] * 12),
+    ]
     classify.main(["--out_dir", str(tmp_path), "--json", *texts])
     assert len(tok.encode(texts[1])) > 32
     expected = direct_probs(from_checkpoint(str(tmp_path))[0], [tok.encode(t)[:32] for t in texts])

@@ -1,4 +1,5 @@
 """common.py: the one dtype rule, device errors, atomic writes, the peak MFU is measured against."""
+
 import os
 
 import pytest
@@ -8,39 +9,61 @@ from lib import common
 from lib.common import Error, atomic_path, auto_dtype
 
 
-@pytest.mark.parametrize("device, capability, cpu_bf16, expected", [
-    ("cuda", (9, 0), False, "bfloat16"),  # H100, H200
-    ("cuda", (8, 0), False, "bfloat16"),  # A100
-    ("cuda", (8, 6), False, "bfloat16"),  # RTX 30xx, A10
-    ("cuda", (7, 5), False, "float16"),  # T4, RTX 20xx: bf16 only emulated there
-    ("cuda", (7, 0), False, "float16"),  # V100
-    ("cpu", (0, 0), True, "bfloat16"),  # AMX or AVX-512 BF16
-    ("cpu", (0, 0), False, "float32"),
-    ("mps", (0, 0), False, "float32"),
-])
+@pytest.mark.parametrize(
+    "device, capability, cpu_bf16, expected",
+    [
+        ("cuda", (9, 0), False, "bfloat16"),  # H100, H200
+        ("cuda", (8, 0), False, "bfloat16"),  # A100
+        ("cuda", (8, 6), False, "bfloat16"),  # RTX 30xx, A10
+        ("cuda", (7, 5), False, "float16"),  # T4, RTX 20xx: bf16 only emulated there
+        ("cuda", (7, 0), False, "float16"),  # V100
+        ("cpu", (0, 0), True, "bfloat16"),  # AMX or AVX-512 BF16
+        ("cpu", (0, 0), False, "float32"),
+        ("mps", (0, 0), False, "float32"),
+    ],
+)
 def test_the_dtype_rule(device, capability, cpu_bf16, expected):
     assert auto_dtype(device, capability, cpu_bf16) == expected
 
 
 def test_resolve_dtype_refuses_what_the_device_cannot_run():
-    with pytest.raises(Error, match="dtype=float16 needs a CUDA GPU; on cpu use bfloat16 or float32"):
+    with pytest.raises(
+        Error, match="dtype=float16 needs a CUDA GPU; on cpu use bfloat16 or float32"
+    ):
         common.resolve_dtype("float16", "cpu")
-    with pytest.raises(Error, match="dtype must be auto, float32, bfloat16 or float16, got 'float8'"):
+    with pytest.raises(
+        Error, match="dtype must be auto, float32, bfloat16 or float16, got 'float8'"
+    ):
         common.resolve_dtype("float8", "cpu")
-    assert common.resolve_dtype("auto", "cpu") == ("bfloat16" if common.cpu_has_bf16() else "float32")
+    assert common.resolve_dtype("auto", "cpu") == (
+        "bfloat16" if common.cpu_has_bf16() else "float32"
+    )
 
 
 def test_explicit_bfloat16_on_a_gpu_without_bfloat16_matmuls_is_refused(monkeypatch):
     """A T4 or V100 emulates bfloat16 (slowly, and compile skips it): dtype=bfloat16 there is one clear line."""
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
+    )
     with pytest.raises(Error, match="dtype=bfloat16: this GPU has no bfloat16 matmuls"):
         common.resolve_dtype("bfloat16", "cuda:0")
 
 
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A10", 125e12), ("NVIDIA A10G", 0.0), ("NVIDIA L4", 121e12),
-    ("NVIDIA L40S", 362e12), ("NVIDIA GeForce RTX 4090", 165e12), ("Tesla T4", 0.0)])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A10", 125e12),
+        ("NVIDIA A10G", 0.0),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA GeForce RTX 4090", 165e12),
+        ("Tesla T4", 0.0),
+    ],
+)
 def test_datasheet_peaks_match_whole_names(name, peak):
     """An A10G is not an A10, nor an L40S an L4, nor an H100 PCIe the SXM H100: unknown devices use the measured peak."""
     assert common.datasheet_peak(name) == peak
@@ -53,7 +76,9 @@ def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
         with atomic_path(str(target)) as tmp:
             open(tmp, "w").write("half")
             raise KeyboardInterrupt
-    assert target.read_text() == "old" and os.listdir(tmp_path) == ["state.pt"]  # no temporary left behind
+    assert target.read_text() == "old" and os.listdir(tmp_path) == [
+        "state.pt"
+    ]  # no temporary left behind
     with atomic_path(str(target)) as a, atomic_path(str(target)) as b:
         assert a != b  # two writers never share a temporary file
         open(a, "w").write("a")
@@ -68,7 +93,9 @@ def test_peak_flops_is_measured_on_the_cpu():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_absent_devices_are_one_line():
-    with pytest.raises(Error, match="--device cuda:1: this machine or this build of torch has no cuda device"):
+    with pytest.raises(
+        Error, match="--device cuda:1: this machine or this build of torch has no cuda device"
+    ):
         common.pick_device("cuda:1")
     with pytest.raises(Error, match="--device tpu: Expected one of"):
         common.pick_device("tpu")

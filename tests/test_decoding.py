@@ -1,4 +1,5 @@
 """Each decoding strategy against its definition, on cases small enough to work out by hand (in the comments)."""
+
 import math
 
 import pytest
@@ -21,15 +22,22 @@ def draw(next_token, logits, context, n=20000):
 
 def test_counts_with_repeated_tokens():
     # row 0: token 2 three times, token 0 once; row 1: token 3 twice, token 1 twice
-    assert torch.equal(d.token_counts(torch.zeros(2, 4), C([2, 0, 2, 2], [3, 1, 1, 3])), T([1, 0, 3, 0], [0, 2, 0, 2]))
+    assert torch.equal(
+        d.token_counts(torch.zeros(2, 4), C([2, 0, 2, 2], [3, 1, 1, 3])),
+        T([1, 0, 3, 0], [0, 2, 0, 2]),
+    )
 
 
 def test_frequency_and_presence_penalties():
     logits, context = T([1, 1, 1, 1], [1, 1, 1, 1]), C([2, 0, 2, 2], [3, 1, 1, 3])
     # frequency, a = 0.5: 1 - 0.5 * count; counts [1, 0, 3, 0] and [0, 2, 0, 2]
-    assert torch.equal(d.frequency_penalty(logits, context, 0.5), T([0.5, 1, -0.5, 1], [1, 0, 1, 0]))
+    assert torch.equal(
+        d.frequency_penalty(logits, context, 0.5), T([0.5, 1, -0.5, 1], [1, 0, 1, 0])
+    )
     # presence, b = 0.5: 1 - 0.5 once per seen token, however often it was seen
-    assert torch.equal(d.presence_penalty(logits, context, 0.5), T([0.5, 1, 0.5, 1], [1, 0.5, 1, 0.5]))
+    assert torch.equal(
+        d.presence_penalty(logits, context, 0.5), T([0.5, 1, 0.5, 1], [1, 0.5, 1, 0.5])
+    )
     # negative values reward repetition (OpenAI allows -2..2): 1 + 0.5 * 3 = 2.5
     assert d.frequency_penalty(logits, context, -0.5)[0, 2] == 2.5
     assert torch.equal(logits, T([1, 1, 1, 1], [1, 1, 1, 1]))  # pure: the input is untouched
@@ -43,14 +51,23 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
     assert torch.equal(d.repetition_penalty(logits, context, 0.5), T([4, -1, 3, -1, 0]))
 
 
-@pytest.mark.parametrize("n, banned", [
-    (1, [1, 2, 3]),  # every token seen so far
-    (2, [3]),        # the last token is 2; bigrams starting with 2: (2, 3) -> ban 3
-    (3, [3]),        # the last two are (1, 2); trigrams starting with (1, 2): (1, 2, 3) -> ban 3
-    (4, []),         # the last three are (3, 1, 2); the 4-grams start (1, 2, 3) and (2, 3, 1): no match
-    (5, []),         # the only 5-gram is the whole context; it starts (1, 2, 3, 1), the last four are (2, 3, 1, 2)
-    (6, []),         # longer than the context: no n-gram at all
-])
+@pytest.mark.parametrize(
+    "n, banned",
+    [
+        (1, [1, 2, 3]),  # every token seen so far
+        (2, [3]),  # the last token is 2; bigrams starting with 2: (2, 3) -> ban 3
+        (3, [3]),  # the last two are (1, 2); trigrams starting with (1, 2): (1, 2, 3) -> ban 3
+        (
+            4,
+            [],
+        ),  # the last three are (3, 1, 2); the 4-grams start (1, 2, 3) and (2, 3, 1): no match
+        (
+            5,
+            [],
+        ),  # the only 5-gram is the whole context; it starts (1, 2, 3, 1), the last four are (2, 3, 1, 2)
+        (6, []),  # longer than the context: no n-gram at all
+    ],
+)
 def test_no_repeat_ngram(n, banned):
     out = d.no_repeat_ngram(torch.zeros(1, 6), C([1, 2, 3, 1, 2]), n)
     assert torch.isinf(out[0]).nonzero().flatten().tolist() == banned
@@ -80,7 +97,9 @@ def test_top_k():
     assert torch.equal(d.top_k(T([3, 1, 2, 0]), 2), T([3, -INF, 2, -INF]))
     # ties at the k-th value are all kept (Hugging Face's rule): k = 2 on [3, 2, 2, 1] keeps three tokens
     assert torch.equal(d.top_k(T([3, 2, 2, 1]), 2), T([3, 2, 2, -INF]))
-    assert torch.equal(d.top_k(T([2, 2, 1]), 1), T([2, 2, -INF]))  # a tie for first place: both stay
+    assert torch.equal(
+        d.top_k(T([2, 2, 1]), 1), T([2, 2, -INF])
+    )  # a tie for first place: both stay
     for k in (4, 100):  # k >= vocab keeps all
         assert torch.equal(d.top_k(T([3, 1, 2, 0]), k), T([3, 1, 2, 0]))
     # row by row: each row keeps its own two best
@@ -91,13 +110,16 @@ def test_top_k():
 NUCLEUS = T([0.125, 0.5, 0.125, 0.25]).log()
 
 
-@pytest.mark.parametrize("p, kept", [
-    (0.1, [1]),           # 0.5 >= 0.1 already: the top token alone
-    (0.4, [1]),
-    (0.6, [1, 3]),        # 0.5 < 0.6 <= 0.75
-    (0.8, [0, 1, 2, 3]),  # 0.75 < 0.8 needs one 0.125; the two are tied, both stay
-    (1.0, [0, 1, 2, 3]),  # p = 1 keeps everything
-])
+@pytest.mark.parametrize(
+    "p, kept",
+    [
+        (0.1, [1]),  # 0.5 >= 0.1 already: the top token alone
+        (0.4, [1]),
+        (0.6, [1, 3]),  # 0.5 < 0.6 <= 0.75
+        (0.8, [0, 1, 2, 3]),  # 0.75 < 0.8 needs one 0.125; the two are tied, both stay
+        (1.0, [0, 1, 2, 3]),  # p = 1 keeps everything
+    ],
+)
 def test_top_p(p, kept):
     out = d.top_p(NUCLEUS, p)
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == kept
@@ -105,9 +127,13 @@ def test_top_p(p, kept):
 
 
 def test_top_p_keeps_everything_at_one_and_the_top_token_always():
-    tiny = T([10, -10, -10, -30])  # the tail's probabilities underflow the float sum; p = 1 still keeps it
+    tiny = T(
+        [10, -10, -10, -30]
+    )  # the tail's probabilities underflow the float sum; p = 1 still keeps it
     assert torch.equal(d.top_p(tiny, 1.0), tiny)
-    assert torch.isfinite(d.top_p(T([0, 0, 0, 0]), 1e-6)).all()  # four tied at 0.25: all are "the top token"
+    assert torch.isfinite(
+        d.top_p(T([0, 0, 0, 0]), 1e-6)
+    ).all()  # four tied at 0.25: all are "the top token"
     # after top-k, -inf tokens have probability 0: kept = 0.5 / 0.75 = 2/3 of what is left, so p = 0.6 keeps one
     assert torch.isfinite(d.top_p(d.top_k(NUCLEUS, 2), 0.6)[0]).nonzero().flatten().tolist() == [1]
 
@@ -132,9 +158,16 @@ def test_sampling_frequencies_match_the_filtered_distribution():
 
 def test_all_strategies_together_in_the_documented_order():
     logits, context = T([2, 1, 3, 0.5, -1]), C([0, 2, 0])  # counts [2, 0, 1, 0, 0]
-    next_token = d.make_next_token(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=2.0,
-                                   no_repeat_ngram_size=2, temperature=0.5, top_k=3, top_p=0.8,
-                                   generator=torch.Generator().manual_seed(0))
+    next_token = d.make_next_token(
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
+        repetition_penalty=2.0,
+        no_repeat_ngram_size=2,
+        temperature=0.5,
+        top_k=3,
+        top_p=0.8,
+        generator=torch.Generator().manual_seed(0),
+    )
     # frequency 0.5 * counts:      [1,    1,   2.5,  0.5, -1]
     # presence 0.5 on 0 and 2:     [0.5,  1,   2,    0.5, -1]
     # repetition 2 on 0 and 2:     [0.25, 1,   1,    0.5, -1]   (positive: divided)
@@ -147,10 +180,17 @@ def test_all_strategies_together_in_the_documented_order():
     assert torch.equal(next_token.process(logits, context), T([-INF, 2, -INF, 1, -INF]))
     e = math.e
     freq = draw(next_token, logits, context)
-    assert torch.allclose(freq, T([0, e / (e + 1), 0, 1 / (e + 1), 0])[0], atol=0.02)  # 0.731, 0.269
+    assert torch.allclose(
+        freq, T([0, e / (e + 1), 0, 1 / (e + 1), 0])[0], atol=0.02
+    )  # 0.731, 0.269
     # greedy uses the penalised, blocked logits: argmax of [0.25, 1, -inf, 0.5, -1] -> 1 (3 was the raw argmax's 2)
-    greedy = d.make_next_token(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=2.0,
-                               no_repeat_ngram_size=2, greedy=True)
+    greedy = d.make_next_token(
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
+        repetition_penalty=2.0,
+        no_repeat_ngram_size=2,
+        greedy=True,
+    )
     assert greedy(logits, context).tolist() == [1]
 
 
@@ -161,21 +201,29 @@ def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
         d.make_next_token(no_repeat_ngram_size=1)(torch.zeros(1, 2), C([0, 1]))
     with pytest.raises(Error, match="overflows the logits"):  # 1 / 1e-300 is inf in float32
         d.make_next_token(temperature=1e-300)(torch.ones(1, 3), C([0]))
-    with pytest.raises(Error, match="overflows the logits"):  # -3e38 * 2 occurrences is -inf, and so + inf
+    with pytest.raises(
+        Error, match="overflows the logits"
+    ):  # -3e38 * 2 occurrences is -inf, and so + inf
         d.make_next_token(frequency_penalty=-3e38)(torch.ones(1, 3), C([0, 0]))
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(temperature=-0.1), r"temperature must be >= 0"),
-    (dict(top_k=0), r"top_k must be >= 1"),
-    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-    (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0"),
-    (dict(no_repeat_ngram_size=-1), r"no_repeat_ngram_size must be >= 0"),
-    (dict(frequency_penalty=float("nan")), r"frequency_penalty must be a finite number, got nan"),
-    (dict(temperature=float("inf")), r"temperature must be a finite number"),
-    (dict(top_n=3), r"top_n is not a decoding option \(they are frequency_penalty, "),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(temperature=-0.1), r"temperature must be >= 0"),
+        (dict(top_k=0), r"top_k must be >= 1"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0"),
+        (dict(no_repeat_ngram_size=-1), r"no_repeat_ngram_size must be >= 0"),
+        (
+            dict(frequency_penalty=float("nan")),
+            r"frequency_penalty must be a finite number, got nan",
+        ),
+        (dict(temperature=float("inf")), r"temperature must be a finite number"),
+        (dict(top_n=3), r"top_n is not a decoding option \(they are frequency_penalty, "),
+    ],
+)
 def test_out_of_range_values_raise(kw, message):
     with pytest.raises(Error, match=message):
         d.make_next_token(**kw)
@@ -185,16 +233,25 @@ def test_with_gpt_generate():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, block_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
     prompt = torch.randint(0, 50, (2, 4))
-    generate = lambda pick=None: torch.cat([prompt, torch.stack(list(model.generate(prompt, 20, pick)), 1)], 1)
+    generate = lambda pick=None: torch.cat(
+        [prompt, torch.stack(list(model.generate(prompt, 20, pick)), 1)], 1
+    )
     repeats = lambda row: len(row) - 1 - len(set(zip(row, row[1:])))  # bigrams seen before
     plain = generate()
-    assert torch.equal(generate(d.make_next_token(greedy=True)), plain)  # the same as generate's own default
+    assert torch.equal(
+        generate(d.make_next_token(greedy=True)), plain
+    )  # the same as generate's own default
     assert any(repeats(row) for row in plain.tolist())  # a random model's greedy text loops...
-    assert not any(repeats(row) for row in generate(d.make_next_token(greedy=True, no_repeat_ngram_size=2)).tolist())
+    assert not any(
+        repeats(row)
+        for row in generate(d.make_next_token(greedy=True, no_repeat_ngram_size=2)).tolist()
+    )
 
 
 def test_a_seeded_generator_gives_the_same_draws():
     """(On a GPU a CPU generator draws on the CPU: the same seed gives the same tokens on any device.)"""
     logits = torch.randn(4, 50)
-    draw = lambda: d.make_next_token(generator=torch.Generator().manual_seed(3))(logits, C([1], [2], [3], [4]))
+    draw = lambda: d.make_next_token(generator=torch.Generator().manual_seed(3))(
+        logits, C([1], [2], [3], [4])
+    )
     assert torch.equal(draw(), draw())

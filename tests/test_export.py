@@ -1,28 +1,41 @@
 """export.py: a GPT checkpoint becomes a folder that transformers loads as GPT2LMHeadModel, with the same logits, the
 same token ids (GPT-2's BPE) and a working text-generation pipeline; options GPT-2 lacks are refused."""
+
 import json
 import os
 
 import pytest
 import torch
-
-from lib.common import Error
 from conftest import needs_shared
+
 from export import export
+from lib.common import Error
 from model import GPT, GPTConfig
 
-transformers = pytest.importorskip("transformers", reason="transformers is a test extra: pip install -e '.[test]'")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is a test extra: pip install -e '.[test]'"
+)
 
 
 def checkpoint(path, tokenizer, **options):
     torch.manual_seed(0)
     vocab = 50304 if tokenizer["type"] == "bpe" else len(tokenizer["chars"])
-    model = GPT(GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, **options))
-    with torch.no_grad():  # weights larger than training's init, so the logits differ visibly between tokens
+    model = GPT(
+        GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, **options)
+    )
+    with (
+        torch.no_grad()
+    ):  # weights larger than training's init, so the logits differ visibly between tokens
         for p in model.parameters():
             p.normal_(0.0, 0.2)
-    model.save_pretrained(path, task="lm", dataset="toy", tokenizer=tokenizer, metrics={"step": 7, "val/loss": 1.5},
-                          command=["python", "train.py", "config/toy.py"])
+    model.save_pretrained(
+        path,
+        task="lm",
+        dataset="toy",
+        tokenizer=tokenizer,
+        metrics={"step": 7, "val/loss": 1.5},
+        command=["python", "train.py", "config/toy.py"],
+    )
     return model.eval()
 
 
@@ -36,7 +49,11 @@ def test_transformers_loads_the_same_logits(tmp_path, bias):
     with torch.no_grad():
         assert torch.allclose(hf(idx).logits, ours(idx)[0], atol=1e-4)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert (config["model_type"], config["n_positions"], config["activation_function"]) == ("gpt2", 32, "gelu_new")
+    assert (config["model_type"], config["n_positions"], config["activation_function"]) == (
+        "gpt2",
+        32,
+        "gelu_new",
+    )
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "python train.py config/toy.py" in card and "val/loss | 1.5000" in card
     assert not (tmp_path / "hf" / "vocab.json").exists()  # characters: no Hugging Face tokenizer
@@ -50,7 +67,11 @@ def test_bpe_tokenizer_files_and_the_pipeline(tmp_path):
     export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     enc = tiktoken.get_encoding("r50k_base")
-    for text in ["Hello, wörld! ROMEO: what say'st thou?\n\n  spaces\t", "日本語の文章 🎉 naïve café", "x" * 50]:
+    for text in [
+        "Hello, wörld! ROMEO: what say'st thou?\n\n  spaces\t",
+        "日本語の文章 🎉 naïve café",
+        "x" * 50,
+    ]:
         assert tokenizer.encode(text) == enc.encode_ordinary(text), text
     prompt = enc.encode_ordinary("ROMEO: what")
     greedy = [t.item() for t in ours.generate(torch.tensor([prompt]), 8)]

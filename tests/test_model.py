@@ -1,17 +1,29 @@
 """GPT and EncoderClassifier: causality, padding invariance, initial loss, overfitting, KV cache, checkpoints."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.common import Error
 from decoding import make_next_token
-from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention, from_checkpoint, rotary, rotation
+from lib.common import Error
+from model import (
+    GPT,
+    EncoderClassifier,
+    EncoderConfig,
+    GPTConfig,
+    attention,
+    from_checkpoint,
+    rotary,
+    rotation,
+)
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
 MODERN = dict(rope=True, qk_norm=True)
-OPTIONS = pytest.mark.parametrize("options", [{}, MODERN], ids=["gpt2", "modern"])  # the defaults, and every option on
+OPTIONS = pytest.mark.parametrize(
+    "options", [{}, MODERN], ids=["gpt2", "modern"]
+)  # the defaults, and every option on
 
 
 def tiny_gpt(**kw):
@@ -42,10 +54,14 @@ def test_gpt_is_causal(options):
     a, _ = model(idx)
     b, _ = model(changed)
     assert a.shape == (2, 12, 50)
-    assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6) and not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-3)
+    assert torch.allclose(a[:, :6], b[:, :6], atol=1e-6) and not torch.allclose(
+        a[:, 6:], b[:, 6:], atol=1e-3
+    )
 
 
-@pytest.mark.parametrize("options", [{}, MODERN, dict(bow_head=True, bow_buckets=32)], ids=["gpt2", "modern", "encoder"])
+@pytest.mark.parametrize(
+    "options", [{}, MODERN, dict(bow_head=True, bow_buckets=32)], ids=["gpt2", "modern", "encoder"]
+)
 def test_classifier_ignores_padding(options):
     model = randomised(tiny_classifier(**options)).eval()
     idx = torch.randint(1, 50, (2, 5))
@@ -85,7 +101,11 @@ def test_overfits_one_batch(kind, options):
     idx = torch.randint(1, 50, (4, 16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     for _ in range(150):
-        _, loss = model(idx, idx.roll(-1, 1)) if kind == "gpt" else model(idx, labels=torch.tensor([0, 1, 2, 1]))
+        _, loss = (
+            model(idx, idx.roll(-1, 1))
+            if kind == "gpt"
+            else model(idx, labels=torch.tensor([0, 1, 2, 1]))
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -96,15 +116,21 @@ def test_tied_head_parameter_count_and_decay_groups():
     model = tiny_gpt()
     assert model.lm_head.weight is model.wte.weight
     c = model.config
-    per_layer = 12 * c.n_embd ** 2 + 13 * c.n_embd  # attention 4d^2+4d, MLP 8d^2+5d, two LayerNorms 4d
+    per_layer = (
+        12 * c.n_embd**2 + 13 * c.n_embd
+    )  # attention 4d^2+4d, MLP 8d^2+5d, two LayerNorms 4d
     expected = c.vocab_size * c.n_embd + c.n_layer * per_layer + 2 * c.n_embd
     assert model.num_params() == expected
     assert model.num_params(non_embedding=False) == expected + c.block_size * c.n_embd
     (adamw,) = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = adamw.param_groups
-    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert all(p.dim() == 2 for p in decay["params"]) and all(
+        p.dim() == 1 for p in no_decay["params"]
+    )
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params(non_embedding=False)
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == model.num_params(
+        non_embedding=False
+    )
 
 
 @OPTIONS
@@ -114,7 +140,7 @@ def test_kv_cache_logits_match_full_forward(options):
     full, _ = model(idx)
     cache = [{} for _ in model.blocks]
     prefill, _ = model(idx[:, :4], cache=cache)
-    steps = [model(idx[:, t:t + 1], cache=cache)[0] for t in range(4, 10)]
+    steps = [model(idx[:, t : t + 1], cache=cache)[0] for t in range(4, 10)]
     assert torch.allclose(torch.cat([prefill] + steps, 1), full, atol=1e-5)
 
 
@@ -138,7 +164,9 @@ def test_generation_past_block_size_matches_the_window_it_keeps():
     window = None
     for step, (logits, context) in enumerate(seen):
         n = context.size(1)
-        window = n if n <= 16 else 8 if window == 16 else window + 1  # refilled with the last 8, then grows
+        window = (
+            n if n <= 16 else 8 if window == 16 else window + 1
+        )  # refilled with the last 8, then grows
         expected, _ = model(context[:, -window:])
         assert torch.allclose(logits, expected[:, -1], atol=1e-5), step
 
@@ -154,6 +182,7 @@ def test_seeded_samples_past_block_size_are_the_same_with_and_without_the_cache(
     def sample(use_cache):
         torch.manual_seed(7)
         return torch.stack(list(model.generate(prompt, 60, pick, use_cache)), 1)
+
     assert torch.equal(sample(True), sample(False))
 
 
@@ -172,8 +201,11 @@ def tied_top_two():
     return model
 
 
-@pytest.mark.parametrize("pick", [dict(greedy=True), dict(top_k=1), dict(temperature=0.0), dict(top_p=1e-6)],
-                         ids=["greedy", "top_k=1", "temperature=0", "tiny top_p"])
+@pytest.mark.parametrize(
+    "pick",
+    [dict(greedy=True), dict(top_k=1), dict(temperature=0.0), dict(top_p=1e-6)],
+    ids=["greedy", "top_k=1", "temperature=0", "tiny top_p"],
+)
 def test_decoding_reads_float32_logits_under_bfloat16(pick):
     """Under bfloat16 autocast the sampled position's logits come from the head in float32: token 5 wins every
     step, whichever of the rules that mean "the most likely token" picks it."""
@@ -219,19 +251,34 @@ def test_from_pretrained_matches_independent_gpt2(tmp_path):
     sd = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
     for i in range(L):
         p = f"h.{i}."
-        sd.update({p + "ln_1.weight": 1 + r(D), p + "ln_1.bias": r(D), p + "ln_2.weight": 1 + r(D), p + "ln_2.bias": r(D),
-                   p + "attn.c_attn.weight": r(D, 3 * D), p + "attn.c_attn.bias": r(3 * D),
-                   p + "attn.c_proj.weight": r(D, D), p + "attn.c_proj.bias": r(D),
-                   p + "mlp.c_fc.weight": r(D, 4 * D), p + "mlp.c_fc.bias": r(4 * D),
-                   p + "mlp.c_proj.weight": r(4 * D, D), p + "mlp.c_proj.bias": r(D),
-                   p + "attn.bias": torch.ones(1, 1, P, P).tril()})
+        sd.update(
+            {
+                p + "ln_1.weight": 1 + r(D),
+                p + "ln_1.bias": r(D),
+                p + "ln_2.weight": 1 + r(D),
+                p + "ln_2.bias": r(D),
+                p + "attn.c_attn.weight": r(D, 3 * D),
+                p + "attn.c_attn.bias": r(3 * D),
+                p + "attn.c_proj.weight": r(D, D),
+                p + "attn.c_proj.bias": r(D),
+                p + "mlp.c_fc.weight": r(D, 4 * D),
+                p + "mlp.c_fc.bias": r(4 * D),
+                p + "mlp.c_proj.weight": r(4 * D, D),
+                p + "mlp.c_proj.bias": r(D),
+                p + "attn.bias": torch.ones(1, 1, P, P).tril(),
+            }
+        )
     save_file(sd, tmp_path / "model.safetensors")
-    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": V, "n_positions": P, "n_layer": L, "n_head": H, "n_embd": D}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"vocab_size": V, "n_positions": P, "n_layer": L, "n_head": H, "n_embd": D})
+    )
 
     def reference(idx):
-        ln = lambda x, n: torch.nn.functional.layer_norm(x, (D,), sd[n + ".weight"], sd[n + ".bias"], 1e-5)
+        ln = lambda x, n: torch.nn.functional.layer_norm(
+            x, (D,), sd[n + ".weight"], sd[n + ".bias"], 1e-5
+        )
         conv1d = lambda x, n: x @ sd[n + ".weight"] + sd[n + ".bias"]
-        gelu = lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        gelu = lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
         T = idx.size(1)
         x = sd["wte.weight"][idx] + sd["wpe.weight"][:T]
         for i in range(L):
@@ -266,7 +313,9 @@ def test_token_dropout_never_hides_every_token_of_a_row():
     draw hides all its tokens keeps them all instead; other rows lose about the fraction asked for."""
     model = tiny_classifier(token_dropout=0.5).train()
     seen = []
-    model.hidden_states = lambda idx, mask, **kw: seen.append(mask[:, 0, 0, :]) or (torch.zeros(*idx.shape, 16), [])
+    model.hidden_states = lambda idx, mask, **kw: (
+        seen.append(mask[:, 0, 0, :]) or (torch.zeros(*idx.shape, 16), [])
+    )
     idx = torch.randint(1, 50, (4000, 2))
     idx[:, 1] = 0  # one real token per row: half the draws hide it
     model(idx)
@@ -287,22 +336,44 @@ def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
     from safetensors.torch import save_file
 
     V, P, L, D = 20000, 256, 4, 512
-    sd = {"wte.weight": torch.randn(V, D), "wpe.weight": torch.randn(P, D), "ln_f.weight": torch.ones(D), "ln_f.bias": torch.zeros(D)}
+    sd = {
+        "wte.weight": torch.randn(V, D),
+        "wpe.weight": torch.randn(P, D),
+        "ln_f.weight": torch.ones(D),
+        "ln_f.bias": torch.zeros(D),
+    }
     for i in range(L):
-        for name, shape in (("ln_1", (D,)), ("ln_2", (D,)), ("attn.c_attn", (D, 3 * D)), ("attn.c_proj", (D, D)),
-                            ("mlp.c_fc", (D, 4 * D)), ("mlp.c_proj", (4 * D, D))):
+        for name, shape in (
+            ("ln_1", (D,)),
+            ("ln_2", (D,)),
+            ("attn.c_attn", (D, 3 * D)),
+            ("attn.c_proj", (D, D)),
+            ("mlp.c_fc", (D, 4 * D)),
+            ("mlp.c_proj", (4 * D, D)),
+        ):
             sd[f"h.{i}.{name}.weight"] = torch.randn(shape)
             sd[f"h.{i}.{name}.bias"] = torch.zeros(shape[-1])
     save_file(sd, tmp_path / "model.safetensors")
-    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": V, "n_positions": P, "n_layer": L, "n_head": 8, "n_embd": D}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"vocab_size": V, "n_positions": P, "n_layer": L, "n_head": 8, "n_embd": D})
+    )
     size = sum(t.numel() * 4 for t in sd.values())
-    script = ("import resource, sys, torch; sys.path.insert(0, sys.argv[1]); import model; torch.zeros(1)\n"
-              "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
-              "base = rss(); model.GPT.from_pretrained(sys.argv[2]); print(rss() - base)")
+    script = (
+        "import resource, sys, torch; sys.path.insert(0, sys.argv[1]); import model; torch.zeros(1)\n"
+        "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "base = rss(); model.GPT.from_pretrained(sys.argv[2]); print(rss() - base)"
+    )
     from conftest import ROOT
-    grown = int(subprocess.run([sys.executable, "-c", script, ROOT, str(tmp_path)], capture_output=True, text=True,
-                               check=True).stdout)
-    assert grown < 1.5 * size, (grown / size)  # two copies would grow it by about 2x
+
+    grown = int(
+        subprocess.run(
+            [sys.executable, "-c", script, ROOT, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert grown < 1.5 * size, grown / size  # two copies would grow it by about 2x
 
 
 def test_rotary_scores_depend_only_on_relative_position():
@@ -310,19 +381,29 @@ def test_rotary_scores_depend_only_on_relative_position():
     q, k = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8)
     turn = lambda t, start: rotary(t, *rotation(start, 10, 8, "cpu"))
     scores = lambda start: turn(q, start) @ turn(k, start).transpose(-1, -2)
-    assert torch.allclose(scores(0), scores(37), atol=1e-4)  # every position shifted by the same amount
-    assert not torch.allclose(scores(0), q @ k.transpose(-1, -2), atol=1e-2)  # yet the positions do enter
-    assert torch.allclose(turn(q, 5).norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation: lengths kept
+    assert torch.allclose(
+        scores(0), scores(37), atol=1e-4
+    )  # every position shifted by the same amount
+    assert not torch.allclose(
+        scores(0), q @ k.transpose(-1, -2), atol=1e-2
+    )  # yet the positions do enter
+    assert torch.allclose(
+        turn(q, 5).norm(dim=-1), q.norm(dim=-1), atol=1e-5
+    )  # a rotation: lengths kept
 
 
 def test_qk_norm_follows_its_formula():
     torch.manual_seed(0)
-    attn = randomised(tiny_gpt(qk_norm=True)).blocks[0].attn.eval()  # queries and keys RMS-normalised per head
+    attn = (
+        randomised(tiny_gpt(qk_norm=True)).blocks[0].attn.eval()
+    )  # queries and keys RMS-normalised per head
     x = torch.randn(2, 7, 16)
     rms = lambda t: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + torch.finfo(t.dtype).eps)
     q, k, v = attn.qkv(x).view(2, 7, 3, 2, 8).permute(2, 0, 3, 1, 4)
     y, _ = attention(rms(q), rms(k), v, torch.ones(7, 7, dtype=torch.bool).tril())
-    assert torch.allclose(attn(x, causal=True)[0], attn.proj(y.transpose(1, 2).reshape(2, 7, 16)), atol=1e-5)
+    assert torch.allclose(
+        attn(x, causal=True)[0], attn.proj(y.transpose(1, 2).reshape(2, 7, 16)), atol=1e-5
+    )
 
 
 def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_multiplied_in():
@@ -332,9 +413,13 @@ def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_multiplied_in
     model = randomised(tiny_classifier(bow_head=True, bow_buckets=7)).eval()
     idx, labels = torch.tensor([[5, 9, 9, 0, 0], [3, 4, 6, 7, 8]]), torch.tensor([0, 2])
     logits, loss = model(idx, labels=labels)
-    rows = lambda seq: [model.bow.weight[t] for t in seq] + [model.bow.weight[50 + (p * 1_000_003 + t) % 7]
-                                                            for p, t in zip([0] + seq[:-1], seq)]
-    bow = torch.stack([sum(rows(seq)) / math.sqrt(2 * len(seq)) for seq in ([5, 9, 9], [3, 4, 6, 7, 8])])
+    rows = lambda seq: (
+        [model.bow.weight[t] for t in seq]
+        + [model.bow.weight[50 + (p * 1_000_003 + t) % 7] for p, t in zip([0] + seq[:-1], seq)]
+    )
+    bow = torch.stack(
+        [sum(rows(seq)) / math.sqrt(2 * len(seq)) for seq in ([5, 9, 9], [3, 4, 6, 7, 8])]
+    )
     with torch.no_grad():
         model.bow.weight.zero_()  # a uniform second model: what is left is the encoder's prediction
         encoder, _ = model(idx)
@@ -352,7 +437,11 @@ def test_flops_per_token_counts_the_weight_matrices_a_token_meets():
     (d x classes); the position table and the encoder's token and bag-of-words tables are looked up, not multiplied."""
     V, T, L, d, classes = 50, 8, 2, 16, 3
     blocks, scores = L * 12 * d * d, 12 * L * d * T
-    assert tiny_gpt().flops_per_token(T) == tiny_gpt(rope=True).flops_per_token(T) == 6 * (blocks + V * d) + scores
+    assert (
+        tiny_gpt().flops_per_token(T)
+        == tiny_gpt(rope=True).flops_per_token(T)
+        == 6 * (blocks + V * d) + scores
+    )
     encoder = tiny_classifier(bow_head=True, bow_buckets=7)
     assert encoder.flops_per_token(T) == 6 * (blocks + d * classes) + scores
 
@@ -364,7 +453,11 @@ def test_every_parameter_is_in_one_optimizer_group(optimizer):
         grouped = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
         assert sorted(map(id, grouped)) == sorted(map(id, model.parameters()))
         if optimizer == "muon":  # the blocks' matrices, and only they
-            matrices = [p for name, p in model.named_parameters() if name.startswith("blocks.") and p.dim() == 2]
+            matrices = [
+                p
+                for name, p in model.named_parameters()
+                if name.startswith("blocks.") and p.dim() == 2
+            ]
             assert [p for group in optimizers[1].param_groups for p in group["params"]] == matrices
 
 
@@ -382,8 +475,12 @@ def test_load_body_takes_a_gpts_body_and_starts_the_head_afresh():
     fresh = ("head.weight", "head.bias", "bow.weight")
     assert state.keys() - fresh == source.keys() - {"lm_head.weight"}
     for name in state.keys() - fresh:
-        assert torch.equal(state[name], source[name][:16] if name == "wpe.weight" else source[name]), name
-    assert all(0.01 < state[name].std() < 0.03 for name in ("head.weight", "bow.weight"))  # N(0, 0.02), not 0.3
+        assert torch.equal(
+            state[name], source[name][:16] if name == "wpe.weight" else source[name]
+        ), name
+    assert all(
+        0.01 < state[name].std() < 0.03 for name in ("head.weight", "bow.weight")
+    )  # N(0, 0.02), not 0.3
     assert not state["head.bias"].any()
     logits, _ = classifier.eval()(torch.randint(1, 50, (2, 8)))
     assert torch.isfinite(logits).all()

@@ -1,5 +1,6 @@
 """data/*/prepare.py, run as a user runs them (subprocess, CLI): what they write, what they refuse, and that
 dataset.py's readers take what they wrote."""
+
 import csv
 import json
 import os
@@ -8,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, SHARED, needs_shared
+
 from lib.batches import ClassificationData, load_split, read_meta
 
 SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
@@ -19,8 +20,13 @@ LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 def prepare(name, *args, env=None):
     """Runs data/{name}/prepare.py; the hub's caches point into the test's folder, so no cached copy of a hub
     data set can stand in for a download and nothing lands in ~/.cache."""
-    return subprocess.run([sys.executable, os.path.join(ROOT, "data", name, "prepare.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "data", name, "prepare.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def hf_env(tmp):
@@ -37,6 +43,7 @@ def one_line(result):
 
 def bpe():
     import tiktoken
+
     return tiktoken.get_encoding("r50k_base")
 
 
@@ -50,10 +57,19 @@ def write_csv(path, rows):
 def agnews_rows():
     """40 distinct texts (one long enough to be cut, one non-ASCII, one with a comma, quotes and a line break)
     and one text three times over: 43 rows."""
-    rows = [(f"Story {i}: the {['council', 'match', 'market', 'chip'][i % 4]} report number {i * 13}.", i % 4)
-            for i in range(36)]
-    rows += [(" ".join(f"word{j}" for j in range(60)), 3), ("Café crème, naïve façade — 日本 news", 0),
-             ('A "quoted", comma\nand a line break', 1), ("   leading spaces kept", 2)]
+    rows = [
+        (
+            f"Story {i}: the {['council', 'match', 'market', 'chip'][i % 4]} report number {i * 13}.",
+            i % 4,
+        )
+        for i in range(36)
+    ]
+    rows += [
+        (" ".join(f"word{j}" for j in range(60)), 3),
+        ("Café crème, naïve façade — 日本 news", 0),
+        ('A "quoted", comma\nand a line break', 1),
+        ("   leading spaces kept", 2),
+    ]
     return rows + [("The same text, three times.", 2)] * 3
 
 
@@ -63,8 +79,18 @@ def agnews(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("agnews")
     os.makedirs(tmp / "src")
     write_csv(tmp / "src" / "train.csv", agnews_rows())
-    r = prepare("agnews", "--source", tmp / "src", "--out_dir", tmp / "out", "--val_fraction", 0.3,
-                "--max_length", 16, "--cased")
+    r = prepare(
+        "agnews",
+        "--source",
+        tmp / "src",
+        "--out_dir",
+        tmp / "out",
+        "--val_fraction",
+        0.3,
+        "--max_length",
+        16,
+        "--cased",
+    )
     assert r.returncode == 0, r.stderr
     return tmp / "out", r
 
@@ -81,10 +107,23 @@ def test_agnews_csv_splits_labels_and_round_trip(agnews):
     enc, source = bpe(), agnews_rows()
     label_of = dict(source)
     meta = read_meta(out)
-    assert set(meta) == {"task", "tokenizer", "vocab_size", "dtype", "label_names", "max_length", "pad_token_id",
-                         "splits", "source"}
-    assert (meta["task"], meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == \
-        ("classify", {"type": "bpe", "encoding": "r50k_base"}, 50257, "uint16")
+    assert set(meta) == {
+        "task",
+        "tokenizer",
+        "vocab_size",
+        "dtype",
+        "label_names",
+        "max_length",
+        "pad_token_id",
+        "splits",
+        "source",
+    }
+    assert (meta["task"], meta["tokenizer"], meta["vocab_size"], meta["dtype"]) == (
+        "classify",
+        {"type": "bpe", "encoding": "r50k_base"},
+        50257,
+        "uint16",
+    )
     assert (meta["label_names"], meta["max_length"], meta["pad_token_id"]) == (LABELS, 16, 50256)
     assert not os.path.exists(out / "test.bin")  # no test file, no test split
     texts = {}
@@ -95,16 +134,23 @@ def test_agnews_csv_splits_labels_and_round_trip(agnews):
         assert np.all(np.diff(offsets) >= 1) and np.all(np.diff(offsets) <= 16)
         texts[split] = []
         for i, label in enumerate(labels):
-            ids = tokens[offsets[i]:offsets[i + 1]].tolist()
+            ids = tokens[offsets[i] : offsets[i + 1]].tolist()
             text = next(t for t, _ in source if enc.encode_ordinary(t)[:16] == ids)
             assert label == label_of[text]
             # a row decodes to its text, or to a prefix of it when cut (in bytes: a cut may split a character)
-            assert enc.decode(ids) == text if len(enc.encode_ordinary(text)) <= 16 else \
-                text.encode().startswith(enc.decode_bytes(ids))
+            assert (
+                enc.decode(ids) == text
+                if len(enc.encode_ordinary(text)) <= 16
+                else text.encode().startswith(enc.decode_bytes(ids))
+            )
             texts[split].append(text)
     assert sorted(texts["train"] + texts["val"]) == sorted(t for t, _ in source)  # every row, once
-    assert not set(texts["train"]) & set(texts["val"])  # the repeated text sits in one split, all three times
-    assert "train: " in r.stdout and "val: " in r.stdout and "World" in r.stdout  # a summary line per split
+    assert not set(texts["train"]) & set(
+        texts["val"]
+    )  # the repeated text sits in one split, all three times
+    assert (
+        "train: " in r.stdout and "val: " in r.stdout and "World" in r.stdout
+    )  # a summary line per split
 
 
 @needs_shared
@@ -113,25 +159,43 @@ def test_agnews_parquet_jsonl_and_malformed_rows(tmp_path):
     src = tmp_path / "src"
     os.makedirs(src)
     good = [{"text": f"Good row {i} about things", "label": i % 4} for i in range(8)]
-    bad = [{"text": "", "label": 1}, {"text": "   ", "label": 1}, {"label": 2}, {"text": None, "label": 0},
-           {"text": "no label"}, {"text": "label x", "label": "x"}, {"text": "label 7", "label": 7},
-           {"text": "label -1", "label": -1}, {"text": "label 1.5", "label": 1.5}, {"text": "bool", "label": True}]
+    bad = [
+        {"text": "", "label": 1},
+        {"text": "   ", "label": 1},
+        {"label": 2},
+        {"text": None, "label": 0},
+        {"text": "no label"},
+        {"text": "label x", "label": "x"},
+        {"text": "label 7", "label": 7},
+        {"text": "label -1", "label": -1},
+        {"text": "label 1.5", "label": 1.5},
+        {"text": "bool", "label": True},
+    ]
     with open(src / "train.jsonl", "w") as f:
         f.write("\n".join(json.dumps(r) for r in good + bad) + "\n{not json\n")
         f.write(json.dumps({"text": "label as a string", "label": "2"}) + "\n")
-    pq.write_table(pa.table({"text": ["Val row one", "Val row two"], "label": [3, 0]}), src / "val.parquet")
+    pq.write_table(
+        pa.table({"text": ["Val row one", "Val row two"], "label": [3, 0]}), src / "val.parquet"
+    )
     write_csv(src / "test.csv", [("Test row", 1), ("", 1)])
     r = prepare("agnews", "--source", src, "--out_dir", tmp_path / "out")
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 2  # one line per file with bad rows: train.jsonl and test.csv, not val.parquet
-    assert "train.jsonl: skipped 11 of 20 rows" in warnings[0] and "test.csv: skipped 1 of 2 rows" in warnings[1]
+    assert (
+        len(warnings) == 2
+    )  # one line per file with bad rows: train.jsonl and test.csv, not val.parquet
+    assert (
+        "train.jsonl: skipped 11 of 20 rows" in warnings[0]
+        and "test.csv: skipped 1 of 2 rows" in warnings[1]
+    )
     meta = read_meta(tmp_path / "out")
     assert meta["splits"] == {"train": 9, "val": 2, "test": 1}
     assert read_rows(tmp_path / "out", "train")[2].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 2]
     assert read_rows(tmp_path / "out", "val")[2].tolist() == [3, 0]
     tokens, offsets, labels = read_rows(tmp_path / "out", "test")
-    assert bpe().decode(tokens.tolist()) == "test row" and labels.tolist() == [1]  # lowercased: the default
+    assert bpe().decode(tokens.tolist()) == "test row" and labels.tolist() == [
+        1
+    ]  # lowercased: the default
     assert meta["tokenizer"] == {"type": "bpe", "encoding": "r50k_base", "lowercase": True}
 
 
@@ -140,9 +204,14 @@ def test_agnews_labels_1_to_4_are_read_as_1_based_with_a_note(tmp_path):
     """The original AG News CSVs number the classes 1..4: mapped down, said in one line, never shifted silently."""
     os.makedirs(tmp_path / "src")
     write_csv(tmp_path / "src" / "train.csv", [(f"Story number {i}", i % 4 + 1) for i in range(20)])
-    r = prepare("agnews", "--source", tmp_path / "src", "--out_dir", tmp_path / "out", "--val_fraction", 0.2)
+    r = prepare(
+        "agnews", "--source", tmp_path / "src", "--out_dir", tmp_path / "out", "--val_fraction", 0.2
+    )
     assert r.returncode == 0, r.stderr
-    assert "labels run 1..4 with no 0: read as 1-based, 1 = World, 2 = Sports, 3 = Business, 4 = Sci/Tech" in r.stderr
+    assert (
+        "labels run 1..4 with no 0: read as 1-based, 1 = World, 2 = Sports, 3 = Business, 4 = Sci/Tech"
+        in r.stderr
+    )
     labels = np.concatenate([read_rows(tmp_path / "out", s)[2] for s in ("train", "val")])
     assert sorted(labels.tolist()) == sorted(i % 4 for i in range(20))
 
@@ -161,7 +230,9 @@ def test_agnews_file_without_valid_rows_fails_and_writes_nothing(tmp_path):
 def test_agnews_offline_without_source_fails(tmp_path):
     env = {**hf_env(tmp_path), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     line = one_line(prepare("agnews", "--out_dir", tmp_path / "out", env=env))
-    assert "fancyzhx/ag_news" in line and "--source" in line and not os.path.exists(tmp_path / "out")
+    assert (
+        "fancyzhx/ag_news" in line and "--source" in line and not os.path.exists(tmp_path / "out")
+    )
 
 
 @needs_shared
@@ -171,21 +242,25 @@ def test_classification_data_reads_and_pads(agnews):
     data = load_split(str(out), "train", block_size=64)
     assert isinstance(data, ClassificationData) and len(data) == len(labels)
     lengths = np.diff(offsets)
-    rows = np.array([int(np.argmin(lengths)), int(np.argmax(lengths))])  # a short row beside the longest
+    rows = np.array(
+        [int(np.argmin(lengths)), int(np.argmax(lengths))]
+    )  # a short row beside the longest
     b = data.batch(rows)
     width = lengths[rows].max()
     assert b["idx"].shape == b["attention_mask"].shape == (2, width)
     assert b["labels"].tolist() == labels[rows].tolist()
     for k, i in enumerate(rows):
         n = lengths[i]
-        assert b["idx"][k, :n].tolist() == tokens[offsets[i]:offsets[i + 1]].tolist()
+        assert b["idx"][k, :n].tolist() == tokens[offsets[i] : offsets[i + 1]].tolist()
         assert b["attention_mask"][k, :n].eq(1).all() and b["attention_mask"][k, n:].eq(0).all()
         assert b["idx"][k, n:].eq(50256).all()  # pad_token_id, from meta.json
     assert b["attention_mask"][0, -1] == 0  # the short row is padded
 
 
 def test_shakespeare_char_small(tmp_path):
-    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 3
+    text = (
+        "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 3
+    )
     (tmp_path / "in.txt").write_text(text)
     r = prepare("shakespeare_char", "--source", tmp_path / "in.txt", "--out_dir", tmp_path / "out")
     assert r.returncode == 0, r.stderr
@@ -200,26 +275,46 @@ def test_shakespeare_char_small(tmp_path):
     assert "".join(chars[i] for i in np.concatenate([train, val])) == text
     data = load_split(str(tmp_path / "out"), "val", block_size=8)
     b = data.batch(np.array([0, 3]))
-    assert b["idx"][1].tolist() == val[3:11].tolist() and b["targets"][1].tolist() == val[4:12].tolist()
+    assert (
+        b["idx"][1].tolist() == val[3:11].tolist()
+        and b["targets"][1].tolist() == val[4:12].tolist()
+    )
 
 
 def test_shakespeare_offline_fails(tmp_path):
     # a proxy that refuses connections: offline, on a machine that has a network too
-    env = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": "", "NO_PROXY": ""}
+    env = {
+        "https_proxy": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "no_proxy": "",
+        "NO_PROXY": "",
+    }
     line = one_line(prepare("shakespeare_char", "--out_dir", tmp_path / "out", env=env))
     assert "cannot download" in line and "--source" in line and not os.path.exists(tmp_path / "out")
 
 
 @needs_shared
-@pytest.mark.parametrize("name, vocab, n_train, n_val", [("shakespeare_char", 65, 1_003_854, 111_540),
-                                                         ("shakespeare", 50257, 301_966, 36_059)])
+@pytest.mark.parametrize(
+    "name, vocab, n_train, n_val",
+    [("shakespeare_char", 65, 1_003_854, 111_540), ("shakespeare", 50257, 301_966, 36_059)],
+)
 def test_shakespeare_matches_nanogpt(tmp_path, name, vocab, n_train, n_val):
     r = prepare(name, "--source", SHAKESPEARE, "--out_dir", tmp_path)
     assert r.returncode == 0, r.stderr
     meta = read_meta(tmp_path)
-    assert (meta["vocab_size"], meta["dtype"], meta["splits"]) == (vocab, "uint16", {"train": n_train, "val": n_val})
-    ids = np.concatenate([np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")]).tolist()
-    decode = bpe().decode if name == "shakespeare" else lambda ids: "".join(meta["tokenizer"]["chars"][i] for i in ids)
+    assert (meta["vocab_size"], meta["dtype"], meta["splits"]) == (
+        vocab,
+        "uint16",
+        {"train": n_train, "val": n_val},
+    )
+    ids = np.concatenate(
+        [np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")]
+    ).tolist()
+    decode = (
+        bpe().decode
+        if name == "shakespeare"
+        else lambda ids: "".join(meta["tokenizer"]["chars"][i] for i in ids)
+    )
     with open(SHAKESPEARE, encoding="utf-8") as f:
         assert decode(ids) == f.read()
 
@@ -230,17 +325,33 @@ def test_openwebtext_local_folder(tmp_path):
     os.makedirs(tmp_path / "docs")
     for i, doc in enumerate(docs):
         (tmp_path / "docs" / f"{i:02d}.txt").write_text(doc, encoding="utf-8")
-    r = prepare("openwebtext", "--source", tmp_path / "docs", "--out_dir", tmp_path / "out", "--val_fraction", 0.3,
-                "--num_proc", 1, env=hf_env(tmp_path))
+    r = prepare(
+        "openwebtext",
+        "--source",
+        tmp_path / "docs",
+        "--out_dir",
+        tmp_path / "out",
+        "--val_fraction",
+        0.3,
+        "--num_proc",
+        1,
+        env=hf_env(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     meta = read_meta(tmp_path / "out")
     enc, found = bpe(), []
     for split in ("train", "val"):
         ids = np.fromfile(tmp_path / "out" / f"{split}.bin", dtype=np.uint16)
-        assert meta["splits"][split] == len(ids) and ids[-1] == 50256  # every document ends in <|endoftext|>
+        assert (
+            meta["splits"][split] == len(ids) and ids[-1] == 50256
+        )  # every document ends in <|endoftext|>
         ends = np.flatnonzero(ids == 50256)
-        found += [enc.decode(d[:-1].tolist()) for d in np.split(ids, ends + 1)[:-1]]  # each without its 50256
+        found += [
+            enc.decode(d[:-1].tolist()) for d in np.split(ids, ends + 1)[:-1]
+        ]  # each without its 50256
     assert sorted(found) == sorted(docs)  # each document once, whole, between two <|endoftext|>
     assert meta["task"] == "lm" and meta["dtype"] == "uint16" and meta["vocab_size"] == 50257
     assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]
-    assert load_split(str(tmp_path / "out"), "train", block_size=4).batch(np.array([0]))["idx"].shape == (1, 4)
+    assert load_split(str(tmp_path / "out"), "train", block_size=4).batch(np.array([0]))[
+        "idx"
+    ].shape == (1, 4)

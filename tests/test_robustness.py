@@ -1,6 +1,7 @@
 """Bad input and faults, as a new user or an adversary meets them: every command-line tool over a table of bad inputs
 (one clear last line, a non-zero exit, never a traceback), and the faults that must never cost a saved run: a second
 run into the same out_dir, a scratch run over a checkpoint, damaged data, resume of a resumed run, Ctrl-C."""
+
 import glob
 import io
 import json
@@ -16,10 +17,10 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, TINY
 
 import train
 from lib.common import Error
-from conftest import ROOT, TINY
 from lib.prepare import save_array, write_classification_split, write_meta
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
@@ -30,7 +31,11 @@ def cli(script, *args, stdin=""):
     """Runs a script as `python script ARGS` would, but in this process (the suite would spend a second per run
     importing torch): -> (exit status, stdout, stderr); an uncaught exception's traceback lands in stderr."""
     out, err = io.StringIO(), io.StringIO()
-    argv, handlers, sys_stdin = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}, sys.stdin
+    argv, handlers, sys_stdin = (
+        sys.argv,
+        {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
+        sys.stdin,
+    )
     sys.argv, sys.stdin, code = [os.path.join(ROOT, script), *map(str, args)], io.StringIO(stdin), 0
     try:
         with redirect_stdout(out), redirect_stderr(err):
@@ -54,25 +59,59 @@ def files(tmp_path_factory):
     """Everything the table below points at: tiny prepared data (good and damaged), checkpoints, bad files."""
     d = tmp_path_factory.mktemp("bad")
     rng = np.random.default_rng(0)
-    for name, damage in (("lm", lambda a: a), ("short", lambda a: a[:1000]), ("big_ids", lambda a: a + 20)):
+    for name, damage in (
+        ("lm", lambda a: a),
+        ("short", lambda a: a[:1000]),
+        ("big_ids", lambda a: a + 20),
+    ):
         (d / name).mkdir()
         for split, n in (("train", 3000), ("val", 300)):
-            save_array(str(d / name / f"{split}.bin"), damage(rng.integers(0, 10, n).astype(np.uint16)))
-        write_meta(str(d / name), task="lm", tokenizer={"type": "char", "chars": CHARS}, vocab_size=10, dtype="uint16",
-                   splits={"train": 3000, "val": 300})
+            save_array(
+                str(d / name / f"{split}.bin"), damage(rng.integers(0, 10, n).astype(np.uint16))
+            )
+        write_meta(
+            str(d / name),
+            task="lm",
+            tokenizer={"type": "char", "chars": CHARS},
+            vocab_size=10,
+            dtype="uint16",
+            splits={"train": 3000, "val": 300},
+        )
     cls = d / "cls"
     for split, n in (("train", 50), ("val", 20)):
         write_classification_split(str(cls), split, [[1, 2, 3]] * n, [0, 1] * (n // 2), np.uint16)
-    write_meta(str(cls), task="classify", tokenizer={"type": "char", "chars": CHARS}, vocab_size=10, dtype="uint16",
-               label_names=["a", "b"], max_length=16, pad_token_id=0, splits={"train": 50, "val": 20})
+    write_meta(
+        str(cls),
+        task="classify",
+        tokenizer={"type": "char", "chars": CHARS},
+        vocab_size=10,
+        dtype="uint16",
+        label_names=["a", "b"],
+        max_length=16,
+        pad_token_id=0,
+        splits={"train": 50, "val": 20},
+    )
     cls_cut = d / "cls_cut"  # labels cut to 10 rows against 50 offsets
     for split, n in (("train", 50), ("val", 20)):
-        write_classification_split(str(cls_cut), split, [[1, 2, 3]] * n, [0, 1] * (n // 2), np.uint16)
+        write_classification_split(
+            str(cls_cut), split, [[1, 2, 3]] * n, [0, 1] * (n // 2), np.uint16
+        )
     np.save(cls_cut / "train.labels.npy", np.zeros(10, dtype=np.int64))
-    write_meta(str(cls_cut), task="classify", tokenizer={"type": "char", "chars": CHARS}, vocab_size=10,
-               dtype="uint16", label_names=["a", "b"], max_length=16, pad_token_id=0, splits={"train": 50, "val": 20})
-    for name, damage in (("no_dtype", lambda meta: meta.pop("dtype")),
-                         ("float_ids", lambda meta: meta.update(dtype="float64"))):
+    write_meta(
+        str(cls_cut),
+        task="classify",
+        tokenizer={"type": "char", "chars": CHARS},
+        vocab_size=10,
+        dtype="uint16",
+        label_names=["a", "b"],
+        max_length=16,
+        pad_token_id=0,
+        splits={"train": 50, "val": 20},
+    )
+    for name, damage in (
+        ("no_dtype", lambda meta: meta.pop("dtype")),
+        ("float_ids", lambda meta: meta.update(dtype="float64")),
+    ):
         (d / name).mkdir()
         for split in ("train", "val"):
             (d / name / f"{split}.bin").write_bytes((d / "lm" / f"{split}.bin").read_bytes())
@@ -81,18 +120,31 @@ def files(tmp_path_factory):
         (d / name / "meta.json").write_text(json.dumps(meta))
     torch.manual_seed(0)
     GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)).save_pretrained(
-        d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS})
-    GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, rope=True)).save_pretrained(
-        d / "rope", task="lm", tokenizer={"type": "char", "chars": CHARS})
-    EncoderClassifier(EncoderConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, n_classes=2)
-                      ).save_pretrained(d / "clf", task="classify", tokenizer={"type": "char", "chars": CHARS},
-                                        label_names=["a", "b"], max_length=16)
-    for name, source in (("clf_no_tokenizer", "clf"), ("gpt_no_tokenizer", "gpt")):  # config.json without one
+        d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS}
+    )
+    GPT(
+        GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, rope=True)
+    ).save_pretrained(d / "rope", task="lm", tokenizer={"type": "char", "chars": CHARS})
+    EncoderClassifier(
+        EncoderConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, n_classes=2)
+    ).save_pretrained(
+        d / "clf",
+        task="classify",
+        tokenizer={"type": "char", "chars": CHARS},
+        label_names=["a", "b"],
+        max_length=16,
+    )
+    for name, source in (
+        ("clf_no_tokenizer", "clf"),
+        ("gpt_no_tokenizer", "gpt"),
+    ):  # config.json without one
         (d / name).mkdir()
         config = json.loads((d / source / "config.json").read_text())
         del config["tokenizer"]
         (d / name / "config.json").write_text(json.dumps(config))
-        (d / name / "model.safetensors").write_bytes((d / source / "model.safetensors").read_bytes())
+        (d / name / "model.safetensors").write_bytes(
+            (d / source / "model.safetensors").read_bytes()
+        )
     (d / "broken").mkdir()
     (d / "broken" / "config.json").write_text((d / "gpt" / "config.json").read_text())
     (d / "broken" / "model.safetensors").write_bytes(b"half a file")
@@ -107,11 +159,16 @@ def files(tmp_path_factory):
     (d / "cols.csv").write_text("sentence,category\nabc,1\n")
     (d / "empty.csv").write_text("text,label\n")
     (d / "labels.txt").write_text("text,label\nabc,0\n")
-    for name, content in (("no_train", {"val.csv": "text,label\nx,0\n"}),
-                          ("no_columns", {"train.csv": "sentence,category\nx,0\n"}),
-                          ("latin1_csv", {"train.csv": "text,label\ncaf\xe9,0\n".encode("latin-1")}),
-                          ("no_rows", {"train.csv": "text,label\n,0\nx,9\n"}),
-                          ("two_formats", {"train.csv": "text,label\nx,0\n", "train.jsonl": '{"text": "x", "label": 0}\n'})):
+    for name, content in (
+        ("no_train", {"val.csv": "text,label\nx,0\n"}),
+        ("no_columns", {"train.csv": "sentence,category\nx,0\n"}),
+        ("latin1_csv", {"train.csv": "text,label\ncaf\xe9,0\n".encode("latin-1")}),
+        ("no_rows", {"train.csv": "text,label\n,0\nx,9\n"}),
+        (
+            "two_formats",
+            {"train.csv": "text,label\nx,0\n", "train.jsonl": '{"text": "x", "label": 0}\n'},
+        ),
+    ):
         (d / name).mkdir()
         for fname, data in content.items():
             (d / name / fname).write_bytes(data if isinstance(data, bytes) else data.encode())
@@ -124,7 +181,11 @@ BAD_INPUTS = [
     ("train.py", ["--n_layer"], "write --n_layer=VALUE"),
     ("train.py", ["--compile=yes"], "compile must be bool"),
     ("train.py", ["--batch_size=0"], "batch_size=0: must be >= 1"),
-    ("train.py", ["--gradient_accumulation_steps=0"], "gradient_accumulation_steps=0: must be >= 1"),
+    (
+        "train.py",
+        ["--gradient_accumulation_steps=0"],
+        "gradient_accumulation_steps=0: must be >= 1",
+    ),
     ("train.py", ["--eval_interval=0"], "eval_interval=0: must be >= 1"),
     ("train.py", ["--max_iters=-5"], "max_iters=-5: must be >= 0"),
     ("train.py", ["--dropout=1.5"], "dropout=1.5: must be in [0, 1)"),
@@ -143,27 +204,67 @@ BAD_INPUTS = [
     ("train.py", ["{d}/raises.py"], "raises.py:2: NameError"),
     ("train.py", ["{d}/latin1.py"], "latin1.py:2: not UTF-8 text"),
     ("train.py", ["--device=gpu"], "--device gpu"),
-    ("train.py", ["--dataset=never_prepared_set", "--out_dir={d}/o1"], "run python data/never_prepared_set/prepare.py"),
-    ("train.py", ["--dataset={d}/lm", "--task=classify", "--out_dir={d}/o2"], "prepared for task=lm"),
+    (
+        "train.py",
+        ["--dataset=never_prepared_set", "--out_dir={d}/o1"],
+        "run python data/never_prepared_set/prepare.py",
+    ),
+    (
+        "train.py",
+        ["--dataset={d}/lm", "--task=classify", "--out_dir={d}/o2"],
+        "prepared for task=lm",
+    ),
     ("train.py", ["--dataset={d}/lm", "--init_from=resume", "--out_dir={d}/o3"], "does not exist"),
-    ("train.py", ["--dataset={d}/lm", "--init_from=resume", "--out_dir={d}/state"], "not a trainer state"),
+    (
+        "train.py",
+        ["--dataset={d}/lm", "--init_from=resume", "--out_dir={d}/state"],
+        "not a trainer state",
+    ),
     ("train.py", ["--dataset={d}/lm", "--out_dir={d}/a_file/out"], "is not writable"),
     ("train.py", ["--dataset={d}/lm", "--out_dir={d}/gpt"], "already holds a checkpoint"),
     ("train.py", ["--dataset={d}/short", "--out_dir={d}/o4"], "1,000 tokens, meta.json says 3,000"),
     ("train.py", ["--dataset={d}/big_ids", "--out_dir={d}/o5"], "past vocab_size 10"),
-    ("train.py", ["--dataset={d}/cls_cut", "--task=classify", "--out_dir={d}/o6"], "10 labels for 50 rows"),
-    ("train.py", ["--dataset={d}/lm", "--block_size=5000", "--out_dir={d}/o7"], "fewer than block_size + 1"),
+    (
+        "train.py",
+        ["--dataset={d}/cls_cut", "--task=classify", "--out_dir={d}/o6"],
+        "10 labels for 50 rows",
+    ),
+    (
+        "train.py",
+        ["--dataset={d}/lm", "--block_size=5000", "--out_dir={d}/o7"],
+        "fewer than block_size + 1",
+    ),
     ("train.py", ["--dataset={d}/no_dtype", "--out_dir={d}/o10"], "meta.json: no 'dtype' key"),
-    ("train.py", ["--dataset={d}/float_ids", "--out_dir={d}/o11"], "meta.json: dtype 'float64' is neither uint16"),
-    ("train.py", ["--dataset={d}/lm", "--vocab_size=5", "--out_dir={d}/o8"], "the model has 5 tokens"),
-    ("train.py", ["--dataset={d}/lm", "--init_from={d}/clf", "--out_dir={d}/o9"], "holds an EncoderClassifier"),
+    (
+        "train.py",
+        ["--dataset={d}/float_ids", "--out_dir={d}/o11"],
+        "meta.json: dtype 'float64' is neither uint16",
+    ),
+    (
+        "train.py",
+        ["--dataset={d}/lm", "--vocab_size=5", "--out_dir={d}/o8"],
+        "the model has 5 tokens",
+    ),
+    (
+        "train.py",
+        ["--dataset={d}/lm", "--init_from={d}/clf", "--out_dir={d}/o9"],
+        "holds an EncoderClassifier",
+    ),
     ("sample.py", ["--out_dir={d}/nothing"], "no checkpoint in"),
     ("sample.py", ["--out_dir={d}/clf"], "sample.py needs a GPT"),
     ("sample.py", ["--out_dir={d}/broken"], "not a readable checkpoint"),
     ("sample.py", ["--out_dir={d}/gpt", "--top_p=1.5"], "top_p must be in (0, 1]"),
     ("sample.py", ["--out_dir={d}/gpt", "--temperature=-1"], "temperature must be >= 0"),
-    ("sample.py", ["--out_dir={d}/gpt", "--temperature=nan"], "temperature must be a finite number"),
-    ("sample.py", ["--out_dir={d}/gpt", "--frequency_penalty=nan"], "frequency_penalty must be a finite number"),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--temperature=nan"],
+        "temperature must be a finite number",
+    ),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--frequency_penalty=nan"],
+        "frequency_penalty must be a finite number",
+    ),
     ("sample.py", ["--out_dir={d}/gpt", "--top_k=-3"], "top_k must be >= 1"),
     ("sample.py", ["--out_dir={d}/gpt", "--num_samples=0"], "--num_samples: must be >= 1"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=-1"], "--max_new_tokens: must be >= 0"),
@@ -171,34 +272,82 @@ BAD_INPUTS = [
     ("sample.py", ["--out_dir={d}/gpt", "--start=FILE:{d}/nope.txt"], "No such file"),
     ("sample.py", ["--out_dir={d}/gpt", "--start=FILE:{d}/latin1.txt"], "not UTF-8 text"),
     ("sample.py", ["--out_dir={d}/gpt", "--start=xyz"], "not in this model's vocabulary"),
-    ("sample.py", ["--out_dir={d}/gpt", "--dtype=float16", "--device=cpu"], "dtype=float16 needs a CUDA GPU"),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--dtype=float16", "--device=cpu"],
+        "dtype=float16 needs a CUDA GPU",
+    ),
     ("sample.py", ["--init_from=gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
     ("sample.py", ["--out_dir={d}/gpt", "--bogus"], "unrecognized arguments: --bogus"),
     ("classify.py", ["--out_dir={d}/nothing", "abc"], "no checkpoint in"),
     ("classify.py", ["--out_dir={d}/gpt", "abc"], "not a classifier"),
-    ("classify.py", ["--out_dir={d}/clf_no_tokenizer", "abc"], "config.json: no tokenizer this project knows"),
-    ("sample.py", ["--out_dir={d}/gpt_no_tokenizer"], "config.json: no tokenizer this project knows"),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf_no_tokenizer", "abc"],
+        "config.json: no tokenizer this project knows",
+    ),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt_no_tokenizer"],
+        "config.json: no tokenizer this project knows",
+    ),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/missing.csv"], "cannot read it"),
-    ("classify.py", ["--out_dir={d}/clf", "--eval={d}/labels.txt"], "expected a .csv, .parquet or .jsonl"),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf", "--eval={d}/labels.txt"],
+        "expected a .csv, .parquet or .jsonl",
+    ),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/cols.csv"], "columns text,label"),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/empty.csv"], "no usable row"),
-    ("classify.py", ["--out_dir={d}/clf", "--plot=x.png", "abc"], "--plot draws the confusion matrix of --eval"),
-    ("classify.py", ["--out_dir={d}/clf", "--eval={d}/cols.csv", "--plot=cm.gif"], "must end in .png"),
-    ("classify.py", ["--out_dir={d}/clf", "--eval={d}/cols.csv", "--plot={d}/no/dir/cm.png"], "cannot write into"),
-    ("classify.py", ["--out_dir={d}/clf", "--attention_maps={d}/no/dir/a.png", "abc"], "cannot write into"),
-    ("classify.py", ["--out_dir={d}/clf", "--attention_maps=a.png", "abc", "bca"], "draws one text, got 2"),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf", "--plot=x.png", "abc"],
+        "--plot draws the confusion matrix of --eval",
+    ),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf", "--eval={d}/cols.csv", "--plot=cm.gif"],
+        "must end in .png",
+    ),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf", "--eval={d}/cols.csv", "--plot={d}/no/dir/cm.png"],
+        "cannot write into",
+    ),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf", "--attention_maps={d}/no/dir/a.png", "abc"],
+        "cannot write into",
+    ),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf", "--attention_maps=a.png", "abc", "bca"],
+        "draws one text, got 2",
+    ),
     ("classify.py", ["--out_dir={d}/clf", "--file={d}/nope.txt"], "No such file"),
     ("classify.py", ["--out_dir={d}/clf", "--file={d}/latin1.txt"], "not UTF-8 text"),
     ("classify.py", ["--out_dir={d}/clf", "--batch_size=0", "abc"], "--batch_size: must be >= 1"),
-    ("classify.py", ["--out_dir={d}/clf", "--file={d}/empty.txt", "abc"], "pass texts or --file, not both"),
+    (
+        "classify.py",
+        ["--out_dir={d}/clf", "--file={d}/empty.txt", "abc"],
+        "pass texts or --file, not both",
+    ),
     ("classify.py", ["--out_dir={d}/clf", "xyz"], "not in this model's vocabulary"),
     ("bench/speed.py", ["--repeats=0"], "--repeats 0: must be at least 1"),
     ("bench/speed.py", ["--device=gpu"], "--device gpu"),
     ("bench/speed.py", ["--profile=missing.py"], "no such config file"),
     ("bench/speed.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("export.py", ["--out_dir={d}/nothing", "--hf_dir={d}/hf"], "no checkpoint in"),
-    ("export.py", ["--out_dir={d}/clf", "--hf_dir={d}/hf"], "export.py writes GPT-2's layout, for a GPT"),
-    ("export.py", ["--out_dir={d}/rope", "--hf_dir={d}/hf"], "rope=True has no place in GPT-2's layout"),
+    (
+        "export.py",
+        ["--out_dir={d}/clf", "--hf_dir={d}/hf"],
+        "export.py writes GPT-2's layout, for a GPT",
+    ),
+    (
+        "export.py",
+        ["--out_dir={d}/rope", "--hf_dir={d}/hf"],
+        "rope=True has no place in GPT-2's layout",
+    ),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/a_file"], "is a file"),
     ("export.py", ["--out_dir={d}/gpt"], "required: --hf_dir"),
     ("serve.py", ["--out_dir={d}/nothing"], "no such checkpoint config"),
@@ -213,23 +362,43 @@ BAD_INPUTS = [
     ("data/agnews/prepare.py", ["--source={d}/latin1_csv"], "UTF-8"),
     ("data/agnews/prepare.py", ["--source={d}/no_rows"], "no usable row"),
     ("data/agnews/prepare.py", ["--source={d}/two_formats"], "keep one file per split"),
-    ("data/agnews/prepare.py", ["--source={d}/no_train", "--val_fraction=1.5"], "must be between 0 and 1, got 1.5"),
+    (
+        "data/agnews/prepare.py",
+        ["--source={d}/no_train", "--val_fraction=1.5"],
+        "must be between 0 and 1, got 1.5",
+    ),
     ("data/agnews/prepare.py", ["--source={d}/no_train", "--max_length=0"], "must be >= 1, got 0"),
-    ("data/agnews/prepare.py", ["--source={d}/no_train", "--out_dir={d}/a_file"], "is a file, not a folder"),
+    (
+        "data/agnews/prepare.py",
+        ["--source={d}/no_train", "--out_dir={d}/a_file"],
+        "is a file, not a folder",
+    ),
     ("data/shakespeare_char/prepare.py", ["--source={d}/nope.txt"], "no such file"),
     ("data/shakespeare_char/prepare.py", ["--source={d}/empty.txt"], "the file is empty"),
     ("data/shakespeare_char/prepare.py", ["--source={d}/latin1.txt"], "not readable UTF-8 text"),
-    ("data/shakespeare_char/prepare.py", ["--source={d}/latin1.txt", "--out_dir={d}/a_file"], "is a file, not a folder"),
+    (
+        "data/shakespeare_char/prepare.py",
+        ["--source={d}/latin1.txt", "--out_dir={d}/a_file"],
+        "is a file, not a folder",
+    ),
     ("data/shakespeare_char/prepare.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("data/shakespeare/prepare.py", ["--source={d}/nope.txt"], "no such file"),
     ("data/openwebtext/prepare.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/serve_load.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
-    ("bench/serve_load.py", ["--out_dir={d}/gpt", "--concurrency=17"], "decodes at most 16 requests at once"),
+    (
+        "bench/serve_load.py",
+        ["--out_dir={d}/gpt", "--concurrency=17"],
+        "decodes at most 16 requests at once",
+    ),
 ]
 
 
-@pytest.mark.parametrize("script, args, words", BAD_INPUTS, ids=[f"{s.split('/')[-2 if '/' in s else 0]}-{i}" for i, (s, _, _) in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize(
+    "script, args, words",
+    BAD_INPUTS,
+    ids=[f"{s.split('/')[-2 if '/' in s else 0]}-{i}" for i, (s, _, _) in enumerate(BAD_INPUTS)],
+)
 def test_bad_input_is_one_clear_line(files, script, args, words, monkeypatch):
     monkeypatch.chdir(files)
     args = (TINY if script == "train.py" else []) + [a.replace("{d}", str(files)) for a in args]
@@ -241,8 +410,12 @@ def test_bad_input_is_one_clear_line(files, script, args, words, monkeypatch):
 
 def test_the_table_covers_every_command_line_tool():
     """Every script of the repository (each ends its errors through run_script) has bad inputs in the table."""
-    scripts = {os.path.relpath(path, ROOT) for pattern in ("*.py", "bench/*.py", "data/*/prepare.py")
-               for path in glob.glob(os.path.join(ROOT, pattern)) if "\n    run_script(" in open(path).read()}
+    scripts = {
+        os.path.relpath(path, ROOT)
+        for pattern in ("*.py", "bench/*.py", "data/*/prepare.py")
+        for path in glob.glob(os.path.join(ROOT, pattern))
+        if "\n    run_script(" in open(path).read()
+    }
     assert "train.py" in scripts and scripts - {s for s, _, _ in BAD_INPUTS} == set()
 
 
@@ -254,10 +427,19 @@ run = train.main
 def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
     common = TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path}", "--max_iters=2"]
     run(common)
-    saved = {f: (tmp_path / f).read_bytes() for f in ("model.safetensors", "trainer_state.pt", "config.json")}
-    for init in ([], ["--init_from=gpt2"]):  # from scratch or from other weights: a new run either way
-        with pytest.raises(Error, match="already holds a checkpoint .* --init_from=resume, replace it with "
-                                        "--overwrite_out_dir=True, or pick another --out_dir"):
+    saved = {
+        f: (tmp_path / f).read_bytes()
+        for f in ("model.safetensors", "trainer_state.pt", "config.json")
+    }
+    for init in (
+        [],
+        ["--init_from=gpt2"],
+    ):  # from scratch or from other weights: a new run either way
+        with pytest.raises(
+            Error,
+            match="already holds a checkpoint .* --init_from=resume, replace it with "
+            "--overwrite_out_dir=True, or pick another --out_dir",
+        ):
             run(common + init)
     assert saved == {f: (tmp_path / f).read_bytes() for f in saved}
     run(common + ["--overwrite_out_dir=True", "--seed=7"])  # said explicitly: replaced
@@ -265,21 +447,39 @@ def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
 
 
 def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(files, tmp_path):
-    command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--dataset={files}/lm", f"--out_dir={tmp_path}",
-               "--max_iters=1000000", "--eval_interval=100000"]
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        *TINY,
+        f"--dataset={files}/lm",
+        f"--out_dir={tmp_path}",
+        "--max_iters=1000000",
+        "--eval_interval=100000",
+    ]
     first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         for line in first.stderr:  # wait for training to start
             if line.startswith("step 0:"):
                 break
-        second = subprocess.run(command[:-2] + ["--max_iters=2", "--init_from=resume"], capture_output=True, text=True,
-                                timeout=120)
-        assert second.returncode == 2 and f"is in use by another run (pid {first.pid} on " in second.stderr
+        second = subprocess.run(
+            command[:-2] + ["--max_iters=2", "--init_from=resume"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (
+            second.returncode == 2
+            and f"is in use by another run (pid {first.pid} on " in second.stderr
+        )
     finally:
         first.kill()  # kill -9: no chance to clean up, yet the OS releases the lock
         first.wait()
-    third = subprocess.run(command[:-2] + ["--max_iters=2", "--overwrite_out_dir=True"], capture_output=True,
-                           text=True, timeout=120)
+    third = subprocess.run(
+        command[:-2] + ["--max_iters=2", "--overwrite_out_dir=True"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert third.returncode == 0, third.stderr[-2000:]
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -287,35 +487,73 @@ def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(f
 def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
     """A bare resume (only out_dir and init_from) takes the shape and the run's config from trainer_state.pt: three
     legs of 3 steps equal 9 steps straight, dropout and all."""
-    straight, _ = run(TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path / 'a'}", "--max_iters=9",
-                              "--lr_decay_iters=9", "--dropout=0.1", "--eval_interval=3", "--n_layer=2"])
-    run(TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path / 'b'}", "--max_iters=3", "--lr_decay_iters=9",
-                "--dropout=0.1", "--eval_interval=3", "--n_layer=2"])
+    straight, _ = run(
+        TINY
+        + [
+            f"--dataset={files}/lm",
+            f"--out_dir={tmp_path / 'a'}",
+            "--max_iters=9",
+            "--lr_decay_iters=9",
+            "--dropout=0.1",
+            "--eval_interval=3",
+            "--n_layer=2",
+        ]
+    )
+    run(
+        TINY
+        + [
+            f"--dataset={files}/lm",
+            f"--out_dir={tmp_path / 'b'}",
+            "--max_iters=3",
+            "--lr_decay_iters=9",
+            "--dropout=0.1",
+            "--eval_interval=3",
+            "--n_layer=2",
+        ]
+    )
     run([f"--out_dir={tmp_path / 'b'}", "--init_from=resume", "--max_iters=6"])
     resumed, _ = run([f"--out_dir={tmp_path / 'b'}", "--init_from=resume", "--max_iters=9"])
     assert resumed.config.n_layer == 2
     for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(p, q), name
-    with pytest.raises(Error, match="cannot resume .* with a different model or optimizer: n_embd=16 there, 32 here"):
+    with pytest.raises(
+        Error,
+        match="cannot resume .* with a different model or optimizer: n_embd=16 there, 32 here",
+    ):
         run([f"--out_dir={tmp_path / 'b'}", "--init_from=resume", "--max_iters=12", "--n_embd=32"])
 
 
 def test_ctrl_c_in_sample_keeps_what_was_generated(files):
     """Ctrl-C as a terminal sends it. The child's SIGINT starts at its default: a suite launched in the background
     (`cmd &` in a script) ignores SIGINT, its children inherit that, and Python then installs no KeyboardInterrupt."""
-    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={files}/gpt", "--stream",
-                                "--max_new_tokens=10000000", "--start=abc"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(ROOT, "sample.py"),
+            f"--out_dir={files}/gpt",
+            "--stream",
+            "--max_new_tokens=10000000",
+            "--start=abc",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     first = process.stdout.read(20)
     assert first.startswith("abc")  # generating
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     try:
         out, err = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:  # SIGABRT makes faulthandler print where every thread of it stands
+    except (
+        subprocess.TimeoutExpired
+    ):  # SIGABRT makes faulthandler print where every thread of it stands
         process.send_signal(signal.SIGABRT)
-        pytest.fail(f"sample.py did not stop within 60 s of Ctrl-C:\n{process.communicate()[1][-4000:]}")
+        pytest.fail(
+            f"sample.py did not stop within 60 s of Ctrl-C:\n{process.communicate()[1][-4000:]}"
+        )
     out = first + out
     assert process.returncode == 130 and "Traceback" not in err, err
     assert "interrupted after" in err.strip().splitlines()[-1], err[-2000:]
@@ -324,5 +562,7 @@ def test_ctrl_c_in_sample_keeps_what_was_generated(files):
 
 def test_resume_refuses_another_optimizer(files, tmp_path):
     run(TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path}", "--max_iters=2"])
-    with pytest.raises(Error, match="different model or optimizer: optimizer='adamw' there, 'muon' here"):
+    with pytest.raises(
+        Error, match="different model or optimizer: optimizer='adamw' there, 'muon' here"
+    ):
         run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=4", "--optimizer=muon"])

@@ -1,4 +1,5 @@
 """sample.py end to end, as a user runs it (a subprocess), on a tiny random char-level GPT and a tiny random GPT-2."""
+
 import json
 import os
 import subprocess
@@ -6,20 +7,32 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, needs_shared
-from model import GPT, GPTConfig, from_checkpoint
+
 from lib.common import run_script
+from model import GPT, GPTConfig, from_checkpoint
 from sample import SEPARATOR, main, printable
 
-CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65
+CHARS = (
+    "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65
+)
 
 
 def launch(*args, cwd):
     """Start sample.py; the test collects it with finish(). Runs start together: each spends ~1.5 s importing torch."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # several at once: one thread each, or they fight over the cores
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "sample.py"), *args], cwd=cwd, env=env, text=True,
-                            encoding="utf-8", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+    }  # several at once: one thread each, or they fight over the cores
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "sample.py"), *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        encoding="utf-8",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def finish(process):
@@ -38,7 +51,9 @@ def char_model(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("char")
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=32))
-    with torch.no_grad():  # weights larger than training's init: greedy text that varies instead of one repeated char
+    with (
+        torch.no_grad()
+    ):  # weights larger than training's init: greedy text that varies instead of one repeated char
         for p in model.parameters():
             p.normal_(0.0, 0.1)
     model.save_pretrained(out_dir, task="lm", tokenizer={"type": "char", "chars": CHARS})
@@ -51,7 +66,9 @@ def greedy_text(char_model):
     with GPT.generate, independently of sample.py."""
     model, info = from_checkpoint(char_model)
     prompt = torch.tensor([[CHARS.index(c) for c in "ROMEO:"]])
-    return "ROMEO:" + "".join(CHARS[t] for t in torch.cat(list(model.generate(prompt, 26))).tolist())
+    return "ROMEO:" + "".join(
+        CHARS[t] for t in torch.cat(list(model.generate(prompt, 26))).tolist()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,19 +76,37 @@ def runs(char_model, greedy_text, tmp_path_factory):
     """Every sample.py run of the char-model tests, started at once, collected by name."""
     cwd = tmp_path_factory.mktemp("runs")
     (cwd / "prompt.txt").write_text(PROMPT)
-    stop = greedy_text[9:11]  # two characters greedy decoding is known to produce, the 4th and 5th generated
+    stop = greedy_text[
+        9:11
+    ]  # two characters greedy decoding is known to produce, the 4th and 5th generated
     batch = ["--start", "ROMEO:", "--num_samples", "3", "--max_new_tokens", "20", "--seed", "7"]
     # greedy text compared with GPT.generate's in float32: dtype=auto would be bfloat16 on CPUs that have it, and
     # bfloat16 hidden states can turn a close call between two tokens the other way
-    greedy = ["--start", "ROMEO:", "--num_samples", "2", "--max_new_tokens", "26", "--greedy", "--dtype", "float32"]
+    greedy = [
+        "--start",
+        "ROMEO:",
+        "--num_samples",
+        "2",
+        "--max_new_tokens",
+        "26",
+        "--greedy",
+        "--dtype",
+        "float32",
+    ]
     commands = {
-        "batch": batch, "batch_stream": batch + ["--stream"],
-        "greedy": greedy, "greedy_no_cache": greedy + ["--no_cache"], "stop": greedy + ["--stop", stop],
+        "batch": batch,
+        "batch_stream": batch + ["--stream"],
+        "greedy": greedy,
+        "greedy_no_cache": greedy + ["--no_cache"],
+        "stop": greedy + ["--stop", stop],
         "file": ["--start", "FILE:prompt.txt", "--max_new_tokens", "5"],
         "empty": ["--start", "", "--max_new_tokens", "10"],
-        "unknown_char": ["--start", "héllo"], "bad_top_p": ["--top_p", "1.5"],
+        "unknown_char": ["--start", "héllo"],
+        "bad_top_p": ["--top_p", "1.5"],
     }
-    started = {name: launch("--out_dir", char_model, *args, cwd=cwd) for name, args in commands.items()}
+    started = {
+        name: launch("--out_dir", char_model, *args, cwd=cwd) for name, args in commands.items()
+    }
     return {name: finish(p) for name, p in started.items()} | {"stop_string": stop}
 
 
@@ -81,10 +116,17 @@ PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"  # 62
 def test_stdout_holds_only_the_samples_and_stream_does_not_change_it(runs):
     rc, out, err = runs["batch"]
     samples = split(out)
-    assert rc == 0 and len(samples) == 3 and len(set(samples)) == 3  # a batch of three different samples
-    assert all(s.startswith("ROMEO:") and len(s) == 6 + 20 for s in samples)  # char model: a token is a character
+    assert (
+        rc == 0 and len(samples) == 3 and len(set(samples)) == 3
+    )  # a batch of three different samples
+    assert all(
+        s.startswith("ROMEO:") and len(s) == 6 + 20 for s in samples
+    )  # char model: a token is a character
     assert "loaded" in err and "3 x 20 tokens" in err and "tokens/s" in err  # the logs go to stderr
-    assert runs["batch_stream"][:2] == (0, out)  # the same seed, the same samples; streaming changes only the timing
+    assert runs["batch_stream"][:2] == (
+        0,
+        out,
+    )  # the same seed, the same samples; streaming changes only the timing
 
 
 def test_greedy_is_identical_with_and_without_the_kv_cache(runs, greedy_text):
@@ -98,7 +140,9 @@ def test_stop_cuts_the_sample_and_ends_generation(runs, greedy_text):
     continuation = greedy_text[6:]
     cut = continuation.index(runs["stop_string"])  # only the continuation is searched
     assert rc == 0 and split(out) == ["ROMEO:" + continuation[:cut]] * 2
-    assert f"2 x {cut + 2} tokens" in err  # both rows stopped on the token that completed the stop string
+    assert (
+        f"2 x {cut + 2} tokens" in err
+    )  # both rows stopped on the token that completed the stop string
 
 
 def test_start_from_a_file_and_empty_start(runs):
@@ -110,38 +154,57 @@ def test_start_from_a_file_and_empty_start(runs):
 
 
 def test_errors_are_one_line_and_fail(runs):
-    for name, message in [("unknown_char", "--start: characters not in this model's vocabulary: 'é'"),
-                          ("bad_top_p", "--top_p must be in (0, 1], got 1.5")]:
+    for name, message in [
+        ("unknown_char", "--start: characters not in this model's vocabulary: 'é'"),
+        ("bad_top_p", "--top_p must be in (0, 1], got 1.5"),
+    ]:
         rc, out, err = runs[name]
-        assert rc == 2 and out == "" and err.startswith(f"sample.py: error: {message}") and err.count("\n") == 1
+        assert (
+            rc == 2
+            and out == ""
+            and err.startswith(f"sample.py: error: {message}")
+            and err.count("\n") == 1
+        )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--repetition_penalty", "0"], "--repetition_penalty must be > 0"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
-    (["--top_k", "-3"], "--top_k must be >= 1"),
-    (["--no_repeat_ngram_size", "-1"], "--no_repeat_ngram_size must be >= 0"),
-    (["--num_samples", "0"], "argument --num_samples: must be >= 1, got 0"),
-    (["--max_new_tokens", "-1"], "argument --max_new_tokens: must be >= 0, got -1"),
-    (["--out_dir", "missing"], "no checkpoint in 'missing': train one with `python train.py config/"),
-    (["--start", "FILE:nope.txt"], "--start FILE:nope.txt: No such file or directory"),
-    (["--device", "gpu"], "--device gpu: Expected one of"),
-    (["--dtype", "float16", "--device", "cpu"], "dtype=float16 needs a CUDA GPU"),
-    (["--init_from", "gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--repetition_penalty", "0"], "--repetition_penalty must be > 0"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--top_k", "-3"], "--top_k must be >= 1"),
+        (["--no_repeat_ngram_size", "-1"], "--no_repeat_ngram_size must be >= 0"),
+        (["--num_samples", "0"], "argument --num_samples: must be >= 1, got 0"),
+        (["--max_new_tokens", "-1"], "argument --max_new_tokens: must be >= 0, got -1"),
+        (
+            ["--out_dir", "missing"],
+            "no checkpoint in 'missing': train one with `python train.py config/",
+        ),
+        (["--start", "FILE:nope.txt"], "--start FILE:nope.txt: No such file or directory"),
+        (["--device", "gpu"], "--device gpu: Expected one of"),
+        (["--dtype", "float16", "--device", "cpu"], "dtype=float16 needs a CUDA GPU"),
+        (["--init_from", "gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
+    ],
+)
 def test_more_errors_in_process(args, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         run_script(lambda: main(args), "sample.py")  # what `python sample.py ARGS` runs
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith(f"sample.py: error: {message}") and err.count("\n") == 1
+    assert (
+        e.value.code == 2
+        and err.startswith(f"sample.py: error: {message}")
+        and err.count("\n") == 1
+    )
 
 
 def test_printable_holds_back_half_characters_and_a_possible_stop():
     assert printable("caf\ufffd") == "caf"  # the first byte of 'é' only: wait for the next token
     assert printable("hello wor", ["world"]) == "hello "  # 'wor' may begin the stop string
     assert printable("hello w!", ["world"]) == "hello w!" and printable("a\n", ["\n\n"]) == "a"
-    assert printable("hello wor", ["or!", "world"]) == "hello "  # the longest tail any stop string may start with
+    assert (
+        printable("hello wor", ["or!", "world"]) == "hello "
+    )  # the longest tail any stop string may start with
 
 
 @needs_shared
@@ -154,18 +217,46 @@ def test_init_from_a_hugging_face_gpt2_directory_with_bpe(tmp_path):
     V, P, D = 50257, 64, 16
     r = lambda *s: torch.randn(*s) * 0.2
     sd = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
-    sd.update({"h.0." + k: v for k, v in {
-        "ln_1.weight": 1 + r(D), "ln_1.bias": r(D), "ln_2.weight": 1 + r(D), "ln_2.bias": r(D),
-        "attn.c_attn.weight": r(D, 3 * D), "attn.c_attn.bias": r(3 * D), "attn.c_proj.weight": r(D, D),
-        "attn.c_proj.bias": r(D), "mlp.c_fc.weight": r(D, 4 * D), "mlp.c_fc.bias": r(4 * D),
-        "mlp.c_proj.weight": r(4 * D, D), "mlp.c_proj.bias": r(D)}.items()})
+    sd.update(
+        {
+            "h.0." + k: v
+            for k, v in {
+                "ln_1.weight": 1 + r(D),
+                "ln_1.bias": r(D),
+                "ln_2.weight": 1 + r(D),
+                "ln_2.bias": r(D),
+                "attn.c_attn.weight": r(D, 3 * D),
+                "attn.c_attn.bias": r(3 * D),
+                "attn.c_proj.weight": r(D, D),
+                "attn.c_proj.bias": r(D),
+                "mlp.c_fc.weight": r(D, 4 * D),
+                "mlp.c_fc.bias": r(4 * D),
+                "mlp.c_proj.weight": r(4 * D, D),
+                "mlp.c_proj.bias": r(D),
+            }.items()
+        }
+    )
     gpt2 = tmp_path / "tiny-gpt2"
     gpt2.mkdir()
     save_file(sd, gpt2 / "model.safetensors")
     hf_config = {"vocab_size": V, "n_positions": P, "n_layer": 1, "n_head": 2, "n_embd": D}
     (gpt2 / "config.json").write_text(json.dumps(hf_config))
-    args = ["--init_from", str(gpt2), "--start", "Héllo, wörld", "--num_samples", "2", "--max_new_tokens", "30",
-            "--temperature", "2", "--top_k", "0", "--seed", "1"]
+    args = [
+        "--init_from",
+        str(gpt2),
+        "--start",
+        "Héllo, wörld",
+        "--num_samples",
+        "2",
+        "--max_new_tokens",
+        "30",
+        "--temperature",
+        "2",
+        "--top_k",
+        "0",
+        "--seed",
+        "1",
+    ]
     plain, streamed = launch(*args, cwd=tmp_path), launch(*args, "--stream", cwd=tmp_path)
     (rc, out, err), (rc2, out2, _) = finish(plain), finish(streamed)
     assert rc == rc2 == 0 and "bpe tokenizer" in err

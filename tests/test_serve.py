@@ -1,6 +1,7 @@
 """serve.py on a loopback port: each endpoint against sample.py and classify.py on the same checkpoints and seeds, the
 stream against the whole answer, bad requests refused while the server keeps answering, a client that leaves, a
 bounded load, and the page driven in headless Chromium."""
+
 import http.client
 import json
 import os
@@ -13,17 +14,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from chromium import Browser, find
+from conftest import ROOT
 
 import classify
 import serve
-from chromium import Browser, find
-from conftest import ROOT
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefgh .\n"
 LABELS = ["alpha", "beta", "gamma"]
-SAMPLING = dict(temperature=0.9, top_k=6, top_p=0.9, frequency_penalty=0.3, presence_penalty=0.2,
-                repetition_penalty=1.3, no_repeat_ngram_size=3)
+SAMPLING = dict(
+    temperature=0.9,
+    top_k=6,
+    top_p=0.9,
+    frequency_penalty=0.3,
+    presence_penalty=0.2,
+    repetition_penalty=1.3,
+    no_repeat_ngram_size=3,
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,20 +46,36 @@ def checkpoints(tmp_path_factory):
         for p in gpt.parameters():
             p.normal_(0.0, 0.1)
     gpt.save_pretrained(d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS})
-    clf = EncoderClassifier(EncoderConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=16,
-                                          n_classes=3, pad_token_id=CHARS.index(" ")))
+    clf = EncoderClassifier(
+        EncoderConfig(
+            vocab_size=len(CHARS),
+            block_size=32,
+            n_layer=2,
+            n_head=2,
+            n_embd=16,
+            n_classes=3,
+            pad_token_id=CHARS.index(" "),
+        )
+    )
     with torch.no_grad():
         for p in clf.parameters():
             p.normal_(0.0, 0.3)
-    clf.save_pretrained(d / "clf", task="classify", tokenizer={"type": "char", "chars": CHARS}, label_names=LABELS,
-                        max_length=24)
+    clf.save_pretrained(
+        d / "clf",
+        task="classify",
+        tokenizer={"type": "char", "chars": CHARS},
+        label_names=LABELS,
+        max_length=24,
+    )
     return d
 
 
 @pytest.fixture(scope="module")
 def server(checkpoints):
     """The playground on a free loopback port, in a thread of this process: (its base URL, the Playground)."""
-    playground = serve.Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256)
+    playground = serve.Playground(
+        [checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256
+    )
     httpd = serve.make_server(playground, "127.0.0.1", 0, quiet=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -83,15 +107,22 @@ def stream(server, body):
     connection.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}))
     response = connection.getresponse()
     assert response.status == 200 and response.getheader("Content-Type") == "text/event-stream"
-    events = [line[6:] for line in response.read().decode().split("\n\n") if line.startswith("data: ")]
+    events = [
+        line[6:] for line in response.read().decode().split("\n\n") if line.startswith("data: ")
+    ]
     connection.close()
     return events
 
 
 def cli(script, *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -99,19 +130,33 @@ def cli(script, *args):
 def test_models_lists_each_checkpoint_with_its_task(server):
     status, answer = request(server[0], "GET", "/v1/models")
     assert status == 200 and answer["object"] == "list"
-    assert [(m["id"], m["task"], m["labels"], m["n_head"]) for m in answer["data"]] == \
-        [("gpt", "lm", None, 2), ("clf", "classify", LABELS, 2)]
+    assert [(m["id"], m["task"], m["labels"], m["n_head"]) for m in answer["data"]] == [
+        ("gpt", "lm", None, 2),
+        ("clf", "classify", LABELS, 2),
+    ]
 
 
-@pytest.mark.parametrize("options", [SAMPLING, dict(temperature=0.0, stop=["h."])], ids=["sampled", "greedy-stop"])
+@pytest.mark.parametrize(
+    "options", [SAMPLING, dict(temperature=0.0, stop=["h."])], ids=["sampled", "greedy-stop"]
+)
 def test_completions_are_sample_py_samples(server, checkpoints, options):
     """The same checkpoint, prompt, seed and flags: the same texts as sample.py's, sample for sample."""
     body = dict(model="gpt", prompt="abc", n=3, max_tokens=40, seed=7, **options)
     answer = post(server, "/v1/completions", body)
-    flags = [f"--{k}={v}" for k, v in options.items() if k != "stop"] + \
-        (["--stop", options["stop"][0]] if "stop" in options else [])
-    out = cli("sample.py", f"--out_dir={checkpoints / 'gpt'}", "--start=abc", "--num_samples=3",
-              "--max_new_tokens=40", "--seed=7", "--device=cpu", "--dtype=float32", *flags)
+    flags = [f"--{k}={v}" for k, v in options.items() if k != "stop"] + (
+        ["--stop", options["stop"][0]] if "stop" in options else []
+    )
+    out = cli(
+        "sample.py",
+        f"--out_dir={checkpoints / 'gpt'}",
+        "--start=abc",
+        "--num_samples=3",
+        "--max_new_tokens=40",
+        "--seed=7",
+        "--device=cpu",
+        "--dtype=float32",
+        *flags,
+    )
     samples = [s.removeprefix("abc") for s in out[:-1].split(f"\n{'-' * 40}\n")]
     assert [c["text"] for c in answer["choices"]] == samples
     stopped = [c["finish_reason"] for c in answer["choices"]]
@@ -135,8 +180,16 @@ def test_the_stream_adds_up_to_the_whole_answer_and_traces_each_token(server):
         assert drawn.startswith(choice["text"]) and len(drawn) - len(choice["text"]) in (0, 1, 2)
         for t in choice["trace"]:
             names = [s["name"] for s in t["stages"]]
-            assert names == ["raw", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                             "no_repeat_ngram_size", "temperature", "top_k", "top_p"]
+            assert names == [
+                "raw",
+                "frequency_penalty",
+                "presence_penalty",
+                "repetition_penalty",
+                "no_repeat_ngram_size",
+                "temperature",
+                "top_k",
+                "top_p",
+            ]
             last = t["stages"][-1]  # what was drawn from: the drawn token is among the survivors
             assert last["chosen"] > 0 and len(last["top"]) <= 4
             assert all(a[2] >= b[2] for s in t["stages"] for a, b in zip(s["top"], s["top"][1:]))
@@ -145,18 +198,28 @@ def test_the_stream_adds_up_to_the_whole_answer_and_traces_each_token(server):
 def test_classify_gives_classify_py_probabilities_and_every_head(server, checkpoints, tmp_path):
     texts = ["abc", "hhh gg", "a", "dead beef cafe", "bag"]
     answer = post(server, "/v1/classify", {"input": texts})
-    lines = [json.loads(line) for line in cli("classify.py", f"--out_dir={checkpoints / 'clf'}", "--json",
-                                               "--device=cpu", *texts).splitlines()]
-    assert [d["probs"] for d in answer["data"]] == [line["probs"] for line in lines]  # to the last bit
+    lines = [
+        json.loads(line)
+        for line in cli(
+            "classify.py", f"--out_dir={checkpoints / 'clf'}", "--json", "--device=cpu", *texts
+        ).splitlines()
+    ]
+    assert [d["probs"] for d in answer["data"]] == [
+        line["probs"] for line in lines
+    ]  # to the last bit
     assert [d["label"] for d in answer["data"]] == [line["label"] for line in lines]
-    one = post(server, "/v1/classify", {"model": "clf", "input": "dead beef", "attention": True})["data"][0]
+    one = post(server, "/v1/classify", {"model": "clf", "input": "dead beef", "attention": True})[
+        "data"
+    ][0]
     model, tokenizer, _, _ = classify.load(str(checkpoints / "clf"), "cpu")
     _, maps = classify.attention_maps(model, tokenizer.encode("dead beef"), "cpu")
     assert one["tokens"] == list("dead beef")
     got = torch.tensor(one["attention"])
     assert got.shape == (2, 2, 9, 9)  # layers, heads, queries, keys
     assert torch.allclose(got, torch.stack(maps), atol=5e-6)  # rounded to 5 decimals
-    assert torch.allclose(got.sum(-1), torch.ones(2, 2, 9), atol=9 * 5e-6)  # each query's weights sum to 1
+    assert torch.allclose(
+        got.sum(-1), torch.ones(2, 2, 9), atol=9 * 5e-6
+    )  # each query's weights sum to 1
 
 
 # (method, path, body: an object, or raw bytes, status, the field the error names)
@@ -177,17 +240,41 @@ BAD = [
     ("POST", "/v1/completions", {"top_k": -2}, 400, "top_k"),
     ("POST", "/v1/completions", {"repetition_penalty": 0}, 400, "repetition_penalty"),
     ("POST", "/v1/completions", {"no_repeat_ngram_size": -1}, 400, "no_repeat_ngram_size"),
-    ("POST", "/v1/completions", {"seed": 2 ** 70}, 400, "seed"),
-    ("POST", "/v1/completions", {"temperature": 10 ** 400}, 400, "temperature"),  # past a float
-    ("POST", "/v1/completions", {"temperature": 1e-300}, 400, "temperature"),  # the logits overflow to inf
-    ("POST", "/v1/completions", {"frequency_penalty": 2.5}, 400, "frequency_penalty"),  # OpenAI's [-2, 2]
-    ("POST", "/v1/completions", b'{"n": 1' + b"0" * 5000 + b"}", 400, None),  # past Python's 4,300 digits
+    ("POST", "/v1/completions", {"seed": 2**70}, 400, "seed"),
+    ("POST", "/v1/completions", {"temperature": 10**400}, 400, "temperature"),  # past a float
+    (
+        "POST",
+        "/v1/completions",
+        {"temperature": 1e-300},
+        400,
+        "temperature",
+    ),  # the logits overflow to inf
+    (
+        "POST",
+        "/v1/completions",
+        {"frequency_penalty": 2.5},
+        400,
+        "frequency_penalty",
+    ),  # OpenAI's [-2, 2]
+    (
+        "POST",
+        "/v1/completions",
+        b'{"n": 1' + b"0" * 5000 + b"}",
+        400,
+        None,
+    ),  # past Python's 4,300 digits
     ("POST", "/v1/completions", b"[" * 60000, 400, None),  # nested past Python's recursion limit
     ("POST", "/v1/completions", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("POST", "/v1/completions", {"stop": [""]}, 400, "stop"),
     ("POST", "/v1/completions", {"prompt": "a" * 33}, 400, "prompt"),  # block_size 32
     ("POST", "/v1/completions", {"prompt": "xyz"}, 400, "prompt"),  # not in the vocabulary
-    ("POST", "/v1/completions", {"prompt": "abcdefgh .", "no_repeat_ngram_size": 1}, 400, "no_repeat_ngram_size"),
+    (
+        "POST",
+        "/v1/completions",
+        {"prompt": "abcdefgh .", "no_repeat_ngram_size": 1},
+        400,
+        "no_repeat_ngram_size",
+    ),
     ("POST", "/v1/completions", {"model": "clf"}, 400, "model"),
     ("POST", "/v1/completions", {"model": "gpt-4"}, 404, "model"),
     ("POST", "/v1/classify", {"model": "gpt", "input": "abc"}, 400, "model"),
@@ -203,25 +290,38 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("method, path, body, status, param", BAD, ids=[f"{i}-{b[4]}" for i, b in enumerate(BAD)])
-def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_answering(server, method, path, body, status,
-                                                                               param):
+@pytest.mark.parametrize(
+    "method, path, body, status, param", BAD, ids=[f"{i}-{b[4]}" for i, b in enumerate(BAD)]
+)
+def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_answering(
+    server, method, path, body, status, param
+):
     raw = body if isinstance(body, bytes) else None
     got, answer = request(server[0], method, path, None if raw else body, raw=raw)
-    assert got == status and answer["error"]["param"] == param and "\n" not in answer["error"]["message"], answer
-    assert post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2})["choices"][0]["finish_reason"]
+    assert (
+        got == status
+        and answer["error"]["param"] == param
+        and "\n" not in answer["error"]["message"]
+    ), answer
+    assert post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2})["choices"][0][
+        "finish_reason"
+    ]
 
 
 def test_an_error_mid_stream_is_its_last_event(server):
     """Every token blocked at the second step: the headers are out, so the error comes as an event."""
     events = stream(server, {"prompt": "abcdefgh .", "no_repeat_ngram_size": 1, "max_tokens": 5})
-    assert json.loads(events[0])["choices"][0]["text"] == "\n"  # the one token no 1-gram of the prompt bans
+    assert (
+        json.loads(events[0])["choices"][0]["text"] == "\n"
+    )  # the one token no 1-gram of the prompt bans
     assert json.loads(events[-1])["error"]["param"] == "no_repeat_ngram_size" and len(events) == 2
 
 
 def test_unknown_fields_sent_as_null_mean_not_given(server):
     """As OpenAI's clients send an option left unset."""
-    answer = post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2, "logprobs": None, "user": None})
+    answer = post(
+        server, "/v1/completions", {"prompt": "ab", "max_tokens": 2, "logprobs": None, "user": None}
+    )
     assert answer["usage"]["completion_tokens"] == 2
 
 
@@ -235,10 +335,14 @@ def test_a_body_without_content_length_is_refused(server):
 def test_a_client_that_leaves_mid_stream_stops_its_decoding(server):
     address, playground = server
     host, port = address.split(":")
-    body = json.dumps({"prompt": "ab", "max_tokens": 256, "n": 8, "trace": 20, "stream": True}).encode()
+    body = json.dumps(
+        {"prompt": "ab", "max_tokens": 256, "n": 8, "trace": 20, "stream": True}
+    ).encode()
     before = playground.tokens_generated
     with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        s.sendall(
+            b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         received = b""
         while b"data: " not in received:  # the headers, then the first token; now hang up
             received += s.recv(4096)
@@ -247,31 +351,42 @@ def test_a_client_that_leaves_mid_stream_stops_its_decoding(server):
         time.sleep(0.1)
         if playground.tokens_generated == then:
             break
-    assert playground.tokens_generated - before < 8 * 256, "the decoding ran to max_tokens after the client left"
+    assert playground.tokens_generated - before < 8 * 256, (
+        "the decoding ran to max_tokens after the client left"
+    )
 
 
 def rss_mb():
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def test_a_bounded_load_answers_every_request_correctly_with_flat_memory(server):
     """200 requests, 8 at a time, after a warm-up round of the same: every answer equals the one each request gets
     alone (interleaved decoding steps do not mix their draws), and the process's memory does not grow."""
-    bodies = [dict(prompt="abc"[: 1 + i % 3], max_tokens=8 + i % 5, seed=i, n=1 + i % 2, **SAMPLING) for i in range(20)]
+    bodies = [
+        dict(prompt="abc"[: 1 + i % 3], max_tokens=8 + i % 5, seed=i, n=1 + i % 2, **SAMPLING)
+        for i in range(20)
+    ]
     alone = [post(server, "/v1/completions", b)["choices"] for b in bodies]
     rounds = []
     with ThreadPoolExecutor(8) as pool:
         for _ in range(2):
             start = time.perf_counter()
-            answers = list(pool.map(lambda i: post(server, "/v1/completions", bodies[i % 20])["choices"], range(200)))
+            answers = list(
+                pool.map(
+                    lambda i: post(server, "/v1/completions", bodies[i % 20])["choices"], range(200)
+                )
+            )
             rounds.append((time.perf_counter() - start, rss_mb()))
             assert answers == [alone[i % 20] for i in range(200)]
     (_, warm), (seconds, after) = rounds
     assert seconds < 60 and after - warm < 10, rounds  # MB: a leak of ~50 KB a request would show
 
 
-@pytest.mark.skipif(find() is None, reason="no Chromium here (Debian's chromium package; .ci/run installs it)")
+@pytest.mark.skipif(
+    find() is None, reason="no Chromium here (Debian's chromium package; .ci/run installs it)"
+)
 def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
     browser = Browser(find(), str(tmp_path / "profile"))
     try:
@@ -281,30 +396,62 @@ def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
                       document.getElementById("max_tokens").value = "30";
                       document.getElementById("seed").value = "11";
                       document.getElementById("go").click()""")
-        assert browser.wait('document.body.dataset.generation !== "running" && document.body.dataset.generation') \
-            == "done", browser.js('document.getElementById("gen-error").textContent')
+        assert (
+            browser.wait(
+                'document.body.dataset.generation !== "running" && document.body.dataset.generation'
+            )
+            == "done"
+        ), browser.js('document.getElementById("gen-error").textContent')
         shown = browser.js('document.getElementById("output").textContent')
         events = int(browser.js('document.getElementById("output").dataset.events'))
-        options = dict(temperature=0.8, top_k=40, top_p=0.95, frequency_penalty=0, presence_penalty=0,
-                       repetition_penalty=1, no_repeat_ngram_size=0)  # the page's defaults
-        answer = post(server, "/v1/completions", dict(model="gpt", prompt="bead", max_tokens=30, seed=11, **options))
-        assert shown == "bead" + answer["choices"][0]["text"] and events == 30 + 1  # one a token, then the end
+        options = dict(
+            temperature=0.8,
+            top_k=40,
+            top_p=0.95,
+            frequency_penalty=0,
+            presence_penalty=0,
+            repetition_penalty=1,
+            no_repeat_ngram_size=0,
+        )  # the page's defaults
+        answer = post(
+            server,
+            "/v1/completions",
+            dict(model="gpt", prompt="bead", max_tokens=30, seed=11, **options),
+        )
+        assert (
+            shown == "bead" + answer["choices"][0]["text"] and events == 30 + 1
+        )  # one a token, then the end
         assert browser.js('document.querySelectorAll("#tokens span").length') == 30
         browser.js('document.querySelector("#tokens span:nth-child(5)").click()')
-        assert browser.js('document.querySelectorAll("#stages .stage").length') == 4  # raw, temperature, top-k, top-p
-        browser.js('document.getElementById("text").value = "dead beef";'
-                   'document.getElementById("classify-go").click()')
-        assert browser.wait('document.body.dataset.classification !== "running" && '
-                            'document.body.dataset.classification') == "done"
-        assert browser.js('document.querySelectorAll("canvas.head").length') == 2 * 2  # layers x heads
+        assert (
+            browser.js('document.querySelectorAll("#stages .stage").length') == 4
+        )  # raw, temperature, top-k, top-p
+        browser.js(
+            'document.getElementById("text").value = "dead beef";'
+            'document.getElementById("classify-go").click()'
+        )
+        assert (
+            browser.wait(
+                'document.body.dataset.classification !== "running" && '
+                "document.body.dataset.classification"
+            )
+            == "done"
+        )
+        assert (
+            browser.js('document.querySelectorAll("canvas.head").length') == 2 * 2
+        )  # layers x heads
         assert browser.js('document.querySelectorAll("#probs .label-row").length') == len(LABELS)
         browser.screenshot(tmp_path / "playground.png")
         # an error after the stream began (every token blocked at the second step) is shown, not taken for the end
         browser.js("""document.getElementById("prompt").value = "abcdefgh .";
                       document.getElementById("no_repeat_ngram_size").value = "1";
                       document.getElementById("go").click()""")
-        assert browser.wait('document.body.dataset.generation !== "running" && document.body.dataset.generation') \
+        assert (
+            browser.wait(
+                'document.body.dataset.generation !== "running" && document.body.dataset.generation'
+            )
             == "failed"
+        )
         error = browser.js('document.getElementById("gen-error").textContent')
         assert error.startswith("no_repeat_ngram_size blocks every token"), error
     finally:

@@ -1,4 +1,5 @@
 """train.py on tiny data the tests make: config parsing, LR schedule, exact resume, accumulation, DDP, failures."""
+
 import io
 import json
 import os
@@ -13,10 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, TINY
 
 import plot
 import train
-from conftest import ROOT, TINY
 from lib import checkpoint, config
 from lib.common import Error
 from lib.distributed import started
@@ -31,9 +32,18 @@ def lm_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("lm"))
     rng = np.random.default_rng(0)
     for split, n in (("train", 5000), ("val", 500)):
-        save_array(os.path.join(d, f"{split}.bin"), (np.arange(n) % 7 + rng.integers(0, 3, n)).astype(np.uint16))
-    write_meta(d, task="lm", tokenizer={"type": "char", "chars": "abcdefghij"}, vocab_size=10, dtype="uint16",
-               splits={"train": 5000, "val": 500})
+        save_array(
+            os.path.join(d, f"{split}.bin"),
+            (np.arange(n) % 7 + rng.integers(0, 3, n)).astype(np.uint16),
+        )
+    write_meta(
+        d,
+        task="lm",
+        tokenizer={"type": "char", "chars": "abcdefghij"},
+        vocab_size=10,
+        dtype="uint16",
+        splits={"train": 5000, "val": 500},
+    )
     return d
 
 
@@ -46,16 +56,28 @@ def toy_classify_dir(tmp_path_factory):
         labels = rng.integers(0, 2, n)
         rows = [list(rng.integers(1 + 9 * y, 10 + 10 * y, rng.integers(3, 12))) for y in labels]
         write_classification_split(d, split, rows, labels, np.uint16)
-    write_meta(d, task="classify", tokenizer={"type": "char", "chars": "x" * 20}, vocab_size=20, dtype="uint16",
-               label_names=["low", "high"], max_length=16, pad_token_id=0, splits={"train": 400, "val": 100})
+    write_meta(
+        d,
+        task="classify",
+        tokenizer={"type": "char", "chars": "x" * 20},
+        vocab_size=20,
+        dtype="uint16",
+        label_names=["low", "high"],
+        max_length=16,
+        pad_token_id=0,
+        splits={"train": 400, "val": 100},
+    )
     return d
 
 
 def run(argv):
     """train.main in this process with TINY's model and schedule. A run may replace an earlier run's checkpoint
     unless the test says otherwise."""
-    overwrite = [] if any(a.startswith(("--overwrite_out_dir", "--init_from=resume")) for a in argv) else \
-        ["--overwrite_out_dir=True"]
+    overwrite = (
+        []
+        if any(a.startswith(("--overwrite_out_dir", "--init_from=resume")) for a in argv)
+        else ["--overwrite_out_dir=True"]
+    )
     return train.main(TINY + overwrite + argv)
 
 
@@ -86,49 +108,70 @@ def state(out_dir):
 
 def test_config_file_overrides_and_types(tmp_path):
     cfg = tmp_path / "c.py"
-    cfg.write_text("n_layer = 3\nlearning_rate = 1e-3\ndataset = 'agnews'\nimport math\n_private = 1\n")
-    cfg, user_keys = config.parse([str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"], train.KEYS, "")
-    assert (cfg.n_layer, cfg.learning_rate, cfg.dataset, cfg.wandb_run_name) == (5, 1.0, "agnews", "bare_word")
+    cfg.write_text(
+        "n_layer = 3\nlearning_rate = 1e-3\ndataset = 'agnews'\nimport math\n_private = 1\n"
+    )
+    cfg, user_keys = config.parse(
+        [str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"], train.KEYS, ""
+    )
+    assert (cfg.n_layer, cfg.learning_rate, cfg.dataset, cfg.wandb_run_name) == (
+        5,
+        1.0,
+        "agnews",
+        "bare_word",
+    )
     assert type(cfg.learning_rate) is float
     assert user_keys == {"n_layer", "learning_rate", "dataset", "wandb_run_name"}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--n_layers=4"], "unknown key 'n_layers' in --n_layers=4 \\(did you mean n_layer\\?\\)"),
-    (["--n_layer=2.5"], "n_layer must be int, got float 2.5"),
-    (["--compile=yes"], "compile must be bool, got str 'yes'"),
-    (["--n_layer"], "write --n_layer=VALUE"),
-    (["missing.py"], "no config file 'missing.py'"),
-    (["--task=regress"], "task='regress': must be one of lm, classify"),
-    (["--batch_size=0"], "batch_size=0: must be >= 1"),
-    (["--gradient_accumulation_steps=-2"], "gradient_accumulation_steps=-2: must be >= 1"),
-    (["--eval_iters=0"], "eval_iters=0: must be >= 1"),
-    (["--max_iters=-1"], "max_iters=-1: must be >= 0"),
-    (["--learning_rate=-0.1"], "learning_rate=-0.1: must be >= 0"),
-    (["--learning_rate=nan"], "learning_rate=nan: must be a finite number"),
-    (["--dropout=1.0"], r"dropout=1.0: must be in \[0, 1\)"),
-    (["--beta2=1"], r"beta2=1.0: must be in \[0, 1\)"),
-    (["--n_embd=100", "--n_head=3"], "n_head=3: must be a divisor of n_embd=100"),
-    (["--min_lr=0.1", "--learning_rate=0.01"], "min_lr=0.1: must be <= learning_rate=0.01"),
-    (["--init_from=resum"], "init_from='resum': must be one of scratch, resume, gpt2.* \\(did you mean resume\\?\\)"),
-    (["--attn_impl=flash"], "attn_impl='flash': must be one of sdpa, explicit"),
-    (["--optimizer=sgd"], "optimizer='sgd': must be one of adamw, muon"),
-    (["--token_dropout=0.2"], "token_dropout=0.2: must be 0 unless task=classify"),
-    (["--dtype=float64"], "dtype='float64': must be one of auto, float32, bfloat16, float16"),
-    (["config/agnews.py", "--bow_head=False", "--bow_buckets=64"], "bow_buckets=64: must be 0 unless bow_head=True"),
-    (["config/agnews.py", "--bow_buckets=-1"], "bow_buckets=-1: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--n_layers=4"], "unknown key 'n_layers' in --n_layers=4 \\(did you mean n_layer\\?\\)"),
+        (["--n_layer=2.5"], "n_layer must be int, got float 2.5"),
+        (["--compile=yes"], "compile must be bool, got str 'yes'"),
+        (["--n_layer"], "write --n_layer=VALUE"),
+        (["missing.py"], "no config file 'missing.py'"),
+        (["--task=regress"], "task='regress': must be one of lm, classify"),
+        (["--batch_size=0"], "batch_size=0: must be >= 1"),
+        (["--gradient_accumulation_steps=-2"], "gradient_accumulation_steps=-2: must be >= 1"),
+        (["--eval_iters=0"], "eval_iters=0: must be >= 1"),
+        (["--max_iters=-1"], "max_iters=-1: must be >= 0"),
+        (["--learning_rate=-0.1"], "learning_rate=-0.1: must be >= 0"),
+        (["--learning_rate=nan"], "learning_rate=nan: must be a finite number"),
+        (["--dropout=1.0"], r"dropout=1.0: must be in \[0, 1\)"),
+        (["--beta2=1"], r"beta2=1.0: must be in \[0, 1\)"),
+        (["--n_embd=100", "--n_head=3"], "n_head=3: must be a divisor of n_embd=100"),
+        (["--min_lr=0.1", "--learning_rate=0.01"], "min_lr=0.1: must be <= learning_rate=0.01"),
+        (
+            ["--init_from=resum"],
+            "init_from='resum': must be one of scratch, resume, gpt2.* \\(did you mean resume\\?\\)",
+        ),
+        (["--attn_impl=flash"], "attn_impl='flash': must be one of sdpa, explicit"),
+        (["--optimizer=sgd"], "optimizer='sgd': must be one of adamw, muon"),
+        (["--token_dropout=0.2"], "token_dropout=0.2: must be 0 unless task=classify"),
+        (["--dtype=float64"], "dtype='float64': must be one of auto, float32, bfloat16, float16"),
+        (
+            ["config/agnews.py", "--bow_head=False", "--bow_buckets=64"],
+            "bow_buckets=64: must be 0 unless bow_head=True",
+        ),
+        (["config/agnews.py", "--bow_buckets=-1"], "bow_buckets=-1: must be >= 0"),
+    ],
+)
 def test_config_errors_are_one_clear_line(argv, message):
     with pytest.raises(Error, match=message):
         settings(argv)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("n_layer = 2\nn_head = (\n", r"c.py:2: '\(' was never closed"),
-    ("n_layer = 2\nx = 1 / 0\n", "c.py:2: ZeroDivisionError: division by zero"),
-    (b"n_layer = 2\n# caf\xe9\n", r"c.py:2: not UTF-8 text \(byte 0xe9\)"),
-    ("include('nowhere.py')\n", "no config file '.*nowhere.py'"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("n_layer = 2\nn_head = (\n", r"c.py:2: '\(' was never closed"),
+        ("n_layer = 2\nx = 1 / 0\n", "c.py:2: ZeroDivisionError: division by zero"),
+        (b"n_layer = 2\n# caf\xe9\n", r"c.py:2: not UTF-8 text \(byte 0xe9\)"),
+        ("include('nowhere.py')\n", "no config file '.*nowhere.py'"),
+    ],
+)
 def test_config_file_errors_name_the_file_and_line(tmp_path, text, message):
     cfg = tmp_path / "c.py"
     cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -149,9 +192,15 @@ def test_help_says_what_every_key_does(capsys):
     with pytest.raises(SystemExit) as e:
         train.main(["--help"])
     assert e.value.code == 0
-    lines = {line.split("=")[0].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("  --")}
+    lines = {
+        line.split("=")[0].strip(): line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("  --")
+    }
     assert set(lines) == {f"--{k}" for k in train.KEYS}
-    assert all(len(line.split("  ")[-1]) > 8 for line in lines.values()), lines  # a comment beside each default
+    assert all(len(line.split("  ")[-1]) > 8 for line in lines.values()), (
+        lines
+    )  # a comment beside each default
     assert "rotary position embeddings" in lines["--rope"]
 
 
@@ -159,25 +208,47 @@ def test_print_config_prints_the_resolved_config_and_exits(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert train.main(["config/agnews_notes.py", "--n_layer=3", "--print_config"]) == (None, {})
     c = json.loads(capsys.readouterr().out)
-    assert c["n_layer"] == 3 and c["n_embd"] == 32 and c["token_dropout"] == 0.0 and c["out_dir"] == "out-agnews-notes"
+    assert (
+        c["n_layer"] == 3
+        and c["n_embd"] == 32
+        and c["token_dropout"] == 0.0
+        and c["out_dir"] == "out-agnews-notes"
+    )
 
 
 def test_lr_schedule():
-    cfg = SimpleNamespace(**{**DEFAULTS, "learning_rate": 1.0, "min_lr": 0.1, "warmup_iters": 10, "lr_decay_iters": 110})
+    cfg = SimpleNamespace(
+        **{
+            **DEFAULTS,
+            "learning_rate": 1.0,
+            "min_lr": 0.1,
+            "warmup_iters": 10,
+            "lr_decay_iters": 110,
+        }
+    )
     assert train.get_lr(0, cfg) == pytest.approx(1 / 11)  # warmup starts above zero
     assert train.get_lr(9, cfg) == pytest.approx(10 / 11)
     assert train.get_lr(10, cfg) == pytest.approx(1.0)  # peak
     assert train.get_lr(60, cfg) == pytest.approx(0.55)  # cosine halfway: (1 + 0.1) / 2
-    assert train.get_lr(110, cfg) == pytest.approx(0.1) and train.get_lr(500, cfg) == 0.1  # end: min_lr
+    assert (
+        train.get_lr(110, cfg) == pytest.approx(0.1) and train.get_lr(500, cfg) == 0.1
+    )  # end: min_lr
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_resume_is_exact(lm_dir, tmp_path, optimizer):
-    common = [f"--dataset={lm_dir}", "--dropout=0.1", "--eval_interval=3", f"--optimizer={optimizer}"]
+    common = [
+        f"--dataset={lm_dir}",
+        "--dropout=0.1",
+        "--eval_interval=3",
+        f"--optimizer={optimizer}",
+    ]
     straight, straight_metrics = run(common + [f"--out_dir={tmp_path / 'a'}", "--max_iters=6"])
     run(common + [f"--out_dir={tmp_path / 'b'}", "--max_iters=3"])
     assert state(tmp_path / "b")["step"] == 3
-    resumed, resumed_metrics = run(common + [f"--out_dir={tmp_path / 'b'}", "--max_iters=6", "--init_from=resume"])
+    resumed, resumed_metrics = run(
+        common + [f"--out_dir={tmp_path / 'b'}", "--max_iters=6", "--init_from=resume"]
+    )
     for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(p, q), name
     assert straight_metrics == resumed_metrics
@@ -186,13 +257,24 @@ def test_resume_is_exact(lm_dir, tmp_path, optimizer):
 def test_resume_with_another_shape_fails(lm_dir, tmp_path):
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1"])
     with pytest.raises(Error, match="cannot resume .* n_embd=16 there, 32 here"):
-        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--init_from=resume", "--n_embd=32"])
+        run(
+            [
+                f"--dataset={lm_dir}",
+                f"--out_dir={tmp_path}",
+                "--max_iters=2",
+                "--init_from=resume",
+                "--n_embd=32",
+            ]
+        )
 
 
 def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
     common = [f"--dataset={lm_dir}", "--max_iters=4"]
     big, _ = run(common + [f"--out_dir={tmp_path / 'a'}", "--batch_size=8"])
-    small, _ = run(common + [f"--out_dir={tmp_path / 'b'}", "--batch_size=2", "--gradient_accumulation_steps=4"])
+    small, _ = run(
+        common
+        + [f"--out_dir={tmp_path / 'b'}", "--batch_size=2", "--gradient_accumulation_steps=4"]
+    )
     for p, q in zip(big.parameters(), small.parameters()):
         assert torch.allclose(p, q, atol=1e-5)
 
@@ -201,37 +283,65 @@ def torchrun(tmp_path, argv, processes=2):
     """train.main under torchrun (gloo), each rank saving (state dict, metrics) as rank<N>.pt in tmp_path, with a
     test's peak FLOP/s (1e15: no CPU clamp) so that MFU is a known function of the rate. -> the finished process."""
     script = tmp_path / "ddp_run.py"
-    script.write_text(f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
-                      "train.peak_flops = lambda device, dtype: (1e15, 'a test peak')\n"
-                      "model, metrics = train.main(sys.argv[1:])\n"
-                      f"torch.save((model.state_dict(), metrics), os.path.join({str(tmp_path)!r}, "
-                      "'rank%s.pt' % os.environ['RANK']))\n")
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={processes}", str(script)] + argv, capture_output=True, text=True,
-                          timeout=120)
+    script.write_text(
+        f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
+        "train.peak_flops = lambda device, dtype: (1e15, 'a test peak')\n"
+        "model, metrics = train.main(sys.argv[1:])\n"
+        f"torch.save((model.state_dict(), metrics), os.path.join({str(tmp_path)!r}, "
+        "'rank%s.pt' % os.environ['RANK']))\n"
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            str(script),
+        ]
+        + argv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_ddp_two_processes_of_two_micro_steps_equal_one_process_of_four(lm_dir, tmp_path, optimizer):
+def test_ddp_two_processes_of_two_micro_steps_equal_one_process_of_four(
+    lm_dir, tmp_path, optimizer
+):
     """Each rank accumulates two micro-steps (DDP's no_sync on the first) and the ranks average: the parameters of one
     process accumulating all four; MFU is each device's own (the rate is the job's). The ranks agree bit for bit. One
     process adds the four micro-gradients as ((a + b) + c) + d, two as (a + b) + (c + d): the sums differ in their
     last bit (2^-24 relative), and AdamW's update, a ratio of moments, passes that on at about that relative size:
     3 steps x lr 1e-2 x 1e-7, a few 1e-9 (6e-8 measured at most); Muon's bfloat16 orthogonalisation absorbs it. 1e-6
     is far above that and far below an update (1e-2)."""
-    argv = TINY + [f"--dataset={lm_dir}", "--max_iters=3", "--gradient_accumulation_steps=4", "--eval_interval=100",
-                   f"--optimizer={optimizer}", "--log_interval=1"]
+    argv = TINY + [
+        f"--dataset={lm_dir}",
+        "--max_iters=3",
+        "--gradient_accumulation_steps=4",
+        "--eval_interval=100",
+        f"--optimizer={optimizer}",
+        "--log_interval=1",
+    ]
     result = torchrun(tmp_path, argv + [f"--out_dir={tmp_path / 'ddp'}"])
     assert result.returncode == 0, result.stderr[-2000:]
-    single, metrics = run_in_one_thread(argv[len(TINY):] + [f"--out_dir={tmp_path / 'one'}"])
-    (rank0, metrics0), (rank1, metrics1) = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    single, metrics = run_in_one_thread(argv[len(TINY) :] + [f"--out_dir={tmp_path / 'one'}"])
+    (rank0, metrics0), (rank1, metrics1) = (
+        torch.load(tmp_path / "rank0.pt"),
+        torch.load(tmp_path / "rank1.pt"),
+    )
     for name, p in single.state_dict().items():
-        assert torch.equal(rank0[name], rank1[name]) and torch.allclose(rank0[name], p, rtol=0, atol=1e-6), name
+        assert torch.equal(rank0[name], rank1[name]) and torch.allclose(
+            rank0[name], p, rtol=0, atol=1e-6
+        ), name
     # evaluation is shared out over the ranks and its sums all-reduced: the same float32 terms (losses near 2.3) added
     # in another order, each sum off by a few units in the last place (2.4e-7 at 2.3), far below 1e-5
     assert metrics0 == metrics1 and metrics0 == pytest.approx(metrics, abs=1e-5)
     logs = [r for r in map(json.loads, open(tmp_path / "ddp" / "metrics.jsonl")) if "mfu" in r]
-    per_device = [single.flops_per_token(16) * r["tok/s"] / 2 / 1e15 for r in logs]  # block_size 16, 2 processes
+    per_device = [
+        single.flops_per_token(16) * r["tok/s"] / 2 / 1e15 for r in logs
+    ]  # block_size 16, 2 processes
     assert len(logs) == 3 and [r["mfu"] for r in logs] == pytest.approx(per_device, rel=1e-9)
 
 
@@ -239,22 +349,46 @@ def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path)
     """torchrun ... --out_dir=X --init_from=resume: the saved gradient_accumulation_steps (2, a multiple of the 2
     processes) is in before the check, not the default 1."""
     out = f"--out_dir={tmp_path / 'ddp'}"
-    first = torchrun(tmp_path, TINY + [f"--dataset={lm_dir}", "--max_iters=2", "--gradient_accumulation_steps=2", out])
+    first = torchrun(
+        tmp_path,
+        TINY + [f"--dataset={lm_dir}", "--max_iters=2", "--gradient_accumulation_steps=2", out],
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     resumed = torchrun(tmp_path, [out, "--init_from=resume", "--max_iters=4"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert state(tmp_path / "ddp")["step"] == 4 and state(tmp_path / "ddp")["config"]["gradient_accumulation_steps"] == 2
+    assert (
+        state(tmp_path / "ddp")["step"] == 4
+        and state(tmp_path / "ddp")["config"]["gradient_accumulation_steps"] == 2
+    )
 
 
 def test_a_refusal_on_rank_0_is_every_ranks_one_line(lm_dir, tmp_path):
     """A new run into an out_dir that holds a checkpoint: rank 0 refuses it (it holds the lock), and the other rank
     prints the same line and exits too, instead of waiting in the group for a rank that is gone."""
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'taken'}", "--max_iters=1"])
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             os.path.join(ROOT, "train.py")] + TINY + [f"--dataset={lm_dir}", "--max_iters=1",
-                            f"--out_dir={tmp_path / 'taken'}", "--gradient_accumulation_steps=2"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and result.stderr.count("already holds a checkpoint") == 2, result.stderr[-2000:]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            os.path.join(ROOT, "train.py"),
+        ]
+        + TINY
+        + [
+            f"--dataset={lm_dir}",
+            "--max_iters=1",
+            f"--out_dir={tmp_path / 'taken'}",
+            "--gradient_accumulation_steps=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0 and result.stderr.count("already holds a checkpoint") == 2, (
+        result.stderr[-2000:]
+    )
     assert result.stderr.count("train.py: error: out_dir") == 2
 
 
@@ -263,7 +397,9 @@ def test_the_dtype_asked_for_is_saved_and_resolved_on_each_start(lm_dir, tmp_pat
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--dtype=auto"])
     assert state(tmp_path)["config"]["dtype"] == "auto"
     assert json.load(open(tmp_path / "train_config.json"))["dtype"] == "auto"
-    train.main([f"--out_dir={tmp_path}", "--max_iters=3", "--init_from=resume"])  # a bare resume: no TINY's dtype
+    train.main(
+        [f"--out_dir={tmp_path}", "--max_iters=3", "--init_from=resume"]
+    )  # a bare resume: no TINY's dtype
     assert state(tmp_path)["config"]["dtype"] == "auto" and state(tmp_path)["step"] == 3
 
 
@@ -275,7 +411,9 @@ def test_a_stop_signal_saves_before_a_due_evaluation(lm_dir, tmp_path, monkeypat
 
     def signalled(batch, device):
         batches.append(batch)
-        if len(batches) == 20:  # each step: its evaluation (2 batches of train, 2 of val), then 1 training batch
+        if (
+            len(batches) == 20
+        ):  # each step: its evaluation (2 batches of train, 2 of val), then 1 training batch
             os.kill(os.getpid(), signal.SIGTERM)  # during step 3, the 4th
         return to_device(batch, device)
 
@@ -283,7 +421,9 @@ def test_a_stop_signal_saves_before_a_due_evaluation(lm_dir, tmp_path, monkeypat
     with pytest.raises(SystemExit) as stopped:
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=10", "--eval_interval=1"])
     assert stopped.value.code == 128 + signal.SIGTERM and state(tmp_path)["step"] == 4
-    evaluated = [r["step"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "val/loss" in r]
+    evaluated = [
+        r["step"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "val/loss" in r
+    ]
     assert evaluated == [0, 1, 2, 3]
 
 
@@ -302,8 +442,12 @@ def test_locks_tell_a_held_lock_from_a_filesystem_without_locks(tmp_path, monkey
 
 @pytest.mark.parametrize("device", ["cuda:1", "mps"])
 def test_one_device_for_several_processes_is_refused(device, monkeypatch):
-    monkeypatch.setattr(os, "environ", {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
-    with pytest.raises(Error, match=f"--device {device} with 2 processes: each process takes its own GPU"):
+    monkeypatch.setattr(
+        os, "environ", {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    )
+    with pytest.raises(
+        Error, match=f"--device {device} with 2 processes: each process takes its own GPU"
+    ):
         with started(device):
             pass
 
@@ -317,19 +461,43 @@ def test_two_nodes_equal_one_process(lm_dir, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = tmp_path / "node_run.py"
-    script.write_text(f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
-                      "model, _ = train.main(sys.argv[1:])\n"
-                      f"torch.save(model.state_dict(), os.path.join({str(tmp_path)!r}, 'rank%s.pt' % os.environ['RANK']))\n")
-    argv = TINY + [f"--dataset={lm_dir}", "--max_iters=3", "--gradient_accumulation_steps=2", "--eval_interval=100"]
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
-                               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", str(script)]
-                              + argv + [f"--out_dir={tmp_path / 'nodes'}"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-             for rank in (0, 1)]
+    script.write_text(
+        f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
+        "model, _ = train.main(sys.argv[1:])\n"
+        f"torch.save(model.state_dict(), os.path.join({str(tmp_path)!r}, 'rank%s.pt' % os.environ['RANK']))\n"
+    )
+    argv = TINY + [
+        f"--dataset={lm_dir}",
+        "--max_iters=3",
+        "--gradient_accumulation_steps=2",
+        "--eval_interval=100",
+    ]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={rank}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(script),
+            ]
+            + argv
+            + [f"--out_dir={tmp_path / 'nodes'}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for rank in (0, 1)
+    ]
     for node in nodes:
         err = node.communicate(timeout=180)[1]
         assert node.returncode == 0, err[-2000:]
-    single, _ = run_in_one_thread(argv[len(TINY):] + [f"--out_dir={tmp_path / 'one'}"])
+    single, _ = run_in_one_thread(argv[len(TINY) :] + [f"--out_dir={tmp_path / 'one'}"])
     rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     for name, p in single.state_dict().items():
         assert torch.equal(rank0[name], rank1[name]) and torch.equal(rank0[name], p), name
@@ -337,11 +505,30 @@ def test_two_nodes_equal_one_process(lm_dir, tmp_path):
 
 def test_nan_loss_stops_and_keeps_last_checkpoint(lm_dir, tmp_path, monkeypatch):
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2"])
-    before = {f: (tmp_path / f).read_bytes() for f in ("model.safetensors", "trainer_state.pt", "config.json")}
+    before = {
+        f: (tmp_path / f).read_bytes()
+        for f in ("model.safetensors", "trainer_state.pt", "config.json")
+    }
     forward = GPT.forward
-    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: (lambda out: (out[0], out[1] * float("nan")) if self.training and out[1] is not None else out)(forward(self, *a, **k)))
+    monkeypatch.setattr(
+        GPT,
+        "forward",
+        lambda self, *a, **k: (
+            lambda out: (
+                (out[0], out[1] * float("nan")) if self.training and out[1] is not None else out
+            )
+        )(forward(self, *a, **k)),
+    )
     with pytest.raises(Error, match="loss nan, gradient norm nan at step 2"):
-        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--init_from=resume", "--eval_interval=1"])
+        run(
+            [
+                f"--dataset={lm_dir}",
+                f"--out_dir={tmp_path}",
+                "--max_iters=6",
+                "--init_from=resume",
+                "--eval_interval=1",
+            ]
+        )
     assert before == {f: (tmp_path / f).read_bytes() for f in before}
 
 
@@ -355,14 +542,31 @@ def test_interrupted_save_leaves_previous_checkpoint(lm_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(torch, "save", dies_mid_write)
     with pytest.raises(KeyboardInterrupt):
-        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=4", "--init_from=resume", "--eval_interval=1"])
+        run(
+            [
+                f"--dataset={lm_dir}",
+                f"--out_dir={tmp_path}",
+                "--max_iters=4",
+                "--init_from=resume",
+                "--eval_interval=1",
+            ]
+        )
     assert state(tmp_path)["step"] == good["step"] == 2
 
 
 def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py")] + TINY +
-                            [f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1000000", "--eval_interval=100000"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train.py")]
+        + TINY
+        + [
+            f"--dataset={lm_dir}",
+            f"--out_dir={tmp_path}",
+            "--max_iters=1000000",
+            "--eval_interval=100000",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:  # wait for training to start
         if line.startswith("step 0:"):
             break
@@ -374,15 +578,36 @@ def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
 
 
 def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_path):
-    script = tmp_path / "ddp_run.py"  # each rank writes its pid, so the test can signal rank 1 alone
-    script.write_text(f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
-                      f"open(os.path.join({str(tmp_path)!r}, 'pid%s' % os.environ['RANK']), 'w').write(str(os.getpid()))\n"
-                      "train.main(sys.argv[1:])\n")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-                            + TINY + [f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1000000",
-                                      "--eval_interval=100000", "--gradient_accumulation_steps=2"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            start_new_session=True)  # a process group: a hung run is killed whole below
+    script = (
+        tmp_path / "ddp_run.py"
+    )  # each rank writes its pid, so the test can signal rank 1 alone
+    script.write_text(
+        f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'pid%s' % os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+        "train.main(sys.argv[1:])\n"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+        ]
+        + TINY
+        + [
+            f"--dataset={lm_dir}",
+            f"--out_dir={tmp_path}",
+            "--max_iters=1000000",
+            "--eval_interval=100000",
+            "--gradient_accumulation_steps=2",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )  # a process group: a hung run is killed whole below
     try:
         for line in proc.stderr:  # wait for training to start
             if line.startswith("step 0:"):
@@ -406,17 +631,45 @@ def test_one_host_device_read_per_training_step(lm_dir, tmp_path, monkeypatch):
     reads = []
     for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
         method = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _m=method, _n=name, **k: reads.append(_n) or _m(self, *a, **k))
-    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=3", "--eval_iters=4"])
-    evaluation, step = ["tolist"] * 2, ["tolist"]  # one read per split evaluated (train, val), one per step
-    assert reads == evaluation + step * 3 + evaluation + step * 3 + evaluation, reads  # evaluated at 0, 3, 6
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _m=method, _n=name, **k: reads.append(_n) or _m(self, *a, **k),
+        )
+    run(
+        [
+            f"--dataset={lm_dir}",
+            f"--out_dir={tmp_path}",
+            "--max_iters=6",
+            "--eval_interval=3",
+            "--eval_iters=4",
+        ]
+    )
+    evaluation, step = (
+        ["tolist"] * 2,
+        ["tolist"],
+    )  # one read per split evaluated (train, val), one per step
+    assert reads == evaluation + step * 3 + evaluation + step * 3 + evaluation, (
+        reads
+    )  # evaluated at 0, 3, 6
 
 
 def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
-    _, metrics = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path}", "--task=classify", "--max_iters=40",
-                      "--eval_interval=20", "--eval_iters=100", "--batch_size=16", "--token_dropout=0.2"])
+    _, metrics = run(
+        [
+            f"--dataset={toy_classify_dir}",
+            f"--out_dir={tmp_path}",
+            "--task=classify",
+            "--max_iters=40",
+            "--eval_interval=20",
+            "--eval_iters=100",
+            "--batch_size=16",
+            "--token_dropout=0.2",
+        ]
+    )
     assert metrics["val/accuracy"] > 0.9
     import json
+
     info = json.load(open(tmp_path / "config.json"))
     assert info["architecture"] == "EncoderClassifier" and info["label_names"] == ["low", "high"]
 
@@ -424,20 +677,46 @@ def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
 def test_bow_head_table_learns_at_its_multiple_of_the_scheduled_rate(toy_classify_dir, tmp_path):
     """The schedule sets every group's rate; bow_head's table gets BOW_LR_SCALE times it, and the pair still learns."""
     scale = EncoderClassifier.BOW_LR_SCALE
-    _, metrics = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path}", "--task=classify", "--max_iters=40",
-                      "--eval_interval=20", "--eval_iters=100", "--batch_size=16", "--bow_head=True", "--bow_buckets=16",
-                      "--learning_rate=1e-4", "--min_lr=1e-5"])
+    _, metrics = run(
+        [
+            f"--dataset={toy_classify_dir}",
+            f"--out_dir={tmp_path}",
+            "--task=classify",
+            "--max_iters=40",
+            "--eval_interval=20",
+            "--eval_iters=100",
+            "--batch_size=16",
+            "--bow_head=True",
+            "--bow_buckets=16",
+            "--learning_rate=1e-4",
+            "--min_lr=1e-5",
+        ]
+    )
     assert metrics["val/accuracy"] > 0.9
     (groups,) = [o["param_groups"] for o in state(tmp_path)["optimizers"]]
-    scheduled = train.get_lr(40, SimpleNamespace(**{**DEFAULTS, "learning_rate": 1e-4, "min_lr": 1e-5,
-                                                   "warmup_iters": 2, "lr_decay_iters": 10}))
-    assert scale > 1 and [g["lr"] for g in groups] == pytest.approx([scheduled] * (len(groups) - 1) + [scheduled * scale])
+    scheduled = train.get_lr(
+        40,
+        SimpleNamespace(
+            **{
+                **DEFAULTS,
+                "learning_rate": 1e-4,
+                "min_lr": 1e-5,
+                "warmup_iters": 2,
+                "lr_decay_iters": 10,
+            }
+        ),
+    )
+    assert scale > 1 and [g["lr"] for g in groups] == pytest.approx(
+        [scheduled] * (len(groups) - 1) + [scheduled * scale]
+    )
 
 
 def test_wandb_offline_run_has_metrics(lm_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--wandb_log=True"])
-    for _ in range(50):  # wandb's service process may still be writing after finish() (failed once in ~13 runs)
+    for _ in range(
+        50
+    ):  # wandb's service process may still be writing after finish() (failed once in ~13 runs)
         runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
         if runs and b"val/loss" in runs[0].read_bytes():
             break
@@ -457,14 +736,20 @@ def test_bad_setups_fail_before_training(lm_dir, tmp_path):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'fresh'}", "--init_from=resume"])
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "trainer_state.pt").write_bytes(b"half a file")
-    with pytest.raises(Error, match="cannot resume from .* not a trainer state that train.py wrote"):
+    with pytest.raises(
+        Error, match="cannot resume from .* not a trainer state that train.py wrote"
+    ):
         run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'broken'}", "--init_from=resume"])
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "config"))))
 def test_every_config_file_parses_from_any_directory(name, monkeypatch):
-    monkeypatch.chdir("/")  # include() paths are relative to the config file, not to the working directory
-    assert settings([os.path.join(ROOT, "config", name)])["out_dir"] != DEFAULTS["out_dir"]  # each its own folder
+    monkeypatch.chdir(
+        "/"
+    )  # include() paths are relative to the config file, not to the working directory
+    assert (
+        settings([os.path.join(ROOT, "config", name)])["out_dir"] != DEFAULTS["out_dir"]
+    )  # each its own folder
 
 
 def readme_torchrun_commands():
@@ -490,15 +775,32 @@ def test_readme_torchrun_commands_fit_their_configs():
 
 def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_path):
     """init_from a GPT of ours: the encoder takes its embeddings and Blocks (the same names), only the head is new."""
-    gpt, _ = run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'gpt'}", "--max_iters=2", "--vocab_size=20"])
-    classifier, _ = run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path / 'cls'}", "--task=classify",
-                         "--max_iters=0", f"--init_from={tmp_path / 'gpt'}", "--block_size=64"])
+    gpt, _ = run(
+        [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'gpt'}", "--max_iters=2", "--vocab_size=20"]
+    )
+    classifier, _ = run(
+        [
+            f"--dataset={toy_classify_dir}",
+            f"--out_dir={tmp_path / 'cls'}",
+            "--task=classify",
+            "--max_iters=0",
+            f"--init_from={tmp_path / 'gpt'}",
+            "--block_size=64",
+        ]
+    )
     body = {k: v for k, v in gpt.state_dict().items() if not k.startswith("lm_head")}
     assert classifier.config.block_size == 16  # cropped to the GPT's context
     for name, p in body.items():
         assert torch.equal(classifier.state_dict()[name], p), name
     with pytest.raises(Error, match="the model has 16 tokens, dataset .* needs 20"):
-        run([f"--dataset={toy_classify_dir}", f"--out_dir={tmp_path / 'x'}", "--task=classify", "--vocab_size=16"])
+        run(
+            [
+                f"--dataset={toy_classify_dir}",
+                f"--out_dir={tmp_path / 'x'}",
+                "--task=classify",
+                "--vocab_size=16",
+            ]
+        )
 
 
 def test_resume_a_run_that_started_from_pretrained_weights(lm_dir, tmp_path):
@@ -520,12 +822,17 @@ def test_explicit_attention_trains_as_the_fused_path(lm_dir, tmp_path):
 
 
 def test_scaler_state_is_loaded_only_between_enabled_scalers():
-    enabled = lambda: torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0 ** 10)
-    restore = lambda scaler, saved: checkpoint.restore({"optimizers": [], "scaler": saved, "step": 3, "best": None},
-                                                       [], scaler)
+    enabled = lambda: torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0**10)
+    restore = lambda scaler, saved: checkpoint.restore(
+        {"optimizers": [], "scaler": saved, "step": 3, "best": None}, [], scaler
+    )
     scaler = enabled()
-    assert restore(scaler, {}) == (3, None, 0.0)  # a bf16 or fp32 run resumed with float16: its own initial scale
-    assert scaler.get_scale() == 2.0 ** 10
+    assert restore(scaler, {}) == (
+        3,
+        None,
+        0.0,
+    )  # a bf16 or fp32 run resumed with float16: its own initial scale
+    assert scaler.get_scale() == 2.0**10
     saved = enabled().state_dict() | {"scale": 8.0}
     restore(scaler, saved)
     assert scaler.get_scale() == 8.0
@@ -534,22 +841,46 @@ def test_scaler_state_is_loaded_only_between_enabled_scalers():
     assert not disabled.is_enabled()
 
 
-def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(lm_dir, tmp_path, monkeypatch):
+def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(
+    lm_dir, tmp_path, monkeypatch
+):
     """MFU = the model's training FLOPs per token x tokens/s / the device's peak, on each log line. metrics.jsonl holds
     every evaluation and log step; a resume appends, and its clock goes on."""
     peak = 1e15  # far above what a CPU achieves: no clamp
     monkeypatch.setattr(train, "peak_flops", lambda device, dtype: (peak, "a test's peak"))
-    model, _ = run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=4", "--eval_interval=2",
-                    "--log_interval=1"])
-    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=6", "--eval_interval=2", "--log_interval=1",
-         "--init_from=resume"])
+    model, _ = run(
+        [
+            f"--dataset={lm_dir}",
+            f"--out_dir={tmp_path}",
+            "--max_iters=4",
+            "--eval_interval=2",
+            "--log_interval=1",
+        ]
+    )
+    run(
+        [
+            f"--dataset={lm_dir}",
+            f"--out_dir={tmp_path}",
+            "--max_iters=6",
+            "--eval_interval=2",
+            "--log_interval=1",
+            "--init_from=resume",
+        ]
+    )
     lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     logs, evals = [r for r in lines if "mfu" in r], [r for r in lines if "val/loss" in r]
     assert [r["step"] for r in logs] == [1, 2, 3, 4, 5, 6]
     flops_per_token = model.flops_per_token(16)  # block_size 16
-    assert all(r["mfu"] == pytest.approx(flops_per_token * r["tok/s"] / peak, rel=1e-9) for r in logs)
+    assert all(
+        r["mfu"] == pytest.approx(flops_per_token * r["tok/s"] / peak, rel=1e-9) for r in logs
+    )
     assert all({"train/step_loss", "lr", "tok/s", "grad_norm", "seconds"} <= set(r) for r in logs)
-    assert [r["step"] for r in evals] == [0, 2, 4, 6]  # the resumed run's own evaluation at 4 replaces the first
+    assert [r["step"] for r in evals] == [
+        0,
+        2,
+        4,
+        6,
+    ]  # the resumed run's own evaluation at 4 replaces the first
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(lines, lines[1:]))
     plot.main([str(tmp_path), f"--out={tmp_path}/loss.png"])  # the curves drawn from these records
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"

@@ -8,6 +8,7 @@ per article cut to --max_length tokens. Writes {split}.bin, {split}.offsets.npy,
 --source DIR holds train.{csv,parquet,jsonl} with columns text,label, and optionally val.* and test.* alike.
 Without a val file, val is carved out of train by a hash of each text, so identical texts share a split.
 """
+
 import argparse
 import hashlib
 import os
@@ -45,11 +46,15 @@ def find_file(source, split):
 def load_local(source):
     """{split: (texts, labels)} from the files of --source DIR."""
     if not os.path.isdir(source):
-        raise Error(f"--source {source}: no such folder; pass a folder holding train.csv (and val.csv), "
-                    f"e.g. --source ../shared/data/agnews_sample")
+        raise Error(
+            f"--source {source}: no such folder; pass a folder holding train.csv (and val.csv), "
+            f"e.g. --source ../shared/data/agnews_sample"
+        )
     if find_file(source, "train") is None:
-        raise Error(f"--source {source}: no train.csv, train.parquet or train.jsonl there; the folder needs "
-                    f"one (columns text,label), optionally with val.* and test.* alike")
+        raise Error(
+            f"--source {source}: no train.csv, train.parquet or train.jsonl there; the folder needs "
+            f"one (columns text,label), optionally with val.* and test.* alike"
+        )
     splits = {}
     for split in ("train", "val", "test"):
         if find_file(source, split):
@@ -60,30 +65,56 @@ def load_local(source):
 def load_hub():
     """{split: (texts, labels)} from the hub's train and test splits."""
     import datasets  # imported here: it takes a second, and --source runs never need it
+
     try:
         ds = datasets.load_dataset(HUB_NAME)
-    except Exception as e:  # offline it is a ConnectionError, but any failure here has the same way out
+    except (
+        Exception
+    ) as e:  # offline it is a ConnectionError, but any failure here has the same way out
         reason = (str(e).splitlines() or [""])[0][:200]
-        raise Error(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass --source DIR "
-                    f"with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample") from None
-    return {split: keep(*prepare.clean_labelled(zip(ds[split]["text"], ds[split]["label"]), LABEL_NAMES,
-                                                f"{HUB_NAME}:{split}")) for split in ds}
+        raise Error(
+            f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass --source DIR "
+            f"with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample"
+        ) from None
+    return {
+        split: keep(
+            *prepare.clean_labelled(
+                zip(ds[split]["text"], ds[split]["label"]), LABEL_NAMES, f"{HUB_NAME}:{split}"
+            )
+        )
+        for split in ds
+    }
 
 
 def in_val(text, val_fraction):
     """The same text always hashes the same way, so duplicates can't straddle train and val (a leak into val)."""
-    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) / 2 ** 32 < val_fraction
+    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) / 2**32 < val_fraction
 
 
 def main():
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", help=f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)")
+    p.add_argument(
+        "--source", help=f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)"
+    )
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
-    p.add_argument("--val_fraction", type=prepare.fraction, default=0.05,
-                   help="share of train carved out as val when the source has no val split (default: %(default)s)")
-    p.add_argument("--max_length", type=at_least(1), default=128, help="tokens kept per row (default: %(default)s)")
-    p.add_argument("--cased", action="store_true", help="keep the texts' case (default: lowercase them before BPE, "
-                   "as bag-of-words models do; the tokenizer in meta.json says so, and classify.py does the same)")
+    p.add_argument(
+        "--val_fraction",
+        type=prepare.fraction,
+        default=0.05,
+        help="share of train carved out as val when the source has no val split (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_length",
+        type=at_least(1),
+        default=128,
+        help="tokens kept per row (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cased",
+        action="store_true",
+        help="keep the texts' case (default: lowercase them before BPE, "
+        "as bag-of-words models do; the tokenizer in meta.json says so, and classify.py does the same)",
+    )
     args = p.parse_args()
     t0 = time.time()
     prepare.check_out_dir(args.out_dir)
@@ -91,24 +122,39 @@ def main():
     if "val" not in splits:
         texts, labels = splits["train"]
         held = [in_val(t, args.val_fraction) for t in texts]
-        splits["val"] = ([t for t, h in zip(texts, held) if h], [y for y, h in zip(labels, held) if h])
-        splits["train"] = ([t for t, h in zip(texts, held) if not h], [y for y, h in zip(labels, held) if not h])
-    splits = {s: splits[s] for s in ("train", "val", "test") if s in splits}  # in this order in meta.json too
+        splits["val"] = (
+            [t for t, h in zip(texts, held) if h],
+            [y for y, h in zip(labels, held) if h],
+        )
+        splits["train"] = (
+            [t for t, h in zip(texts, held) if not h],
+            [y for y, h in zip(labels, held) if not h],
+        )
+    splits = {
+        s: splits[s] for s in ("train", "val", "test") if s in splits
+    }  # in this order in meta.json too
     # a text given in two splits would score as held out while trained on: keep it in test, else val, not train
     seen, done = set(), []
     for split in [s for s in ("test", "val", "train") if s in splits]:
         texts, labels = splits[split]
         keep = [t not in seen for t in texts]
         if not all(keep):
-            print(f"warning: {split}: dropped {keep.count(False):,} rows whose text is also in {'/'.join(done)}",
-                  file=sys.stderr)
-            splits[split] = ([t for t, k in zip(texts, keep) if k], [y for y, k in zip(labels, keep) if k])
+            print(
+                f"warning: {split}: dropped {keep.count(False):,} rows whose text is also in {'/'.join(done)}",
+                file=sys.stderr,
+            )
+            splits[split] = (
+                [t for t, k in zip(texts, keep) if k],
+                [y for y, k in zip(labels, keep) if k],
+            )
         seen.update(texts)
         done.append(split)
     for split, (texts, _) in splits.items():
         if not texts:
-            raise Error(f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
-                        f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction")
+            raise Error(
+                f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
+                f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction"
+            )
 
     tok = BPETokenizer("r50k_base", lowercase=not args.cased)
     rows, truncated = {}, Counter()
@@ -116,29 +162,45 @@ def main():
         rows[split] = []
         with tqdm(total=len(texts), desc=f"tokenizing {split}", unit=" rows") as bar:
             for i in range(0, len(texts), 1000):  # tiktoken's threads, a thousand rows at a time
-                for ids in tok.encode_batch(texts[i:i + 1000]):
+                for ids in tok.encode_batch(texts[i : i + 1000]):
                     truncated[split] += len(ids) > args.max_length
-                    rows[split].append(ids[:args.max_length])
-                bar.update(len(texts[i:i + 1000]))
+                    rows[split].append(ids[: args.max_length])
+                bar.update(len(texts[i : i + 1000]))
 
     dtype = prepare.token_dtype(tok.vocab_size)
-    prepare.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
+    prepare.unpublish(
+        args.out_dir
+    )  # from here on the folder is being rewritten: no meta.json until it is whole
     for split in ("train", "val", "test"):
-        if split not in splits:  # a test split left over from an earlier run would no longer match meta.json
+        if (
+            split not in splits
+        ):  # a test split left over from an earlier run would no longer match meta.json
             for suffix in (".bin", ".offsets.npy", ".labels.npy"):
                 if os.path.exists(os.path.join(args.out_dir, split + suffix)):
                     os.remove(os.path.join(args.out_dir, split + suffix))
             continue
-        prepare.write_classification_split(args.out_dir, split, rows[split], splits[split][1], dtype)
+        prepare.write_classification_split(
+            args.out_dir, split, rows[split], splits[split][1], dtype
+        )
         lengths = np.array([len(r) for r in rows[split]])
         counts = Counter(splits[split][1])
-        print(f"{split}: {len(lengths):,} rows, {lengths.sum():,} tokens, mean {lengths.mean():.1f} tokens/row "
-              f"({truncated[split]:,} cut to {args.max_length}); classes "
-              + ", ".join(f"{name} {counts[i]:,}" for i, name in enumerate(LABEL_NAMES)))
-    prepare.write_meta(args.out_dir, task="classify", tokenizer=tok.spec, vocab_size=tok.vocab_size,
-                       dtype=np.dtype(dtype).name, label_names=LABEL_NAMES, max_length=args.max_length,
-                       pad_token_id=tok.pad_token_id, splits={s: len(rows[s]) for s in splits},
-                       source=args.source or HUB_NAME)
+        print(
+            f"{split}: {len(lengths):,} rows, {lengths.sum():,} tokens, mean {lengths.mean():.1f} tokens/row "
+            f"({truncated[split]:,} cut to {args.max_length}); classes "
+            + ", ".join(f"{name} {counts[i]:,}" for i, name in enumerate(LABEL_NAMES))
+        )
+    prepare.write_meta(
+        args.out_dir,
+        task="classify",
+        tokenizer=tok.spec,
+        vocab_size=tok.vocab_size,
+        dtype=np.dtype(dtype).name,
+        label_names=LABEL_NAMES,
+        max_length=args.max_length,
+        pad_token_id=tok.pad_token_id,
+        splits={s: len(rows[s]) for s in splits},
+        source=args.source or HUB_NAME,
+    )
     print(f"wrote {args.out_dir} ({time.time() - t0:.1f} s)")
 
 

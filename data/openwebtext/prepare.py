@@ -7,6 +7,7 @@ the download is ~54 GB of hub cache.
   python data/openwebtext/prepare.py --source my_texts/       # local text: a folder of .txt files, one per document,
   python data/openwebtext/prepare.py --source docs.jsonl      # or a .jsonl / .parquet with a "text" column
 """
+
 import argparse
 import glob
 import os
@@ -29,41 +30,70 @@ tok = None  # the tokenizer, made once per process (map's workers make their own
 def process(example):
     global tok
     tok = tok or BPETokenizer("r50k_base")
-    ids = tok.encode(example["text"]) + [tok.start_token]  # <|endoftext|> closes each document, as in GPT-2
+    ids = tok.encode(example["text"]) + [
+        tok.start_token
+    ]  # <|endoftext|> closes each document, as in GPT-2
     return {"ids": ids, "len": len(ids)}
 
 
 def load(source, num_proc):
     """The documents as a datasets.Dataset with a "text" column."""
     import datasets  # imported here so that --help answers at once
+
     if source is None:
         try:
             return datasets.load_dataset(HUB_NAME, num_proc=num_proc, split="train")
-        except Exception as e:  # offline it is a ConnectionError, but any failure here has the same way out
+        except (
+            Exception
+        ) as e:  # offline it is a ConnectionError, but any failure here has the same way out
             reason = (str(e).splitlines() or [""])[0][:200]
-            raise Error(f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass "
-                        f"--source PATH, a folder of .txt files or a .jsonl/.parquet with a text column") from None
+            raise Error(
+                f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass "
+                f"--source PATH, a folder of .txt files or a .jsonl/.parquet with a text column"
+            ) from None
     if os.path.isdir(source):
-        files = sorted(glob.glob(os.path.join(source, "*.txt")))  # sorted: the same order, the same split, every run
+        files = sorted(
+            glob.glob(os.path.join(source, "*.txt"))
+        )  # sorted: the same order, the same split, every run
         if not files:
-            raise Error(f"--source {source}: no .txt files in this folder; put one document per .txt file there")
+            raise Error(
+                f"--source {source}: no .txt files in this folder; put one document per .txt file there"
+            )
         ds = datasets.load_dataset("text", data_files=files, sample_by="document", split="train")
     elif source.endswith((".jsonl", ".parquet")) and os.path.isfile(source):
-        ds = datasets.load_dataset("json" if source.endswith(".jsonl") else "parquet", data_files=source, split="train")
+        ds = datasets.load_dataset(
+            "json" if source.endswith(".jsonl") else "parquet", data_files=source, split="train"
+        )
         if "text" not in ds.column_names:
-            raise Error(f"--source {source}: no \"text\" column (found {ds.column_names}); name the column text")
+            raise Error(
+                f'--source {source}: no "text" column (found {ds.column_names}); name the column text'
+            )
     else:
-        raise Error(f"--source {source}: neither a folder of .txt files nor an existing .jsonl or .parquet file")
+        raise Error(
+            f"--source {source}: neither a folder of .txt files nor an existing .jsonl or .parquet file"
+        )
     return ds
 
 
 def main():
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", help=f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet")
+    p.add_argument(
+        "--source",
+        help=f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet",
+    )
     p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
-    p.add_argument("--num_proc", type=at_least(1), default=min(8, os.cpu_count() or 1),
-                   help="processes for download and tokenizing (default: %(default)s)")
-    p.add_argument("--val_fraction", type=prepare.fraction, default=0.0005, help="share of documents for val (default: %(default)s)")
+    p.add_argument(
+        "--num_proc",
+        type=at_least(1),
+        default=min(8, os.cpu_count() or 1),
+        help="processes for download and tokenizing (default: %(default)s)",
+    )
+    p.add_argument(
+        "--val_fraction",
+        type=prepare.fraction,
+        default=0.0005,
+        help="share of documents for val (default: %(default)s)",
+    )
     args = p.parse_args()
     t0 = time.time()
     global tok
@@ -72,16 +102,26 @@ def main():
 
     ds = load(args.source, args.num_proc)
     if len(ds) < 2:
-        raise Error(f"{args.source or HUB_NAME}: {len(ds)} document(s); train and val need at least 2")
+        raise Error(
+            f"{args.source or HUB_NAME}: {len(ds)} document(s); train and val need at least 2"
+        )
     # train_test_split cuts at least one document off for val and leaves at least one in train
     split = ds.train_test_split(test_size=args.val_fraction, seed=2357, shuffle=True)
     split["val"] = split.pop("test")
-    tokenized = {name: d.map(process, remove_columns=d.column_names, desc=f"tokenizing {name}",
-                             num_proc=min(args.num_proc, len(d)) if args.num_proc > 1 else None)  # <= rows: map warns
-                 for name, d in split.items()}
+    tokenized = {
+        name: d.map(
+            process,
+            remove_columns=d.column_names,
+            desc=f"tokenizing {name}",
+            num_proc=min(args.num_proc, len(d)) if args.num_proc > 1 else None,
+        )  # <= rows: map warns
+        for name, d in split.items()
+    }
 
     dtype = prepare.token_dtype(tok.vocab_size)
-    prepare.unpublish(args.out_dir)  # from here on the folder is being rewritten: no meta.json until it is whole
+    prepare.unpublish(
+        args.out_dir
+    )  # from here on the folder is being rewritten: no meta.json until it is whole
     counts = {}
     for name, d in tokenized.items():
         # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory as a list
@@ -92,15 +132,22 @@ def main():
         for k in tqdm(range(shards), desc=f"writing {path}"):
             ids = d.shard(num_shards=shards, index=k, contiguous=True).with_format("numpy")["ids"]
             batch = np.concatenate(list(ids))
-            arr[i:i + len(batch)] = batch
+            arr[i : i + len(batch)] = batch
             i += len(batch)
         arr.flush()
         del arr
         os.replace(path + ".tmp", path)  # only a whole file takes the name
         counts[name] = n
         print(f"{name}: {len(d):,} documents, {n:,} tokens")
-    prepare.write_meta(args.out_dir, task="lm", tokenizer=tok.spec, vocab_size=tok.vocab_size,
-                       dtype=np.dtype(dtype).name, splits=counts, source=args.source or HUB_NAME)
+    prepare.write_meta(
+        args.out_dir,
+        task="lm",
+        tokenizer=tok.spec,
+        vocab_size=tok.vocab_size,
+        dtype=np.dtype(dtype).name,
+        splits=counts,
+        source=args.source or HUB_NAME,
+    )
     print(f"wrote {args.out_dir} ({time.time() - t0:.1f} s)")
 
 

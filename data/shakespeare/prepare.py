@@ -6,6 +6,7 @@ text is train, the last 10% val, each encoded on its own. Writes train.bin, val.
   TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache \
   python data/shakespeare/prepare.py --source ../shared/data/tinyshakespeare/input.txt      # offline
 """
+
 import os
 import sys
 
@@ -18,4 +19,7 @@ from lib.tokenizer import BPETokenizer
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 if __name__ == "__main__":
-    run_script(lambda: prepare_text(__doc__, URL, HERE, lambda text: BPETokenizer("r50k_base")), "prepare.py")
+    run_script(
+        lambda: prepare_text(__doc__, URL, HERE, lambda text: BPETokenizer("r50k_base")),
+        "prepare.py",
+    )

@@ -5,6 +5,7 @@ meta.json (task "lm") into this folder, or into --out_dir.
   python data/shakespeare_char/prepare.py                                                   # downloads 1 MB
   python data/shakespeare_char/prepare.py --source ../shared/data/tinyshakespeare/input.txt # offline
 """
+
 import os
 import sys
 
@@ -17,4 +18,9 @@ from lib.tokenizer import CharTokenizer
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 if __name__ == "__main__":
-    run_script(lambda: prepare_text(__doc__, URL, HERE, lambda text: CharTokenizer("".join(sorted(set(text))))), "prepare.py")
+    run_script(
+        lambda: prepare_text(
+            __doc__, URL, HERE, lambda text: CharTokenizer("".join(sorted(set(text))))
+        ),
+        "prepare.py",
+    )
