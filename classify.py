@@ -1,12 +1,18 @@
 """
-Use a trained classifier (an EncoderClassifier checkpoint written by train.py) in one of three modes:
-  python classify.py --out_dir out-agnews --eval val.csv --plot confusion.png    accuracy, per-class table, confusion
-  python classify.py --out_dir out-agnews "Stocks fall on rate fears" "Lakers win again"   predict (or --file, stdin)
-  python classify.py --out_dir out-agnews --json < headlines.txt                  one JSON object per line
-  python classify.py --out_dir out-agnews --attention_maps attn.png "Stocks fall"  every head of every layer
-Eval files are csv, parquet or jsonl with columns text,label (label: a class id or a class name), read as the
-prepare scripts read them (lib/prepare.py). Texts are tokenized as in training: the checkpoint's tokenizer,
-cut to its max_length and block_size. Results go to stdout; progress and messages go to stderr.
+Use a trained classifier (an EncoderClassifier checkpoint written by train.py) in one of three
+modes:
+  python classify.py --out_dir out-agnews --eval val.csv --plot confusion.png
+      accuracy, per-class table, confusion
+  python classify.py --out_dir out-agnews "Stocks fall on rate fears" "Lakers win again"
+      predict (or --file, stdin)
+  python classify.py --out_dir out-agnews --json < headlines.txt
+      one JSON object per line
+  python classify.py --out_dir out-agnews --attention_maps attn.png "Stocks fall"
+      every head of every layer
+Eval files are csv, parquet or jsonl with columns text,label (label: a class id or a class name),
+read as the prepare scripts read them (lib/prepare.py). Texts are tokenized as in training: the
+checkpoint's tokenizer, cut to its max_length and block_size. Results go to stdout; progress and
+messages go to stderr.
 """
 
 import argparse
@@ -31,13 +37,14 @@ def load(out_dir, device):
     """(model, tokenizer, label names, max tokens per text) from a checkpoint folder."""
     if not os.path.isfile(os.path.join(out_dir, "config.json")):
         raise Error(
-            f"no checkpoint in {out_dir!r}: train one with `python train.py config/agnews.py`, or pass --out_dir"
+            f"no checkpoint in {out_dir!r}: "
+            "train one with `python train.py config/agnews.py`, or pass --out_dir"
         )
     model, info = from_checkpoint(out_dir, device)
     if info["architecture"] != "EncoderClassifier":
         raise Error(
-            f"{out_dir!r} holds a {info['architecture']} (task {info.get('task')!r}), not a classifier: for a "
-            f"GPT use sample.py --out_dir {out_dir}"
+            f"{out_dir!r} holds a {info['architecture']} (task {info.get('task')!r}), "
+            f"not a classifier: for a GPT use sample.py --out_dir {out_dir}"
         )
     names = info.get("label_names") or [str(i) for i in range(model.config.n_classes)]
     tokenizer = get_tokenizer(info.get("tokenizer"), os.path.join(out_dir, "config.json"))
@@ -46,8 +53,8 @@ def load(out_dir, device):
 
 @torch.no_grad()
 def predict(model, rows, batch_size, device):
-    """Class probabilities [len(rows), n_classes], in the rows' order. Rows go in sorted by length, so each batch
-    pads little (to its longest row)."""
+    """Class probabilities [len(rows), n_classes], in the rows' order. Rows go in sorted by length,
+    so each batch pads little (to its longest row)."""
     probs = torch.empty(len(rows), model.config.n_classes)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -63,15 +70,16 @@ def predict(model, rows, batch_size, device):
 
 @torch.no_grad()
 def attention_maps(model, row, device):
-    """One text's class probabilities [n_classes] and its attention maps: per layer [n_head, n, n], queries by keys,
-    float32 on the CPU (the explicit attention path, which returns its weights)."""
+    """One text's class probabilities [n_classes] and its attention maps: per layer [n_head, n, n],
+    queries by keys, float32 on the CPU (the explicit attention path, which returns its weights)."""
     idx, mask = pad_batch([row], model.config.pad_token_id)
     logits, _, maps = model(idx.to(device), mask.to(device), need_weights=True)
     return torch.softmax(logits[0].float(), -1).cpu(), [m[0].float().cpu() for m in maps]
 
 
 def report(labels, preds, names):
-    """accuracy, a per-class table with macro averages, and the confusion matrix, as text lines; and the matrix."""
+    """accuracy, a per-class table with macro averages, and the confusion matrix, as text lines; and
+    the matrix."""
     k = len(names)
     cm = [[0] * k for _ in range(k)]
     for y, p in zip(labels, preds):
@@ -126,8 +134,9 @@ def plot_confusion(cm, names, path, title):
 
 
 def attention_figure(maps, tokens, title):
-    """maps: per layer [h, n, n]; one heatmap per (layer, head), queries down, keys across, tokens on both axes, one
-    colour scale for every panel (0 to the largest weight) with its colour bar: a near-uniform head reads as faint."""
+    """maps: per layer [h, n, n]; one heatmap per (layer, head), queries down, keys across, tokens
+    on both axes, one colour scale for every panel (0 to the largest weight) with its colour bar: a
+    near-uniform head reads as faint."""
     plt = pyplot()
     L, H, n = len(maps), maps[0].shape[0], len(tokens)
     per_token, size = (
@@ -138,11 +147,11 @@ def attention_figure(maps, tokens, title):
         L, H, figsize=(side * H + 1, side * L + 0.5), squeeze=False, layout="constrained"
     )
     top = max(float(m.max()) for m in maps)
-    for l in range(L):
+    for layer in range(L):
         for h in range(H):
-            ax = axes[l][h]
-            image = ax.imshow(maps[l][h], cmap="viridis", vmin=0, vmax=top)
-            ax.set_title(f"layer {l} head {h}", fontsize=10)
+            ax = axes[layer][h]
+            image = ax.imshow(maps[layer][h], cmap="viridis", vmin=0, vmax=top)
+            ax.set_title(f"layer {layer} head {h}", fontsize=10)
             ax.set_xticks(range(n), tokens, rotation=90, fontsize=size)
             ax.set_yticks(range(n), tokens, fontsize=size)
             ax.set_xlabel("key", fontsize=8)
@@ -153,7 +162,8 @@ def attention_figure(maps, tokens, title):
 
 
 def read_texts(a):
-    """The texts to classify: arguments, else --file, else stdin; one per line, blank lines skipped."""
+    """The texts to classify: arguments, else --file, else stdin; one per line, blank lines
+    skipped."""
     texts = [t for t in a.texts if t.strip()]
     if not texts and (a.file or not sys.stdin.isatty()):
         try:
@@ -245,7 +255,9 @@ def main(argv=None):
             check_image_path(option, path)
     device = pick_device(a.device)
     model, tok, names, max_len = load(a.out_dir, device)
-    encode = lambda texts: [row[:max_len] for row in tok.encode_batch(texts)]
+
+    def encode(texts):
+        return [row[:max_len] for row in tok.encode_batch(texts)]
 
     if a.eval:
         texts, labels, warnings = read_labelled(a.eval, names)
@@ -274,8 +286,8 @@ def main(argv=None):
         fig = attention_figure([m.numpy() for m in maps], tokens, title)
         fig.savefig(a.attention_maps, dpi=100)
         print(
-            f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[0]} panels, {len(maps)} layers x "
-            f"{maps[0].shape[0]} heads, {len(tokens)} tokens",
+            f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[0]} panels, "
+            f"{len(maps)} layers x {maps[0].shape[0]} heads, {len(tokens)} tokens",
             file=sys.stderr,
         )
         return
@@ -296,7 +308,8 @@ def main(argv=None):
             )
         else:
             print(
-                f"{names[best]:<{width}}  ({', '.join(f'{n} {q:.2f}' for n, q in zip(names, pr))})  {text}"
+                f"{names[best]:<{width}}  "
+                f"({', '.join(f'{n} {q:.2f}' for n, q in zip(names, pr))})  {text}"
             )
 
 

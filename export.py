@@ -1,11 +1,13 @@
 """
-Export a GPT checkpoint of this project to the Hugging Face GPT-2 layout, which transformers loads as
-GPT2LMHeadModel (AutoModelForCausalLM, pipeline("text-generation")):
+Export a GPT checkpoint of this project to the Hugging Face GPT-2 layout, which transformers loads
+as GPT2LMHeadModel (AutoModelForCausalLM, pipeline("text-generation")):
   python export.py --out_dir=out-shakespeare --hf_dir=hf-shakespeare
-writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv1D weights are [in, out]),
-generation_config.json, a model card (README.md) and, for GPT-2's BPE, the tokenizer files (vocab.json, merges.txt),
-which give the same ids as tiktoken. A character-level model exports its weights; its tokenizer is this project's.
-Options GPT-2 does not have (rotary positions, QK-norm) cannot be expressed in its layout: such a model is refused.
+writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv1D weights are
+[in, out]), generation_config.json, a model card (README.md) and, for GPT-2's BPE, the tokenizer
+files (vocab.json, merges.txt), which give the same ids as tiktoken. A character-level model exports
+its weights; its tokenizer is this project's.
+Options GPT-2 does not have (rotary positions, QK-norm) cannot be expressed in its layout: such a
+model is refused.
 """
 
 import argparse
@@ -22,8 +24,8 @@ GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-
 
 
 def hf_state_dict(model):
-    """Our tensors under GPT-2's names; Linear weights transposed to Conv1D's [in, out]; zeros for the biases a
-    bias=False model lacks (GPT-2 has them everywhere)."""
+    """Our tensors under GPT-2's names; Linear weights transposed to Conv1D's [in, out]; zeros for
+    the biases a bias=False model lacks (GPT-2 has them everywhere)."""
     state = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight":
@@ -49,7 +51,8 @@ def hf_state_dict(model):
 
 
 def bytes_to_unicode():
-    """GPT-2's map from the 256 byte values to printable characters, in which vocab.json and merges.txt are written."""
+    """GPT-2's map from the 256 byte values to printable characters, in which vocab.json and
+    merges.txt are written."""
     printable = [
         *range(ord("!"), ord("~") + 1),
         *range(ord("¡"), ord("¬") + 1),
@@ -60,17 +63,21 @@ def bytes_to_unicode():
 
 
 def bpe_files(encoding):
-    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding. Each token's merge is
-    the pair that byte-pair encoding with only the lower ranks leaves it as."""
+    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding. Each
+    token's merge is the pair that byte-pair encoding with only the lower ranks leaves it as."""
     ranks = encoding._mergeable_ranks  # token bytes -> rank = id
     char = bytes_to_unicode()
-    text = lambda token: "".join(char[b] for b in token)
+
+    def text(token):
+        return "".join(char[b] for b in token)
+
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) < 2:
             continue
         parts = [bytes([b]) for b in token]
-        while True:  # merge the lowest-ranked adjacent pair, as encoding does, with the ranks below this token's
+        # merge the lowest-ranked adjacent pair, as encoding does, with the ranks below this token's
+        while True:
             pair_ranks = [ranks.get(parts[j] + parts[j + 1], rank) for j in range(len(parts) - 1)]
             if min(pair_ranks) >= rank:
                 break
@@ -97,11 +104,12 @@ def model_card(info, config):
             "tags: [gpt2, gpt-starter]",
             "---",
             "",
-            f"# {info.get('dataset', 'a')} GPT ({config.n_layer} layers, {config.n_head} heads, d = {config.n_embd})",
+            f"# {info.get('dataset', 'a')} GPT ({config.n_layer} layers, {config.n_head} heads, "
+            f"d = {config.n_embd})",
             "",
-            f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py on the `{info.get('dataset')}`"
-            " data set, exported to the GPT-2 layout by its export.py. Validation metrics of this checkpoint (the best"
-            " one):",
+            f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py on the "
+            f"`{info.get('dataset')}` data set, exported to the GPT-2 layout by its export.py. "
+            "Validation metrics of this checkpoint (the best one):",
             "",
             "| | |",
             "|---|---|",
@@ -133,8 +141,9 @@ def export(out_dir, hf_dir):
     for option, value in GPT2_LAYOUT.items():
         if getattr(config, option) != value:
             raise Error(
-                f"{out_dir}: {option}={getattr(config, option)!r} has no place in GPT-2's layout (it needs "
-                f"{option}={value!r}); such a model loads with this project's from_checkpoint only"
+                f"{out_dir}: {option}={getattr(config, option)!r} has no place in GPT-2's layout "
+                f"(it needs {option}={value!r}); "
+                "such a model loads with this project's from_checkpoint only"
             )
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
@@ -200,7 +209,8 @@ def export(out_dir, hf_dir):
     ):
         f.write(model_card(info, config))
     print(
-        f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; tokenizer: {tokenizer}",
+        f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; "
+        f"tokenizer: {tokenizer}",
         file=sys.stderr,
     )
 

@@ -1,7 +1,7 @@
 """
-Draw the loss curves of one or more runs on one axis, from the metrics.jsonl that train.py writes into each out_dir:
-validation loss (solid) and training loss (dashed) against step or seconds, and validation accuracy beside them for
-classifiers. The picture to compare recipes with.
+Draw the loss curves of one or more runs on one axis, from the metrics.jsonl that train.py writes
+into each out_dir: validation loss (solid) and training loss (dashed) against step or seconds, and
+validation accuracy beside them for classifiers. The picture to compare recipes with.
   python plot.py out-shakespeare-char-cpu out-shakespeare-char-fast --x seconds --out compare.png
 """
 

@@ -1,15 +1,19 @@
 """
-AG News, measured so that the figure is not flattered: our recipe beside bag-of-words peers, trained on the same rows.
-Usage, from the repository root (config paths in RUN are taken relative to it from any working directory):
-  python bench/agnews.py                           val.csv only: the split that recipe choices may look at
-  python bench/agnews.py --holdout                 and the hold-out, which no choice looks at: report it once
-  python bench/agnews.py --runs config/agnews.py "config/agnews.py --token_dropout=0.2"   RUN: train.py's arguments
-The hold-out is the 2,000 rows of train.csv whose texts have the smallest md5 (fixed, whatever the file's order);
-everything trains on the other rows. The peers (scikit-learn, a bench extra: pip install -e ".[bench]"): TF-IDF of
-words (sublinear tf) with a linear SVM or logistic regression, and TF-IDF of words and word bigrams, or of the BPE
-tokens our recipe reads and their bigrams, with a linear SVM.
-Each of our runs is `python data/agnews/prepare.py` once, then per seed `python train.py RUN` (a config and overrides)
-and `python classify.py --eval` on each split, as a user runs them.
+AG News, measured so that the figure is not flattered: our recipe beside bag-of-words peers, trained
+on the same rows.
+Usage, from the repository root (config paths in RUN are taken relative to it from any working
+directory):
+  python bench/agnews.py                  val.csv only: the split that recipe choices may look at
+  python bench/agnews.py --holdout        and the hold-out, which no choice looks at: report it once
+  python bench/agnews.py --runs config/agnews.py "config/agnews.py --token_dropout=0.2"
+                                          RUN: train.py's arguments
+The hold-out is the 2,000 rows of train.csv whose texts have the smallest md5 (fixed, whatever the
+file's order); everything trains on the other rows. The peers (scikit-learn, a bench extra:
+pip install -e ".[bench]"): TF-IDF of words (sublinear tf) with a linear SVM or logistic regression,
+and TF-IDF of words and word bigrams, or of the BPE tokens our recipe reads and their bigrams, with
+a linear SVM.
+Each of our runs is `python data/agnews/prepare.py` once, then per seed `python train.py RUN` (a
+config and overrides) and `python classify.py --eval` on each split, as a user runs them.
 """
 
 import argparse
@@ -36,9 +40,13 @@ LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
 
 
 def split_holdout(source, n):
-    """{split: (texts, labels)}: train.csv without its n hold-out rows, val.csv, and the hold-out."""
+    """{split: (texts, labels)}: train.csv without its n hold-out rows, val.csv, and the
+    hold-out."""
     texts, labels, _ = read_labelled(os.path.join(source, "train.csv"), LABEL_NAMES)
-    digest = lambda i: hashlib.md5(texts[i].encode("utf-8")).hexdigest()
+
+    def digest(i):
+        return hashlib.md5(texts[i].encode("utf-8")).hexdigest()
+
     held = set(sorted(range(len(texts)), key=digest)[:n])
     splits = {
         "train": (
@@ -52,13 +60,16 @@ def split_holdout(source, n):
 
 
 def peers(splits, scored):
-    """{peer: {split: accuracy, "C": ...}} of the bag-of-words baselines, trained on splits["train"]. Each peer's
-    regularisation C is chosen on val, as our recipe is: no peer is handicapped by a default."""
+    """{peer: {split: accuracy, "C": ...}} of the bag-of-words baselines, trained on
+    splits["train"]. Each peer's regularisation C is chosen on val, as our recipe is: no peer is
+    handicapped by a default."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.svm import LinearSVC
 
-    svm = lambda C: LinearSVC(C=C, max_iter=10000)
+    def svm(C):
+        return LinearSVC(C=C, max_iter=10000)
+
     bpe = get_tokenizer({"type": "bpe", "encoding": "r50k_base", "lowercase": True})
 
     def bpe_ngrams(
@@ -84,9 +95,10 @@ def peers(splits, scored):
         t0, vectorizer = time.time(), TfidfVectorizer(**features)
         x = vectorizer.fit_transform(splits["train"][0])
         fitted = {C: make(C=C).fit(x, splits["train"][1]) for C in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)}
-        score = lambda model, s: float(
-            (model.predict(vectorizer.transform(splits[s][0])) == splits[s][1]).mean()
-        )
+
+        def score(model, s, vectorizer=vectorizer):
+            return float((model.predict(vectorizer.transform(splits[s][0])) == splits[s][1]).mean())
+
         C = max(fitted, key=lambda C: score(fitted[C], "val"))
         results[name] = {
             "C": C,
@@ -112,7 +124,8 @@ def run(command, env):
 
 
 def ours(splits, runs, seeds, scored, work, prepare_args=()):
-    """{run: {split: [accuracy per seed], "seconds": [...]}}: each run is train.py's arguments (a config, overrides)."""
+    """{run: {split: [accuracy per seed], "seconds": [...]}}: each run is train.py's arguments (a
+    config, overrides)."""
     source, data = os.path.join(work, "source"), os.path.join(work, "data")
     os.makedirs(source, exist_ok=True)
     paths = {
@@ -205,8 +218,8 @@ def main(argv=None):
     scored = ["val", "holdout"] if a.holdout else ["val"]
     splits = split_holdout(a.source, a.holdout_rows)
     print(
-        f"train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}, hold-out {len(splits['holdout'][0]):,}"
-        f"{'' if a.holdout else ' (not scored)'}",
+        f"train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}, hold-out "
+        f"{len(splits['holdout'][0]):,}{'' if a.holdout else ' (not scored)'}",
         file=sys.stderr,
     )
     rows = []
@@ -235,7 +248,8 @@ def main(argv=None):
                 ]
             )
     print(
-        f"\n| method | {' | '.join(f'{s} accuracy' for s in scored)} | time (ours: prepare + train, per seed) |"
+        f"\n| method | {' | '.join(f'{s} accuracy' for s in scored)} | "
+        "time (ours: prepare + train, per seed) |"
     )
     print("|---|" + "---|" * (len(scored) + 1))
     print("\n".join("| " + " | ".join(row) + " |" for row in rows))

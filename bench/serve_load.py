@@ -1,9 +1,11 @@
 """
-serve.py under a bounded load on loopback: the server in its own process, then for each checkpoint it serves, a round
-of requests a few at a time. Each answer is checked against the one the same request gets alone (the same seed gives
-the same text, however the decoding steps of concurrent requests interleave), and the server's resident memory is read
-after a warm-up round and after each measured round: flat memory means no request leaves anything behind.
-  python bench/serve_load.py --out_dir=out-shakespeare-char --out_dir=out-agnews --requests=200 --concurrency=8
+serve.py under a bounded load on loopback: the server in its own process, then for each checkpoint
+it serves, a round of requests a few at a time. Each answer is checked against the one the same
+request gets alone (the same seed gives the same text, however the decoding steps of concurrent
+requests interleave), and the server's resident memory is read after a warm-up round and after each
+measured round: flat memory means no request leaves anything behind.
+  python bench/serve_load.py --out_dir=out-shakespeare-char --out_dir=out-agnews \\
+      --requests=200 --concurrency=8
 """
 
 import argparse
@@ -89,12 +91,13 @@ def body_for(model, i, max_tokens):
 
 
 def measure(server, url, model, args):
-    """One model's rounds: (requests/s, p50 and p99 latency in s, generated tokens/s, memory after each round)."""
+    """One model's rounds: (requests/s, p50 and p99 latency in s, generated tokens/s, memory after
+    each round)."""
     bodies = [body_for(model, i, args.max_tokens) for i in range(args.distinct)]
     alone = [post(url + path, body) for path, body in bodies]
-    strip = lambda answer: answer.get(
-        "choices", answer.get("data")
-    )  # ids and timestamps differ by request
+
+    def strip(answer):  # ids and timestamps differ by request
+        return answer.get("choices", answer.get("data"))
 
     def one(i):
         path, body = bodies[i % len(bodies)]
@@ -112,12 +115,15 @@ def measure(server, url, model, args):
             seconds = time.perf_counter() - start
             memory.append(rss_mb(server.pid))
             print(
-                f"{model['id']} round {round_}: {args.requests} requests in {seconds:.2f} s, server RSS "
-                f"{memory[-1]:.1f} MB",
+                f"{model['id']} round {round_}: {args.requests} requests in {seconds:.2f} s, "
+                f"server RSS {memory[-1]:.1f} MB",
                 file=sys.stderr,
             )
     latencies = sorted(r[0] for r in results)
-    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
+    def pick(q):
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
     return (
         args.requests / seconds,
         pick(0.5),
@@ -170,7 +176,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.concurrency > MAX_ACTIVE:
         p.error(
-            f"--concurrency {args.concurrency}: serve.py decodes at most {MAX_ACTIVE} requests at once"
+            f"--concurrency {args.concurrency}: "
+            f"serve.py decodes at most {MAX_ACTIVE} requests at once"
         )
     server, url, models = start_server(args.out_dir, args.device)
     try:
@@ -179,8 +186,8 @@ def main(argv=None):
         server.terminate()
         server.wait()
     print(
-        "| model | task | requests/s | p50 latency | p99 latency | tokens/s | server RSS after the warm-up, then "
-        "each round (MB) |\n|---|---|---|---|---|---|---|"
+        "| model | task | requests/s | p50 latency | p99 latency | tokens/s | "
+        "server RSS after the warm-up, then each round (MB) |\n|---|---|---|---|---|---|---|"
     )
     for m, rate, p50, p99, tokens, memory in rows:
         print(

@@ -1,4 +1,5 @@
-# GPT-2 124M from scratch on OpenWebText, as nanoGPT: 8 GPUs, about 0.5M tokens per step, val loss about 2.85.
+# GPT-2 124M from scratch on OpenWebText, as nanoGPT: 8 GPUs, about 0.5M tokens per step, val loss
+# about 2.85.
 # Prepare: python data/openwebtext/prepare.py --num_proc=8
 # Run:     torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py
 out_dir = "out-gpt2"
@@ -7,8 +8,9 @@ wandb_project = "owt"
 
 task = "lm"
 dataset = "openwebtext"
-# 16 rows x 1024 tokens x 32 micro-steps = 524,288 tokens (2^19) per step, whatever the number of processes; 32
-# micro-steps share out evenly over 1, 2, 4, 8, 16 or 32 processes (the README's one- and two-node commands)
+# 16 rows x 1024 tokens x 32 micro-steps = 524,288 tokens (2^19) per step, whatever the number of
+# processes; 32 micro-steps share out evenly over 1, 2, 4, 8, 16 or 32 processes (the README's
+# one- and two-node commands)
 batch_size = 16
 block_size = 1024
 gradient_accumulation_steps = 32
@@ -32,5 +34,6 @@ weight_decay = 1e-1
 eval_interval = 1000
 eval_iters = 200
 log_interval = 10
-dtype = "auto"  # bfloat16 where the GPU has bfloat16 matmuls (A100, H100), float16 (with a GradScaler) before
+# bfloat16 where the GPU has bfloat16 matmuls (A100, H100), float16 (with a GradScaler) before
+dtype = "auto"
 compile = True

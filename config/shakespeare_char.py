@@ -1,5 +1,7 @@
-# A small character-level GPT on Tiny Shakespeare, GPU size (nanoGPT's recipe): about 3 minutes on one A100.
-# Prepare: python data/shakespeare_char/prepare.py   Sample: python sample.py --out_dir=out-shakespeare-char
+# A small character-level GPT on Tiny Shakespeare, GPU size (nanoGPT's recipe): about 3 minutes on
+# one A100.
+# Prepare: python data/shakespeare_char/prepare.py
+# Sample: python sample.py --out_dir=out-shakespeare-char
 out_dir = "out-shakespeare-char"
 eval_interval = 250  # it overfits quickly: evaluate often, keep the best
 eval_iters = 200

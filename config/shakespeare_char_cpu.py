@@ -1,5 +1,6 @@
-# The character-level Shakespeare GPT at the size nanoGPT's README runs on a laptop CPU: 4 x 128, block 64.
-# nanoGPT reports val loss 1.88 at 2,000 iterations; see BENCHMARKS.md for ours and the wall time here.
+# The character-level Shakespeare GPT at the size nanoGPT's README runs on a laptop CPU: 4 x 128,
+# block 64. nanoGPT reports val loss 1.88 at 2,000 iterations; see BENCHMARKS.md for ours and the
+# wall time here.
 include("shakespeare_char.py")  # the GPU recipe, then the changes below
 out_dir = "out-shakespeare-char-cpu"
 device = "cpu"

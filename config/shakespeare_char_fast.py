@@ -1,10 +1,12 @@
-# The same 4 x 128 character-level GPT as shakespeare_char_cpu.py, trained to its val loss (1.8818 at step 2,000)
-# in 200 steps of 24 rows: Muon + rotary positions + QK-norm, a short warmup. 4,800 training rows instead of 24,000,
-# in under a third of its wall time (BENCHMARKS.md: the figures, the search and the ablations).
+# The same 4 x 128 character-level GPT as shakespeare_char_cpu.py, trained to its val loss (1.8818
+# at step 2,000) in 200 steps of 24 rows: Muon + rotary positions + QK-norm, a short warmup. 4,800
+# training rows instead of 24,000, in under a third of its wall time (BENCHMARKS.md: the figures,
+# the search and the ablations).
 include("shakespeare_char_cpu.py")
 out_dir = "out-shakespeare-char-fast"
 
-batch_size = 24  # twice the rows per step at a flat cost per row: Muon's fixed cost per step is paid half as often
+# twice the rows per step at a flat cost per row: Muon's fixed cost per step is paid half as often
+batch_size = 24
 eval_iters = (
     10  # 10 x 24 = 240 validation rows, the baseline's rows (eval_iters * batch_size must stay 240)
 )
@@ -18,8 +20,8 @@ max_iters = 200  # reaches the target with every seed tried; 175 steps is too cl
 lr_decay_iters = 200  # the cosine ends exactly at the last step
 rope = True  # rotary positions instead of the learned table
 qk_norm = True  # RMS-normalised queries and keys
-# measured no gain at this scale (BENCHMARKS.md): the speedrun's other levers; weight decay 0 or 0.3, beta2 0.95,
-# no gradient clipping
+# measured no gain at this scale (BENCHMARKS.md): the speedrun's other levers; weight decay 0 or
+# 0.3, beta2 0.95, no gradient clipping
 dtype = "float32"  # bf16 autocast measured no faster at this size on a CPU
 eval_interval = 200  # evaluate only at the start (forced) and at the end: evaluations cost time
 log_interval = 50  # the base config logs every step

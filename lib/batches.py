@@ -1,6 +1,7 @@
-"""Training-time data: a prepared dataset's files, checked against its meta.json, and the batches drawn from them. A
-step's global batch is a function of (seed, step) alone, and each process takes its slice of it: the data order
-survives a resume and does not depend on how many processes share the work."""
+"""Training-time data: a prepared dataset's files, checked against its meta.json, and the batches
+drawn from them. A step's global batch is a function of (seed, step) alone, and each process takes
+its slice of it: the data order survives a resume and does not depend on how many processes share
+the work."""
 
 import os
 
@@ -25,19 +26,16 @@ META_KEYS = {
 
 
 def read_meta(data_dir):
-    """A prepared dataset's meta.json, checked: a task this project knows, every key it needs, a known dtype."""
+    """A prepared dataset's meta.json, checked: a task this project knows, every key it needs,
+    a known dtype."""
     path = os.path.join(data_dir, "meta.json")
     meta = read_json(path, "dataset description (meta.json)")
-    check(
-        meta.get("task") in META_KEYS, path, f"task {meta.get('task')!r} is neither lm nor classify"
-    )
+    task = meta.get("task")
+    check(task in META_KEYS, path, f"task {task!r} is neither lm nor classify")
     missing = [key for key in META_KEYS[meta["task"]] if key not in meta]
     check(not missing, path, f"no {missing[0]!r} key" if missing else "")
-    check(
-        meta["dtype"] in ("uint16", "uint32"),
-        path,
-        f"dtype {meta['dtype']!r} is neither uint16 nor uint32",
-    )
+    dtype = meta["dtype"]
+    check(dtype in ("uint16", "uint32"), path, f"dtype {dtype!r} is neither uint16 nor uint32")
     return meta
 
 
@@ -58,30 +56,29 @@ def load_array(path, **kw):
 
 
 def pad_batch(rows, pad_token_id):
-    """Token id lists -> (idx [B, width], attention_mask [B, width]), padded to the longest row: the mask is 1 on
-    real tokens, 0 on padding (Hugging Face's convention)."""
+    """Token id lists -> (idx [B, width], attention_mask [B, width]), padded to the longest row:
+    the mask is 1 on real tokens, 0 on padding (Hugging Face's convention)."""
     width = max(1, max(len(r) for r in rows))
     idx = np.full((len(rows), width), pad_token_id, dtype=np.int64)
     attention_mask = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
-        idx[i, : len(r)], attention_mask[i, : len(r)] = r, 1
+        idx[i, : len(r)] = r
+        attention_mask[i, : len(r)] = 1
     return torch.from_numpy(idx), torch.from_numpy(attention_mask)
 
 
 class LMData:
-    """A token stream; a row is block_size tokens from a random offset, its targets the same shifted by one."""
+    """A token stream; a row is block_size tokens from a random offset, its targets the same
+    shifted by one."""
 
-    best = (
-        "val/loss",
-        "min",
-    )  # the metric that picks the checkpoint to keep, and which way is better
-    labelled, unit = (
-        False,
-        "tok",
-    )  # evaluations report accuracy for labelled data; the speed counts tokens
+    # the metric that picks the checkpoint to keep, and which way is better
+    best = ("val/loss", "min")
+    labelled = False  # evaluations report accuracy for labelled data
+    unit = "tok"  # the speed counts tokens
 
     def __init__(self, data_dir, split, block_size, meta):
-        self.meta, self.block_size = meta, block_size
+        self.meta = meta
+        self.block_size = block_size
         path = os.path.join(data_dir, f"{split}.bin")
         self.tokens = load_array(path, dtype=meta["dtype"])
         check(
@@ -91,12 +88,11 @@ class LMData:
         )
         if len(self.tokens) <= block_size:
             raise Error(
-                f"{path} holds {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}: use "
-                f"a smaller block_size or more text"
+                f"{path} holds {len(self.tokens):,} tokens, fewer than block_size + 1 = "
+                f"{block_size + 1}: use a smaller block_size or more text"
             )
-        if (
-            len(self.tokens) <= 1 << 28
-        ):  # a full scan up to 256M tokens (a second or two); the length is checked always
+        # a full scan up to 256M tokens (a second or two); the length is checked always
+        if len(self.tokens) <= 1 << 28:
             check(
                 int(self.tokens.max()) < meta["vocab_size"],
                 path,
@@ -104,9 +100,8 @@ class LMData:
             )
 
     def rows(self, seed, step, n):
-        return np.random.default_rng([seed, step]).integers(
-            0, len(self.tokens) - self.block_size, n
-        )
+        rng = np.random.default_rng([seed, step])
+        return rng.integers(0, len(self.tokens) - self.block_size, n)
 
     def eval_rows(self, n):
         return self.rows(seed=2**31 - 1, step=0, n=n)  # the same n rows at every evaluation
@@ -123,19 +118,20 @@ class LMData:
 
 
 class ClassificationData:
-    """Labelled rows, read in epochs (a fresh permutation each); a batch is padded to its own longest row."""
+    """Labelled rows, read in epochs (a fresh permutation each); a batch is padded to its own
+    longest row."""
 
     best = ("val/accuracy", "max")
-    labelled, unit = True, "ex"  # the speed counts examples
+    labelled = True
+    unit = "ex"  # the speed counts examples
 
     def __init__(self, data_dir, split, block_size, meta):
-        self.meta, self.block_size = meta, block_size
+        self.meta = meta
+        self.block_size = block_size
         path = os.path.join(data_dir, split)
         self.tokens = load_array(path + ".bin", dtype=meta["dtype"])
-        self.offsets, self.labels = (
-            load_array(path + ".offsets.npy"),
-            load_array(path + ".labels.npy"),
-        )
+        self.offsets = load_array(path + ".offsets.npy")
+        self.labels = load_array(path + ".labels.npy")
         n = meta["splits"][split]
         check(
             len(self.labels) == n,
@@ -172,7 +168,8 @@ class ClassificationData:
         return len(self.labels)
 
     def rows(self, seed, step, n):
-        """Rows step * n ... (step + 1) * n - 1 of an endless stream of epochs, each a permutation of (seed, epoch)."""
+        """Rows step * n ... (step + 1) * n - 1 of an endless stream of epochs, each a permutation
+        of (seed, epoch)."""
         out = []
         for position in range(step * n, (step + 1) * n):
             epoch = position // len(self)
@@ -207,6 +204,5 @@ def load_split(data_dir, split, block_size):
         os.path.join(data_dir, "meta.json"),
         f"no {split} split ({sorted(meta['splits'])})",
     )
-    return (LMData if meta["task"] == "lm" else ClassificationData)(
-        data_dir, split, block_size, meta
-    )
+    cls = LMData if meta["task"] == "lm" else ClassificationData
+    return cls(data_dir, split, block_size, meta)

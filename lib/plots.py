@@ -1,5 +1,5 @@
-"""Drawing, for the tools (plot.py, classify.py, bench/): the loss curves of runs from their metrics.jsonl, and
-matplotlib set up to draw into files."""
+"""Drawing, for the tools (plot.py, classify.py, bench/): the loss curves of runs from their
+metrics.jsonl, and matplotlib set up to draw into files."""
 
 import json
 import os
@@ -22,8 +22,9 @@ def read_metrics(out_dir):
 
 
 def plot_runs(out_dirs, path, x="step"):
-    """Validation (solid) and training (dashed) loss of each run against step or seconds, one colour a run; a second
-    panel with validation accuracy when any run is a classifier. Saved to path (PNG, SVG, PDF: by its extension)."""
+    """Validation (solid) and training (dashed) loss of each run against step or seconds, one colour
+    a run; a second panel with validation accuracy when any run is a classifier. Saved to path (PNG,
+    SVG, PDF: by its extension)."""
     if not path.lower().endswith((".png", ".svg", ".pdf")) or not os.path.isdir(
         os.path.dirname(os.path.abspath(path))
     ):
@@ -69,7 +70,8 @@ def plot_runs(out_dirs, path, x="step"):
 
 
 def pyplot():
-    """matplotlib's pyplot drawing into files only (no window), with plain-text labels ("$5" is not TeX)."""
+    """matplotlib's pyplot drawing into files only (no window), with plain-text labels ("$5" is not
+    TeX)."""
     import matplotlib
 
     matplotlib.use("Agg")

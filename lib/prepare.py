@@ -1,11 +1,11 @@
 """
-What the prepare scripts share (data/<name>/prepare.py): reading text and labelled rows (csv, parquet, jsonl), and
-writing a prepared dataset, meta.json last, in the formats of data/README.md:
+What the prepare scripts share (data/<name>/prepare.py): reading text and labelled rows (csv,
+parquet, jsonl), and writing a prepared dataset, meta.json last, in the formats of data/README.md:
   lm:        {split}.bin, every token id of the split in a row
-  classify:  {split}.bin, the token ids of all rows in a row; {split}.offsets.npy, where each row starts (n + 1
-             entries); {split}.labels.npy, one class id per row
-  meta.json: task, tokenizer, vocab_size, dtype (uint16, or uint32 past 65,536 tokens), splits (tokens or rows per
-             split); classify adds label_names, max_length and pad_token_id
+  classify:  {split}.bin, the token ids of all rows in a row; {split}.offsets.npy, where each row
+             starts (n + 1 entries); {split}.labels.npy, one class id per row
+  meta.json: task, tokenizer, vocab_size, dtype (uint16, or uint32 past 65,536 tokens), splits
+             (tokens or rows per split); classify adds label_names, max_length and pad_token_id
 """
 
 import argparse
@@ -31,8 +31,8 @@ def fraction(text):
 
 
 def read_records(path):
-    """(text, label) pairs of a .csv, .parquet or .jsonl file with columns text,label, as stored, unchecked; a jsonl
-    line that is not a JSON object reads as (None, None)."""
+    """(text, label) pairs of a .csv, .parquet or .jsonl file with columns text,label, as stored,
+    unchecked; a jsonl line that is not a JSON object reads as (None, None)."""
     if not path.endswith(LABELLED_FORMATS):
         raise Error(f"{path}: expected a .csv, .parquet or .jsonl file with columns text,label")
     try:
@@ -44,7 +44,8 @@ def read_records(path):
                 reader = csv.DictReader(f)
                 if not {"text", "label"} <= set(reader.fieldnames or []):
                     raise Error(
-                        f"{path}: needs a header with the columns text,label (found {reader.fieldnames})"
+                        f"{path}: needs a header with the columns text,label "
+                        f"(found {reader.fieldnames})"
                     )
                 return [(r["text"], r["label"]) for r in reader]
         if path.endswith(".parquet"):
@@ -75,16 +76,17 @@ def read_records(path):
     ) as e:  # missing, not UTF-8, broken csv or parquet
         reason = (str(e).splitlines() or [""])[0][:200]
         raise Error(
-            f"{path}: cannot read it ({type(e).__name__}: {reason}); it must be UTF-8 text (csv, jsonl) or "
-            f"parquet, with columns text,label"
+            f"{path}: cannot read it ({type(e).__name__}: {reason}); "
+            "it must be UTF-8 text (csv, jsonl) or parquet, with columns text,label"
         ) from None
 
 
 def label_ids(values, names):
-    """Class ids for raw labels: ints, integral floats (parquet turns an int column with gaps into floats), strings
-    of an int, or class names. Returns (ids, with None where a label is none of the classes; a note or None). A file
-    whose integer labels are exactly 1..n (no 0, as in the original AG News CSVs) is read as 1-based and shifted
-    down, and the note says so: never shifted silently, never half-dropped."""
+    """Class ids for raw labels: ints, integral floats (parquet turns an int column with gaps into
+    floats), strings of an int, or class names. Returns (ids, with None where a label is none of the
+    classes; a note or None). A file whose integer labels are exactly 1..n (no 0, as in the original
+    AG News CSVs) is read as 1-based and shifted down, and the note says so: never shifted silently,
+    never half-dropped."""
 
     def parse(value):  # -> (id, whether it was written as a number)
         if isinstance(value, str):
@@ -113,13 +115,14 @@ def label_ids(values, names):
 
 
 def read_labelled(path, names):
-    """(texts, label ids, warnings) of a labelled .csv, .parquet or .jsonl file: see clean_labelled."""
+    """(texts, label ids, warnings) of a labelled .csv, .parquet or .jsonl file: see
+    clean_labelled."""
     return clean_labelled(read_records(path), names, path)
 
 
 def clean_labelled(records, names, path):
-    """(texts, label ids, warnings) of (text, label) records: rows with no text or a label that is none of the
-    classes are dropped and counted in a warning. No usable row at all is an Error."""
+    """(texts, label ids, warnings) of (text, label) records: rows with no text or a label that is
+    none of the classes are dropped and counted in a warning. No usable row at all is an Error."""
     records = list(records)
     ids, note = label_ids([label for _, label in records], names)
     texts, labels, no_text, bad_label = [], [], 0, 0
@@ -134,14 +137,15 @@ def clean_labelled(records, names, path):
     classes = f"a class id 0..{len(names) - 1} or a name ({', '.join(names)})"
     if not texts:
         raise Error(
-            f"{path}: no usable row among {len(records):,} (each needs columns text,label: a non-empty text "
-            f"and {classes}; {no_text:,} had no text, {bad_label:,} another label)"
+            f"{path}: no usable row among {len(records):,} "
+            f"(each needs columns text,label: a non-empty text and {classes}; "
+            f"{no_text:,} had no text, {bad_label:,} another label)"
         )
     warnings = [f"{path}: {note}"] if note else []
     if no_text or bad_label:
         warnings.append(
-            f"{path}: skipped {no_text + bad_label:,} of {len(records):,} rows ({no_text:,} with no text, "
-            f"{bad_label:,} with a label that is not {classes})"
+            f"{path}: skipped {no_text + bad_label:,} of {len(records):,} rows "
+            f"({no_text:,} with no text, {bad_label:,} with a label that is not {classes})"
         )
     return texts, labels, warnings
 
@@ -186,8 +190,9 @@ def check_out_dir(out_dir):
 
 
 def unpublish(out_dir):
-    """Call once the input has passed its checks, before writing anything: without meta.json the folder reads as
-    unprepared, so a run that dies halfway through its writes can't leave old metadata describing new files."""
+    """Call once the input has passed its checks, before writing anything: without meta.json the
+    folder reads as unprepared, so a run that dies halfway through its writes can't leave old
+    metadata describing new files."""
     check_out_dir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     if os.path.exists(os.path.join(out_dir, "meta.json")):
@@ -217,9 +222,9 @@ def write_lm(out_dir, splits, tok, source):
 
 
 def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
-    """The prepare script of a corpus in one text file, cut 90/10 as nanoGPT cuts Tiny Shakespeare: --source FILE,
-    or the text downloaded from url. tokenizer_for(text) makes the tokenizer. The text is cut first and each part
-    encoded on its own, which gives nanoGPT's token counts."""
+    """The prepare script of a corpus in one text file, cut 90/10 as nanoGPT cuts Tiny Shakespeare:
+    --source FILE, or the text downloaded from url. tokenizer_for(text) makes the tokenizer. The
+    text is cut first and each part encoded on its own, which gives nanoGPT's token counts."""
     p = ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help=f"a local copy of the text (default: download {url})")
     p.add_argument("--out_dir", default=out_dir, help="where to write (default: %(default)s)")
@@ -239,7 +244,8 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
 
 
 def write_classification_split(data_dir, split, rows, labels, dtype):
-    """rows: token id lists; labels: class ids. Writes {split}.bin, {split}.offsets.npy, {split}.labels.npy."""
+    """rows: token id lists; labels: class ids. Writes {split}.bin, {split}.offsets.npy,
+    {split}.labels.npy."""
     os.makedirs(data_dir, exist_ok=True)
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
     save_array(

@@ -1,5 +1,6 @@
-"""Headless Chromium driven over the DevTools protocol through a pipe (--remote-debugging-pipe: JSON messages ended
-by a NUL byte, commands on its fd 3, answers on its fd 4), with the standard library alone."""
+"""Headless Chromium driven over the DevTools protocol through a pipe (--remote-debugging-pipe: JSON
+messages ended by a NUL byte, commands on its fd 3, answers on its fd 4), with the standard library
+alone."""
 
 import base64
 import fcntl
@@ -32,17 +33,22 @@ def find():
 
 
 class Browser:
-    """One page of a headless Chromium: goto(url), js(expression) -> its value, wait(expression), screenshot(path)."""
+    """One page of a headless Chromium: goto(url), js(expression) -> its value, wait(expression),
+    screenshot(path)."""
 
     def __init__(self, binary, profile_dir, width=1200, height=1000):
-        # our ends of the two pipes, and Chromium's, numbered from 10 up so that moving them to 3 and 4 overwrites none
-        high = lambda fd: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+        # our ends of the two pipes, and Chromium's, numbered from 10 up so that moving them to 3
+        # and 4 overwrites none
+        def high(fd):
+            return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+
         to_browser, self.writer = map(high, os.pipe())
         self.reader, from_browser = map(high, os.pipe())
         actions = [(os.POSIX_SPAWN_DUP2, to_browser, 3), (os.POSIX_SPAWN_DUP2, from_browser, 4)] + [
             (os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)
         ]
-        # posix_spawn, not fork: no Python runs in the child of a process whose other threads may hold its locks
+        # posix_spawn, not fork: no Python runs in the child of a process whose other threads may
+        # hold its locks
         self.pid = os.posix_spawn(
             binary,
             [binary, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],

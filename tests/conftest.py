@@ -1,4 +1,5 @@
-"""Shared test setup: the read-only ../shared folder (real data, the GPT-2 BPE file), when it is there."""
+"""Shared test setup: the read-only ../shared folder (real data, the GPT-2 BPE file), when it is
+there."""
 
 import os
 import sys
@@ -22,7 +23,8 @@ needs_shared = pytest.mark.skipif(
     not os.path.isdir(SHARED), reason=f"needs the shared data folder {SHARED}"
 )
 
-# a model and schedule small enough for a training run in a fraction of a second, in float32 on the CPU
+# a model and schedule small enough for a training run in a fraction of a second, in float32 on the
+# CPU
 TINY = [
     "--n_layer=1",
     "--n_head=2",
@@ -40,8 +42,8 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """Tiny tensors in one thread, as the script processes compared against run (OMP_NUM_THREADS=1): the same sums,
-    and no threads fighting over the cores (60x slower on a busy 2-core machine)."""
+    """Tiny tensors in one thread, as the script processes compared against run (OMP_NUM_THREADS=1):
+    the same sums, and no threads fighting over the cores (60x slower on a busy 2-core machine)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

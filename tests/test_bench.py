@@ -1,4 +1,5 @@
-"""bench/speed.py: the notebook-style per-head loop computes what the fused projection computes; measurements run."""
+"""bench/speed.py: the notebook-style per-head loop computes what the fused projection computes;
+measurements run."""
 
 import torch
 

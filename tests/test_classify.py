@@ -1,6 +1,7 @@
-"""classify.py end to end: a tiny char-level EncoderClassifier trained here for a moment on a toy task (which of a, b, c
-a text holds most of), run as a user runs it (subprocesses, started together) and checked against the model itself,
-one text at a time and unpadded. Variants of the same code paths (--file, other formats, errors) run in-process."""
+"""classify.py end to end: a tiny char-level EncoderClassifier trained here for a moment on a toy
+task (which of a, b, c a text holds most of), run as a user runs it (subprocesses, started together)
+and checked against the model itself, one text at a time and unpadded. Variants of the same code
+paths (--file, other formats, errors) run in-process."""
 
 import csv
 import io
@@ -30,7 +31,8 @@ PAD = CHARS.index(
 
 
 def toy_rows(n, seed):
-    """(text, label): mostly the label's letter, with noise; short texts are often ambiguous, so accuracy < 1."""
+    """(text, label): mostly the label's letter, with noise; short texts are often ambiguous, so
+    accuracy < 1."""
     rng, rows = random.Random(seed), []
     for _ in range(n):
         label, length = rng.randrange(3), rng.choice([rng.randint(1, 6), rng.randint(7, 40)])
@@ -140,7 +142,8 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(ckpt, data):
-    """Every classify.py subprocess of these tests, started at once (each spends a second or two importing torch)."""
+    """Every classify.py subprocess of these tests, started at once (each spends a second or two
+    importing torch)."""
     d, rows, texts = data
     started = {
         "eval": launch(
@@ -157,7 +160,8 @@ def runs(ckpt, data):
 
 
 def eval_numbers(model, rows):
-    """accuracy, per class (precision, recall, f1, support) and the confusion matrix, computed here."""
+    """accuracy, per class (precision, recall, f1, support) and the confusion matrix, computed
+    here."""
     preds = [int(p.argmax()) for p in direct_probs(model, [char_ids(t) for t, _ in rows])]
     cm = [
         [sum(1 for (_, y), p in zip(rows, preds) if (y, p) == (i, j)) for j in range(3)]
@@ -270,7 +274,7 @@ def test_attention_maps(ckpt, data, runs):
     fig = classify.attention_figure([m[0].numpy() for m in maps], list("abca cab"), "predicted: x")
     panels = [ax for ax in fig.axes if ax.get_title()]
     assert sorted(ax.get_title() for ax in panels) == [
-        f"layer {l} head {h}" for l in range(2) for h in range(2)
+        f"layer {layer} head {h}" for layer in range(2) for h in range(2)
     ]
     assert [t.get_text() for t in panels[0].get_xticklabels()] == list("abca cab")
     assert [t.get_text() for t in panels[0].get_yticklabels()] == list("abca cab")
@@ -356,7 +360,8 @@ def test_help_documents_every_flag(capsys):
 
 @needs_shared
 def test_bpe_checkpoint_truncates_to_block_size(tmp_path, capsys):
-    """GPT-2's BPE through tiktoken; max_length 64 > block_size 32, so texts are cut to 32 tokens."""
+    """GPT-2's BPE through tiktoken; max_length 64 > block_size 32, so texts are cut to 32
+    tokens."""
     from lib.tokenizer import BPETokenizer
 
     tok = BPETokenizer("r50k_base")

@@ -1,5 +1,6 @@
-"""export.py: a GPT checkpoint becomes a folder that transformers loads as GPT2LMHeadModel, with the same logits, the
-same token ids (GPT-2's BPE) and a working text-generation pipeline; options GPT-2 lacks are refused."""
+"""export.py: a GPT checkpoint becomes a folder that transformers loads as GPT2LMHeadModel, with the
+same logits, the same token ids (GPT-2's BPE) and a working text-generation pipeline; options GPT-2
+lacks are refused."""
 
 import json
 import os

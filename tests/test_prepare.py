@@ -1,5 +1,5 @@
-"""data/*/prepare.py, run as a user runs them (subprocess, CLI): what they write, what they refuse, and that
-dataset.py's readers take what they wrote."""
+"""data/*/prepare.py, run as a user runs them (subprocess, CLI): what they write, what they refuse,
+and that dataset.py's readers take what they wrote."""
 
 import csv
 import json
@@ -18,8 +18,8 @@ LABELS = ["World", "Sports", "Business", "Sci/Tech"]
 
 
 def prepare(name, *args, env=None):
-    """Runs data/{name}/prepare.py; the hub's caches point into the test's folder, so no cached copy of a hub
-    data set can stand in for a download and nothing lands in ~/.cache."""
+    """Runs data/{name}/prepare.py; the hub's caches point into the test's folder, so no cached copy
+    of a hub data set can stand in for a download and nothing lands in ~/.cache."""
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "data", name, "prepare.py"), *map(str, args)],
         capture_output=True,
@@ -55,11 +55,12 @@ def write_csv(path, rows):
 
 
 def agnews_rows():
-    """40 distinct texts (one long enough to be cut, one non-ASCII, one with a comma, quotes and a line break)
-    and one text three times over: 43 rows."""
+    """40 distinct texts (one long enough to be cut, one non-ASCII, one with a comma, quotes and a
+    line break) and one text three times over: 43 rows."""
     rows = [
         (
-            f"Story {i}: the {['council', 'match', 'market', 'chip'][i % 4]} report number {i * 13}.",
+            f"Story {i}: the {['council', 'match', 'market', 'chip'][i % 4]} report number "
+            f"{i * 13}.",
             i % 4,
         )
         for i in range(36)
@@ -137,7 +138,8 @@ def test_agnews_csv_splits_labels_and_round_trip(agnews):
             ids = tokens[offsets[i] : offsets[i + 1]].tolist()
             text = next(t for t, _ in source if enc.encode_ordinary(t)[:16] == ids)
             assert label == label_of[text]
-            # a row decodes to its text, or to a prefix of it when cut (in bytes: a cut may split a character)
+            # a row decodes to its text, or to a prefix of it when cut (in bytes: a cut may split a
+            # character)
             assert (
                 enc.decode(ids) == text
                 if len(enc.encode_ordinary(text)) <= 16
@@ -201,7 +203,8 @@ def test_agnews_parquet_jsonl_and_malformed_rows(tmp_path):
 
 @needs_shared
 def test_agnews_labels_1_to_4_are_read_as_1_based_with_a_note(tmp_path):
-    """The original AG News CSVs number the classes 1..4: mapped down, said in one line, never shifted silently."""
+    """The original AG News CSVs number the classes 1..4: mapped down, said in one line, never
+    shifted silently."""
     os.makedirs(tmp_path / "src")
     write_csv(tmp_path / "src" / "train.csv", [(f"Story number {i}", i % 4 + 1) for i in range(20)])
     r = prepare(
@@ -209,8 +212,8 @@ def test_agnews_labels_1_to_4_are_read_as_1_based_with_a_note(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert (
-        "labels run 1..4 with no 0: read as 1-based, 1 = World, 2 = Sports, 3 = Business, 4 = Sci/Tech"
-        in r.stderr
+        "labels run 1..4 with no 0: read as 1-based, "
+        "1 = World, 2 = Sports, 3 = Business, 4 = Sci/Tech" in r.stderr
     )
     labels = np.concatenate([read_rows(tmp_path / "out", s)[2] for s in ("train", "val")])
     assert sorted(labels.tolist()) == sorted(i % 4 for i in range(20))

@@ -1,6 +1,6 @@
-"""serve.py on a loopback port: each endpoint against sample.py and classify.py on the same checkpoints and seeds, the
-stream against the whole answer, bad requests refused while the server keeps answering, a client that leaves, a
-bounded load, and the page driven in headless Chromium."""
+"""serve.py on a loopback port: each endpoint against sample.py and classify.py on the same
+checkpoints and seeds, the stream against the whole answer, bad requests refused while the server
+keeps answering, a client that leaves, a bounded load, and the page driven in headless Chromium."""
 
 import http.client
 import json
@@ -72,7 +72,8 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoints):
-    """The playground on a free loopback port, in a thread of this process: (its base URL, the Playground)."""
+    """The playground on a free loopback port, in a thread of this process: (its base URL, the
+    Playground)."""
     playground = serve.Playground(
         [checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256
     )
@@ -140,7 +141,8 @@ def test_models_lists_each_checkpoint_with_its_task(server):
     "options", [SAMPLING, dict(temperature=0.0, stop=["h."])], ids=["sampled", "greedy-stop"]
 )
 def test_completions_are_sample_py_samples(server, checkpoints, options):
-    """The same checkpoint, prompt, seed and flags: the same texts as sample.py's, sample for sample."""
+    """The same checkpoint, prompt, seed and flags: the same texts as sample.py's, sample for
+    sample."""
     body = dict(model="gpt", prompt="abc", n=3, max_tokens=40, seed=7, **options)
     answer = post(server, "/v1/completions", body)
     flags = [f"--{k}={v}" for k, v in options.items() if k != "stop"] + (
@@ -309,7 +311,8 @@ def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_answering(
 
 
 def test_an_error_mid_stream_is_its_last_event(server):
-    """Every token blocked at the second step: the headers are out, so the error comes as an event."""
+    """Every token blocked at the second step: the headers are out, so the error comes as an
+    event."""
     events = stream(server, {"prompt": "abcdefgh .", "no_repeat_ngram_size": 1, "max_tokens": 5})
     assert (
         json.loads(events[0])["choices"][0]["text"] == "\n"
@@ -362,8 +365,9 @@ def rss_mb():
 
 
 def test_a_bounded_load_answers_every_request_correctly_with_flat_memory(server):
-    """200 requests, 8 at a time, after a warm-up round of the same: every answer equals the one each request gets
-    alone (interleaved decoding steps do not mix their draws), and the process's memory does not grow."""
+    """200 requests, 8 at a time, after a warm-up round of the same: every answer equals the one
+    each request gets alone (interleaved decoding steps do not mix their draws), and the process's
+    memory does not grow."""
     bodies = [
         dict(prompt="abc"[: 1 + i % 3], max_tokens=8 + i % 5, seed=i, n=1 + i % 2, **SAMPLING)
         for i in range(20)
@@ -442,7 +446,8 @@ def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
         )  # layers x heads
         assert browser.js('document.querySelectorAll("#probs .label-row").length') == len(LABELS)
         browser.screenshot(tmp_path / "playground.png")
-        # an error after the stream began (every token blocked at the second step) is shown, not taken for the end
+        # an error after the stream began (every token blocked at the second step) is shown, not
+        # taken for the end
         browser.js("""document.getElementById("prompt").value = "abcdefgh .";
                       document.getElementById("no_repeat_ngram_size").value = "1";
                       document.getElementById("go").click()""")

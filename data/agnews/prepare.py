@@ -1,12 +1,15 @@
 """
-AG News topic classification (0 World, 1 Sports, 2 Business, 3 Sci/Tech) in GPT-2's byte-pair encoding, one row
-per article cut to --max_length tokens. Writes {split}.bin, {split}.offsets.npy, {split}.labels.npy for train, val
-(and test when the source has one), then meta.json (task "classify"), into this folder or --out_dir.
-  python data/agnews/prepare.py                  # downloads fancyzhx/ag_news: 120,000 train / 7,600 test rows
+AG News topic classification (0 World, 1 Sports, 2 Business, 3 Sci/Tech) in GPT-2's byte-pair
+encoding, one row per article cut to --max_length tokens. Writes {split}.bin, {split}.offsets.npy,
+{split}.labels.npy for train, val (and test when the source has one), then meta.json (task
+"classify"), into this folder or --out_dir.
+  python data/agnews/prepare.py  # downloads fancyzhx/ag_news: 120,000 train / 7,600 test rows
   TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache \
-  python data/agnews/prepare.py --source ../shared/data/agnews_sample    # offline: train.csv, val.csv
---source DIR holds train.{csv,parquet,jsonl} with columns text,label, and optionally val.* and test.* alike.
-Without a val file, val is carved out of train by a hash of each text, so identical texts share a split.
+  python data/agnews/prepare.py --source ../shared/data/agnews_sample  # offline: train.csv, val.csv
+--source DIR holds train.{csv,parquet,jsonl} with columns text,label, and optionally val.* and
+test.* alike.
+Without a val file, val is carved out of train by a hash of each text, so identical texts share a
+split.
 """
 
 import argparse
@@ -52,8 +55,8 @@ def load_local(source):
         )
     if find_file(source, "train") is None:
         raise Error(
-            f"--source {source}: no train.csv, train.parquet or train.jsonl there; the folder needs "
-            f"one (columns text,label), optionally with val.* and test.* alike"
+            f"--source {source}: no train.csv, train.parquet or train.jsonl there; "
+            "the folder needs one (columns text,label), optionally with val.* and test.* alike"
         )
     splits = {}
     for split in ("train", "val", "test"):
@@ -73,8 +76,8 @@ def load_hub():
     ) as e:  # offline it is a ConnectionError, but any failure here has the same way out
         reason = (str(e).splitlines() or [""])[0][:200]
         raise Error(
-            f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass --source DIR "
-            f"with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample"
+            f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): "
+            "pass --source DIR with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample"
         ) from None
     return {
         split: keep(
@@ -87,7 +90,8 @@ def load_hub():
 
 
 def in_val(text, val_fraction):
-    """The same text always hashes the same way, so duplicates can't straddle train and val (a leak into val)."""
+    """The same text always hashes the same way, so duplicates can't straddle train and val (a leak
+    into val)."""
     return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) / 2**32 < val_fraction
 
 
@@ -101,7 +105,8 @@ def main():
         "--val_fraction",
         type=prepare.fraction,
         default=0.05,
-        help="share of train carved out as val when the source has no val split (default: %(default)s)",
+        help="share of train carved out as val when the source has no val split "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--max_length",
@@ -113,7 +118,8 @@ def main():
         "--cased",
         action="store_true",
         help="keep the texts' case (default: lowercase them before BPE, "
-        "as bag-of-words models do; the tokenizer in meta.json says so, and classify.py does the same)",
+        "as bag-of-words models do; the tokenizer in meta.json says so, "
+        "and classify.py does the same)",
     )
     args = p.parse_args()
     t0 = time.time()
@@ -133,14 +139,16 @@ def main():
     splits = {
         s: splits[s] for s in ("train", "val", "test") if s in splits
     }  # in this order in meta.json too
-    # a text given in two splits would score as held out while trained on: keep it in test, else val, not train
+    # a text given in two splits would score as held out while trained on: keep it in test, else
+    # val, not train
     seen, done = set(), []
     for split in [s for s in ("test", "val", "train") if s in splits]:
         texts, labels = splits[split]
         keep = [t not in seen for t in texts]
         if not all(keep):
             print(
-                f"warning: {split}: dropped {keep.count(False):,} rows whose text is also in {'/'.join(done)}",
+                f"warning: {split}: dropped {keep.count(False):,} rows whose text is also in "
+                f"{'/'.join(done)}",
                 file=sys.stderr,
             )
             splits[split] = (
@@ -185,8 +193,8 @@ def main():
         lengths = np.array([len(r) for r in rows[split]])
         counts = Counter(splits[split][1])
         print(
-            f"{split}: {len(lengths):,} rows, {lengths.sum():,} tokens, mean {lengths.mean():.1f} tokens/row "
-            f"({truncated[split]:,} cut to {args.max_length}); classes "
+            f"{split}: {len(lengths):,} rows, {lengths.sum():,} tokens, mean {lengths.mean():.1f} "
+            f"tokens/row ({truncated[split]:,} cut to {args.max_length}); classes "
             + ", ".join(f"{name} {counts[i]:,}" for i, name in enumerate(LABEL_NAMES))
         )
     prepare.write_meta(

@@ -1,11 +1,13 @@
 """
-OpenWebText (about 8M documents, 9B tokens) in GPT-2's byte-pair encoding, as nanoGPT's openwebtext: <|endoftext|>
-(50256) after every document, 0.05% of the documents as val (seed 2357). Writes train.bin (~17 GB), val.bin (uint16)
-and meta.json (task "lm") into this folder, or into --out_dir. A job for a machine with disk and cores to spare:
-the download is ~54 GB of hub cache.
+OpenWebText (about 8M documents, 9B tokens) in GPT-2's byte-pair encoding, as nanoGPT's openwebtext:
+<|endoftext|> (50256) after every document, 0.05% of the documents as val (seed 2357). Writes
+train.bin (~17 GB), val.bin (uint16) and meta.json (task "lm") into this folder, or into --out_dir.
+A job for a machine with disk and cores to spare: the download is ~54 GB of hub cache.
   python data/openwebtext/prepare.py --num_proc 8
-  python data/openwebtext/prepare.py --source my_texts/       # local text: a folder of .txt files, one per document,
-  python data/openwebtext/prepare.py --source docs.jsonl      # or a .jsonl / .parquet with a "text" column
+  # local text: a folder of .txt files, one per document,
+  python data/openwebtext/prepare.py --source my_texts/
+  # or a .jsonl / .parquet with a "text" column
+  python data/openwebtext/prepare.py --source docs.jsonl
 """
 
 import argparse
@@ -57,7 +59,8 @@ def load(source, num_proc):
         )  # sorted: the same order, the same split, every run
         if not files:
             raise Error(
-                f"--source {source}: no .txt files in this folder; put one document per .txt file there"
+                f"--source {source}: no .txt files in this folder; "
+                "put one document per .txt file there"
             )
         ds = datasets.load_dataset("text", data_files=files, sample_by="document", split="train")
     elif source.endswith((".jsonl", ".parquet")) and os.path.isfile(source):
@@ -66,11 +69,13 @@ def load(source, num_proc):
         )
         if "text" not in ds.column_names:
             raise Error(
-                f'--source {source}: no "text" column (found {ds.column_names}); name the column text'
+                f'--source {source}: no "text" column (found {ds.column_names}); '
+                "name the column text"
             )
     else:
         raise Error(
-            f"--source {source}: neither a folder of .txt files nor an existing .jsonl or .parquet file"
+            f"--source {source}: "
+            "neither a folder of .txt files nor an existing .jsonl or .parquet file"
         )
     return ds
 
@@ -124,7 +129,8 @@ def main():
     )  # from here on the folder is being rewritten: no meta.json until it is whole
     counts = {}
     for name, d in tokenized.items():
-        # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory as a list
+        # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory
+        # as a list
         n = int(np.sum(d["len"], dtype=np.uint64))
         path = os.path.join(args.out_dir, f"{name}.bin")
         arr = np.memmap(path + ".tmp", dtype=dtype, mode="w+", shape=(n,))

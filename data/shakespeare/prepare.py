@@ -1,10 +1,10 @@
 """
-Tiny Shakespeare in GPT-2's byte-pair encoding (tiktoken r50k_base), as nanoGPT's shakespeare: the first 90% of the
-text is train, the last 10% val, each encoded on its own. Writes train.bin, val.bin (uint16) and meta.json
-(task "lm") into this folder, or into --out_dir.
-  python data/shakespeare/prepare.py                                                        # downloads 1 MB
+Tiny Shakespeare in GPT-2's byte-pair encoding (tiktoken r50k_base), as nanoGPT's shakespeare: the
+first 90% of the text is train, the last 10% val, each encoded on its own. Writes train.bin, val.bin
+(uint16) and meta.json (task "lm") into this folder, or into --out_dir.
+  python data/shakespeare/prepare.py  # downloads 1 MB
   TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache \
-  python data/shakespeare/prepare.py --source ../shared/data/tinyshakespeare/input.txt      # offline
+  python data/shakespeare/prepare.py --source ../shared/data/tinyshakespeare/input.txt  # offline
 """
 
 import os

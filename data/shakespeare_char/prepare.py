@@ -1,9 +1,10 @@
 """
-Tiny Shakespeare at the character level, as nanoGPT's shakespeare_char: the vocabulary is the sorted set of the
-text's characters (65), the first 90% of the text is train and the last 10% val. Writes train.bin, val.bin and
-meta.json (task "lm") into this folder, or into --out_dir.
-  python data/shakespeare_char/prepare.py                                                   # downloads 1 MB
-  python data/shakespeare_char/prepare.py --source ../shared/data/tinyshakespeare/input.txt # offline
+Tiny Shakespeare at the character level, as nanoGPT's shakespeare_char: the vocabulary is the sorted
+set of the text's characters (65), the first 90% of the text is train and the last 10% val. Writes
+train.bin, val.bin and meta.json (task "lm") into this folder, or into --out_dir.
+  python data/shakespeare_char/prepare.py  # downloads 1 MB
+  # offline
+  python data/shakespeare_char/prepare.py --source ../shared/data/tinyshakespeare/input.txt
 """
 
 import os
