@@ -1,8 +1,10 @@
-"""Decoding strategies, each a pure function of a batch of logits [B, V] (and, where it needs one, the context [B, t]
-of every token so far, prompt included) that returns new logits, so they compose; make_next_token chains them. Names
-and meanings follow Hugging Face's generate() and OpenAI's API."""
+"""Decoding strategies, each a pure function of a batch of logits [B, V] (and, where it needs one,
+the context [B, t] of every token so far, prompt included) that returns new logits, so they
+compose. Options declares each one's setting once; NextToken applies them in order and draws.
+Names and meanings follow Hugging Face's generate() and OpenAI's API."""
 
 import math
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -13,50 +15,54 @@ NEG_INF = float("-inf")
 
 def token_counts(logits, context):
     """[B, V], same dtype as logits: how many times each token occurs in each row of the context."""
-    return torch.zeros_like(logits).scatter_add_(
-        1, context, torch.ones_like(context, dtype=logits.dtype)
-    )
+    ones = torch.ones_like(context, dtype=logits.dtype)
+    return torch.zeros_like(logits).scatter_add_(1, context, ones)
 
 
 def frequency_penalty(logits, context, a):
-    """OpenAI's frequency penalty: logit -= a * (times the token occurs in the context)."""
+    """OpenAI's: logit -= a * (times the token occurs in the context)."""
     return logits - a * token_counts(logits, context)
 
 
 def presence_penalty(logits, context, b):
-    """OpenAI's presence penalty: logit -= b for every token that occurs in the context at least once."""
-    return logits - b * (token_counts(logits, context) > 0).to(logits.dtype)
+    """OpenAI's: logit -= b for every token that occurs in the context at least once."""
+    seen = token_counts(logits, context) > 0
+    return logits - b * seen.to(logits.dtype)
 
 
 def repetition_penalty(logits, context, r):
-    """Hugging Face's (from the CTRL paper): for tokens in the context, positive logits are divided by r and
-    negative ones multiplied by r, so r > 1 makes every seen token less likely, however often it was seen."""
+    """Hugging Face's (from the CTRL paper): for tokens in the context, positive logits are divided
+    by r and negative ones multiplied by r, so r > 1 makes every seen token less likely, however
+    often it was seen."""
     seen = token_counts(logits, context) > 0
-    return torch.where(seen, torch.where(logits < 0, logits * r, logits / r), logits)
+    penalised = torch.where(logits < 0, logits * r, logits / r)
+    return torch.where(seen, penalised, logits)
 
 
 def no_repeat_ngram(logits, context, n):
-    """Hugging Face's no_repeat_ngram_size: a token that would complete an n-gram already present anywhere in the
-    context (prompt and generated tokens alike) gets -inf. n = 1 bans every token seen so far; n = 0 does nothing."""
-    if n == 0 or context.size(1) < n:
+    """Hugging Face's no_repeat_ngram_size: a token that would complete an n-gram already present
+    anywhere in the context (prompt and generated tokens alike) gets -inf. n = 1 bans every token
+    seen so far; n = 0 does nothing."""
+    t = context.size(1)
+    if n == 0 or t < n:
         return logits
     ngrams = context.unfold(1, n, 1)  # [B, t - n + 1, n], every n-gram of each row
-    prefix = context[
-        :, context.size(1) - n + 1 :
-    ]  # the last n - 1 tokens: the n-gram the next token would end
-    match = (ngrams[:, :, :-1] == prefix[:, None, :]).all(-1)  # n-grams that start with that prefix
+    prefix = context[:, t - n + 1 :]  # the last n - 1 tokens: the n-gram the next token would end
+    # the n-grams that start with that prefix, and the tokens that end them
+    match = (ngrams[:, :, :-1] == prefix[:, None, :]).all(-1)
     hits = torch.zeros_like(logits).scatter_add_(1, ngrams[:, :, -1], match.to(logits.dtype))
     return logits.masked_fill(hits > 0, NEG_INF)
 
 
 def temperature(logits, t):
-    """logits / t: below 1 sharpens the distribution, above 1 flattens it; t = 0 takes the most likely token."""
+    """logits / t: below 1 sharpens the distribution, above 1 flattens it."""
     return logits / t
 
 
 def top_k(logits, k):
-    """Keep the k largest logits of each row, the rest -inf; k >= V keeps everything. Ties at the k-th value are all
-    kept (as Hugging Face), so more than k tokens may survive: [3, 2, 2, 1] with k = 2 keeps 3, 2 and 2."""
+    """Keep the k largest logits of each row, the rest -inf; k >= V keeps everything. Ties at the
+    k-th value are all kept (as Hugging Face), so more than k tokens may survive: [3, 2, 2, 1] with
+    k = 2 keeps 3, 2 and 2."""
     if k >= logits.size(-1):
         return logits
     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
@@ -64,91 +70,153 @@ def top_k(logits, k):
 
 
 def top_p(logits, p):
-    """Nucleus sampling: keep the smallest set of most likely tokens whose probabilities sum to >= p, the rest
-    -inf. The top token always stays; p = 1 keeps everything. Tokens tied with the least likely kept one are kept
-    too (as top_k does), so that the result does not depend on how a sort orders equal values."""
+    """Nucleus sampling: keep the smallest set of most likely tokens whose probabilities sum to
+    >= p, the rest -inf. The top token always stays; p = 1 keeps everything. Tokens tied with the
+    least likely kept one are kept too (as top_k does), so that the result does not depend on how a
+    sort orders equal values."""
     if p >= 1:
         return logits
     probs = torch.softmax(logits, dim=-1)
     sorted_probs = probs.sort(dim=-1, descending=True).values
-    n_keep = (sorted_probs.cumsum(-1) < p).sum(
-        -1, keepdim=True
-    ) + 1  # up to and including the first to reach p
-    cutoff = sorted_probs.gather(-1, n_keep.clamp(max=logits.size(-1)) - 1)
+    # up to and including the first token to reach p
+    n_keep = (sorted_probs.cumsum(-1) < p).sum(-1, keepdim=True) + 1
+    n_keep = n_keep.clamp(max=logits.size(-1))
+    cutoff = sorted_probs.gather(-1, n_keep - 1)
     return logits.masked_fill(probs < cutoff, NEG_INF)
 
 
-# every option: (its function, the value that turns it off, whether the function reads the context), in the order
-# of application: the penalties and n-gram blocking on the raw logits, then temperature, top-k, top-p
-OPTIONS = dict(
-    frequency_penalty=(frequency_penalty, 0.0, True),
-    presence_penalty=(presence_penalty, 0.0, True),
-    repetition_penalty=(repetition_penalty, 1.0, True),
-    no_repeat_ngram_size=(no_repeat_ngram, 0, True),
-    temperature=(temperature, 1.0, False),
-    top_k=(top_k, None, False),
-    top_p=(top_p, 1.0, False),
-)
-RANGES = dict(
-    temperature=(lambda t: t >= 0, ">= 0 (0 = greedy)"),
-    top_k=(lambda k: k >= 1, ">= 1"),
-    top_p=(lambda p: 0 < p <= 1, "in (0, 1]"),
-    repetition_penalty=(lambda r: r > 0, "> 0 (1 = off)"),
-    no_repeat_ngram_size=(lambda n: n >= 0, ">= 0 (0 = off)"),
-)
+def option(off, help, ge=None, gt=None, le=None):
+    """One decoding option: the value that turns it off (its default), what it does, its range."""
+    return field(default=off, metadata=dict(help=help, ge=ge, gt=gt, le=le))
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every decoding option, in the order NextToken applies them: the penalties and n-gram
+    blocking on the raw logits, then temperature, top-k, top-p. sample.py's flags and the
+    playground's request fields are made from these fields; a value out of range raises Error."""
+
+    frequency_penalty: float = option(
+        0.0, "OpenAI's: logit -= a x (times the token occurs so far)", ge=-2, le=2
+    )
+    presence_penalty: float = option(
+        0.0, "OpenAI's: logit -= b for each token that occurs at all", ge=-2, le=2
+    )
+    repetition_penalty: float = option(
+        1.0, "Hugging Face's: seen tokens' logits / r if > 0, x r if < 0 (1 = off)", gt=0
+    )
+    no_repeat_ngram_size: int = option(
+        0, "Hugging Face's: never repeat an n-gram of the prompt or output (0 = off)", ge=0
+    )
+    temperature: float = option(1.0, "logits / t: < 1 sharper, > 1 flatter (0 = greedy)", ge=0)
+    top_k: int = option(0, "keep the k most likely tokens (0 = off)", ge=0)
+    top_p: float = option(
+        1.0, "keep the most likely tokens up to probability p (1 = off)", gt=0, le=1
+    )
+
+    def __post_init__(self):
+        for f in fields(self):
+            check(f, getattr(self, f.name))
+
+
+def check(f, value):
+    """Error unless value has the option's type (a float takes an int) and lies in its range."""
+    if f.type is float and type(value) is int:
+        value = float(value) if abs(value) < 1e300 else math.inf
+    if type(value) is not f.type:
+        raise Error(f"{f.name} must be {f.type.__name__}, got {value!r:.40}")
+    if f.type is float and not math.isfinite(value):
+        raise Error(f"{f.name} must be a finite number, got {value}")
+    rule = describe(f.metadata)
+    ge, gt, le = f.metadata["ge"], f.metadata["gt"], f.metadata["le"]
+    below = ge is not None and value < ge or gt is not None and value <= gt
+    if below or le is not None and value > le:
+        raise Error(f"{f.name} must be {rule}, got {value!r:.40}")
+
+
+def describe(limits):
+    """A range in words: ">= 0", "> 0", "in (0, 1]", "in [-2, 2]"."""
+    ge, gt, le = limits["ge"], limits["gt"], limits["le"]
+    if le is None:
+        return f">= {ge}" if gt is None else f"> {gt}"
+    return f"in [{ge}, {le}]" if gt is None else f"in ({gt}, {le}]"
+
+
+class NextToken:
+    """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate: the options that are on,
+    in Options' order, then a draw from the softmax, or the argmax when greedy or temperature == 0
+    (greedy skips temperature, top-k and top-p: they never change the argmax). generator: a
+    torch.Generator for the draws, made on its device (a CPU one serves a model on a GPU), so a seed
+    gives the same tokens anywhere."""
+
+    def __init__(self, options, greedy=False, generator=None):
+        self.options = options
+        self.greedy = greedy or options.temperature == 0
+        self.generator = generator
+
+    def stages(self, logits, context):
+        """Yields ("raw", logits), then (option, logits after it) for each option that is on."""
+        yield "raw", logits
+        o = self.options
+        if o.frequency_penalty:
+            logits = frequency_penalty(logits, context, o.frequency_penalty)
+            yield "frequency_penalty", logits
+        if o.presence_penalty:
+            logits = presence_penalty(logits, context, o.presence_penalty)
+            yield "presence_penalty", logits
+        if o.repetition_penalty != 1:
+            logits = repetition_penalty(logits, context, o.repetition_penalty)
+            yield "repetition_penalty", logits
+        if o.no_repeat_ngram_size:
+            logits = no_repeat_ngram(logits, context, o.no_repeat_ngram_size)
+            yield "no_repeat_ngram_size", logits
+        if self.greedy:
+            return
+        if o.temperature != 1:
+            logits = temperature(logits, o.temperature)
+            yield "temperature", logits
+        if o.top_k:
+            logits = top_k(logits, o.top_k)
+            yield "top_k", logits
+        if o.top_p < 1:
+            logits = top_p(logits, o.top_p)
+            yield "top_p", logits
+
+    def process(self, logits, context):
+        """The logits after every option that is on."""
+        name, last = list(self.stages(logits, context))[-1]
+        return last
+
+    def __call__(self, logits, context):
+        logits = self.process(logits, context)
+        probs = torch.softmax(logits, dim=-1)
+        if not torch.isfinite(probs).all():
+            raise Error(no_distribution(logits))
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        if self.generator is not None:
+            probs = probs.to(self.generator.device)
+        token = torch.multinomial(probs, 1, generator=self.generator)
+        return token.squeeze(-1).to(logits.device)
+
+
+def no_distribution(logits):
+    """Why the softmax of logits is not a distribution: a row all -inf, or a logit at +inf."""
+    if (logits == NEG_INF).all(-1).any():
+        return (
+            "no_repeat_ngram_size blocks every token (it bans each token that would repeat an "
+            "n-gram; with a small vocabulary and a small n that can be all of them)"
+        )
+    return (
+        "temperature or a penalty overflows the logits "
+        "(try a temperature nearer 1, smaller penalties)"
+    )
 
 
 def make_next_token(greedy=False, generator=None, **options):
-    """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate, from OPTIONS by name (the rest stay off):
-    the filters in OPTIONS' order, then a draw from the softmax, or the argmax when greedy or temperature == 0 (greedy
-    skips temperature, top-k and top-p: they never change the argmax). next_token.stages lists the filters that run as
-    (name, f(logits, context)); next_token.process(logits, context) applies them all. generator: a torch.Generator
-    for the draws, made on its device (a CPU one serves a model on a GPU), so a seed gives the same tokens anywhere.
-    An unknown option or a value out of its range raises Error."""
-    value = {name: options.pop(name, off) for name, (_, off, _) in OPTIONS.items()}
-    if options:
-        raise Error(
-            f"{next(iter(options))} is not a decoding option (they are {', '.join(OPTIONS)})"
-        )
-    for name, v in value.items():
-        ok, rule = RANGES.get(name, (lambda v: True, ""))
-        if v is not None and not (math.isfinite(v) and ok(v)):
-            raise Error(
-                f"{name} must be {'a finite number' if not math.isfinite(v) else rule}, got {v}"
-            )
-    greedy = greedy or value["temperature"] == 0
-    stage = lambda f, v, reads: (
-        (lambda x, context: f(x, context, v)) if reads else (lambda x, context: f(x, v))
-    )
-    stages = [
-        (name, stage(f, value[name], reads))
-        for name, (f, off, reads) in OPTIONS.items()
-        if value[name] not in (off, None) and (reads or not greedy)
-    ]
-
-    def process(logits, context):
-        for _, f in stages:
-            logits = f(logits, context)
-        return logits
-
-    def next_token(logits, context):
-        logits = process(logits, context)
-        probs = torch.softmax(logits, dim=-1)
-        if not torch.isfinite(
-            probs
-        ).all():  # a row all -inf, or a logit at +inf: no distribution to draw from
-            if (logits == NEG_INF).all(-1).any():
-                raise Error(
-                    "no_repeat_ngram_size blocks every token (it bans each token that would repeat an "
-                    "n-gram; with a small vocabulary and a small n that can be all of them)"
-                )
-            raise Error(
-                "temperature or a penalty overflows the logits (try a temperature nearer 1, smaller penalties)"
-            )
-        if greedy:
-            return logits.argmax(dim=-1)
-        probs = probs.to(logits.device if generator is None else generator.device)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
-
-    next_token.stages, next_token.process = stages, process
-    return next_token
+    """NextToken for the options named (the rest stay off); an unknown one raises Error."""
+    names = [f.name for f in fields(Options)]
+    for name in options:
+        if name not in names:
+            raise Error(f"{name} is not a decoding option (they are {', '.join(names)})")
+    return NextToken(Options(**options), greedy, generator)

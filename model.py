@@ -1,10 +1,13 @@
 """
-The models, in one file. Attention is written once; one Block is built on it; two models share that Block:
-  GPT                a causal decoder language model (the GPT-2 layout by default, LM head tied to the token embedding)
-  EncoderClassifier  a bidirectional encoder: padding mask, mean pooling over real tokens, a class head
-The math follows the course notes: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, d_k the size of one head.
-To try an idea in attention, edit attention() and train with attn_impl="explicit", the path that then runs. Rotary
-positions and QK-norm, from later models, are off by default: the defaults are GPT-2's, and load its weights exactly.
+The models, in one file. Attention is written once; one Block is built on it;
+two models share that Block:
+  GPT                a causal decoder LM (GPT-2's layout by default, head tied to the token table)
+  EncoderClassifier  a bidirectional encoder: padding mask, the mean over real tokens, a class head
+The math follows the course notes: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V,
+d_k the size of one head.
+To try an idea in attention, edit attention() and train with attn_impl="explicit", the path that
+then runs. Rotary positions and QK-norm, from later models, are off by default: the defaults are
+GPT-2's, and load its weights exactly.
 """
 
 import math
@@ -19,14 +22,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lib.common import Error, atomic_path, read_json, write_json
 
-GPT2_NAMES = (
-    "gpt2",
-    "gpt2-medium",
-    "gpt2-large",
-    "gpt2-xl",
-)  # OpenAI's weights on the Hugging Face hub
-# Attention kernels for lengths that change call to call (decoding, padded batches): all but cuDNN's, which plans anew
-# for every new length, a cost that training at one block_size pays once
+# OpenAI's weights on the Hugging Face hub
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# Attention kernels for lengths that change call to call (decoding, padded batches): all but
+# cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -37,6 +36,11 @@ def init_module(module):
         nn.init.zeros_(module.bias)
 
 
+def greedy(logits, context):
+    """GPT.generate's default next_token: the most likely token of every row."""
+    return logits.argmax(dim=-1)
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304  # GPT-2's 50,257 padded up to a multiple of 64, which matmuls prefer
@@ -45,46 +49,44 @@ class GPTConfig:
     n_head: int = 12
     n_embd: int = 768
     dropout: float = 0.0
-    bias: bool = (
-        True  # biases in Linears and LayerNorms, as GPT-2; False is a little faster and no worse
-    )
-    attn_impl: str = "sdpa"  # sdpa: F.scaled_dot_product_attention (fused); explicit: attention() below, the math
-    rope: bool = (
-        False  # rotary position embeddings (RoFormer) instead of the learned position table
-    )
-    qk_norm: bool = (
-        False  # RMS-normalise each head's queries and keys before the scores (stabler at high lr)
-    )
+    # biases in Linears and LayerNorms, as GPT-2; False is a little faster and no worse
+    bias: bool = True
+    # sdpa: F.scaled_dot_product_attention (fused); explicit: attention() below, the math
+    attn_impl: str = "sdpa"
+    # rotary position embeddings (RoFormer) instead of the learned position table
+    rope: bool = False
+    # RMS-normalise each head's queries and keys before the scores (stabler at high lr)
+    qk_norm: bool = False
 
 
 @dataclass
 class EncoderConfig(GPTConfig):
     n_classes: int = 4
     pad_token_id: int = 0
-    token_dropout: float = (
-        0.0  # training only: hide this fraction of each row's tokens, as if padding (augmentation)
-    )
-    bow_head: bool = False  # fastText beside the encoder: a linear classifier over the tokens, trained by its own loss
-    bow_buckets: int = (
-        0  # > 0: bow_head also counts each (previous token, token) pair, hashed into this many rows
-    )
+    # training only: hide this fraction of each row's tokens, as if padding (augmentation)
+    token_dropout: float = 0.0
+    # fastText beside the encoder: a linear classifier over the tokens, trained by its own loss
+    bow_head: bool = False
+    # > 0: bow_head also counts each (previous token, token) pair, hashed into this many rows
+    bow_buckets: int = 0
 
 
 def attention(q, k, v, mask=None, dropout_p=0.0):
     """The explicit math on [..., n, d_k] tensors; returns (output, weights before dropout).
-    mask is boolean, True = may attend (F.scaled_dot_product_attention's convention), broadcastable to the scores."""
+    mask is boolean, True = may attend (F.scaled_dot_product_attention's convention),
+    broadcastable to the scores."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = (
-        torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
-    )  # every key masked: 0/0 -> zeros
+    # every key masked: 0/0 -> zeros
+    weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
     return F.dropout(weights, dropout_p) @ v, weights
 
 
 def rotation(start, T, d_k, device):
-    """(cos, sin) [T, d_k/2] of rotary position embedding at positions start ... start + T - 1: channel pair
-    (i, i + d_k/2) turns by the angle position * 10000^(-2i/d_k). Computed once per forward, used by every layer."""
+    """(cos, sin) [T, d_k/2] of rotary position embedding at positions start ... start + T - 1:
+    channel pair (i, i + d_k/2) turns by the angle position * 10000^(-2i/d_k).
+    Computed once per forward, used by every layer."""
     half = d_k // 2
     inv_freq = 10000.0 ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
     angles = torch.arange(start, start + T, device=device, dtype=torch.float32)[:, None] * inv_freq
@@ -92,15 +94,19 @@ def rotation(start, T, d_k, device):
 
 
 def rotary(x, cos, sin):
-    """x [B, h, T, d_k] rotated pair by pair: a query-key product then depends only on the two positions'
-    difference, so attention sees relative positions."""
+    """x [B, h, T, d_k] rotated pair by pair: a query-key product then depends only on the two
+    positions' difference, so attention sees relative positions."""
     half = x.size(-1) // 2
-    x1, x2, cos, sin = x[..., :half], x[..., half:], cos.to(x.dtype), sin.to(x.dtype)
+    x1 = x[..., :half]
+    x2 = x[..., half:]
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
-    """h heads of size d_k = d/h from one fused Q/K/V projection (3d x d) plus W_O (d x d): 4 d^2 weights for any h."""
+    """h heads of size d_k = d/h from one fused Q/K/V projection (3d x d) plus W_O (d x d):
+    4 d^2 weights for any h."""
 
     def __init__(self, config):
         super().__init__()
@@ -112,9 +118,10 @@ class MultiHeadAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, causal=False, cache=None, need_weights=False, rope=None):
-        """x [B, T, d]; mask boolean, broadcastable to [B, h, T, keys]; cache: a dict holding this layer's earlier
-        keys and values (decoding), extended in place. need_weights also returns the maps (the explicit path).
-        rope: the (cos, sin) of rotation() for these positions, with config.rope."""
+        """x [B, T, d]; mask boolean, broadcastable to [B, h, T, keys]; cache: a dict holding this
+        layer's earlier keys and values (decoding), extended in place. need_weights also returns
+        the maps (the explicit path). rope: the (cos, sin) of rotation() for these positions, with
+        config.rope."""
         B, T, C = x.shape
         config, h = self.config, self.config.n_head
         q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)  # 3 x [B, h, T, d_k]
@@ -147,33 +154,33 @@ class MultiHeadAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + Attention(LN(x)), then x + FFN(LN(x)). Causal is a flag, not a second class."""
+    """Pre-norm block: x + Attention(LN(x)), then x + FFN(LN(x)).
+    Causal is a flag, not a second class."""
 
     def __init__(self, config, causal):
         super().__init__()
-        d, self.causal = config.n_embd, causal
+        d = config.n_embd
+        self.causal = causal
         self.ln_1 = nn.LayerNorm(d, bias=config.bias)
         self.attn = MultiHeadAttention(config)
         self.ln_2 = nn.LayerNorm(d, bias=config.bias)
-        self.mlp = nn.ModuleDict(
-            dict(
-                fc=nn.Linear(d, 4 * d, bias=config.bias), proj=nn.Linear(4 * d, d, bias=config.bias)
-            )
-        )
+        fc = nn.Linear(d, 4 * d, bias=config.bias)
+        proj = nn.Linear(4 * d, d, bias=config.bias)
+        self.mlp = nn.ModuleDict(dict(fc=fc, proj=proj))
         self.mlp_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, cache=None, need_weights=False, rope=None):
         attended, weights = self.attn(self.ln_1(x), mask, self.causal, cache, need_weights, rope)
         x = x + attended
-        hidden = F.gelu(
-            self.mlp.fc(self.ln_2(x)), approximate="tanh"
-        )  # GPT-2's GELU: its weights load exactly
+        # GPT-2's GELU: its weights load exactly
+        hidden = F.gelu(self.mlp.fc(self.ln_2(x)), approximate="tanh")
         return x + self.mlp_dropout(self.mlp.proj(hidden)), weights
 
 
 class Transformer(nn.Module):
-    """What both models share, the body: token (+ learned position) embeddings, n_layer Blocks, a final norm. Each
-    model adds its head, and overrides the hooks below where its head changes what they count, group or load."""
+    """What both models share, the body: token (+ learned position) embeddings, n_layer Blocks, a
+    final norm. Each model adds its head, and overrides the hooks below where its head changes
+    what they count, group or load."""
 
     OWN_MODULES = ()  # the model's modules outside the body: load_body starts them afresh
 
@@ -187,8 +194,8 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
 
     def init_weights(self):
-        """nanoGPT's init: N(0, 0.02) everywhere, the residual projections scaled by 1/sqrt(2 n_layer) so that the
-        residual stream's variance does not grow with depth."""
+        """nanoGPT's init: N(0, 0.02) everywhere, the residual projections scaled by
+        1/sqrt(2 n_layer) so that the residual stream's variance does not grow with depth."""
         for module in self.modules():
             init_module(module)
         for name, p in self.named_parameters():
@@ -206,11 +213,10 @@ class Transformer(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
-        rope = (
-            rotation(start, T, self.config.n_embd // self.config.n_head, idx.device)
-            if self.config.rope
-            else None
-        )
+        rope = None
+        if self.config.rope:
+            d_k = self.config.n_embd // self.config.n_head
+            rope = rotation(start, T, d_k, idx.device)
         x = self.drop(x)
         maps = []
         for i, block in enumerate(self.blocks):
@@ -219,38 +225,30 @@ class Transformer(nn.Module):
         return self.ln_f(x), maps
 
     def num_params(self, non_embedding=True):
-        """Parameters, a tensor shared by two modules counted once; by default without the position table."""
+        """Parameters, a tensor shared by two modules counted once; by default without the
+        position table."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def lookup_tables(self):
-        """The embedding tables whose rows are looked up, not multiplied: the position table; a model adds its own."""
+        """The embedding tables whose rows are looked up, not multiplied (lib/mfu.py leaves them
+        out of the FLOPs): the position table; a model adds its own."""
         return [] if self.wpe is None else [self.wpe]
 
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token: 6 per weight it meets in a matmul (2 forward, 4 backward), the weight matrices
-        less lookup_tables(), plus 12 L d T for the attention scores and their weighted sum of the values. Biases and
-        norm gains, a rounding, are left out."""
-        matrices = sum(p.numel() for p in self.parameters() if p.dim() == 2)
-        looked_up = sum(table.weight.numel() for table in self.lookup_tables())
-        return 6 * (matrices - looked_up) + 12 * self.config.n_layer * self.config.n_embd * seq_len
-
     def optimizer_groups(self):
-        """AdamW parameter groups with settings of their own, beside the two that configure_optimizers builds."""
+        """AdamW parameter groups with settings of their own, beside the two that
+        configure_optimizers builds."""
         return []
 
     def configure_optimizers(
         self, weight_decay, learning_rate, betas, device_type, optimizer="adamw"
     ):
-        """A list of optimizers. adamw: AdamW with two groups, matrices and embeddings decay, biases and norm gains
-        do not, and the model's optimizer_groups(). muon: torch.optim.Muon (orthogonalised momentum) for the 2-D
-        weights inside the blocks, AdamW for the rest; Muon's update is scaled to AdamW's size (match_rms_adamw), so
-        one learning rate serves both."""
-        hidden = [
-            p
-            for p in self.blocks.parameters()
-            if optimizer == "muon" and p.requires_grad and p.dim() == 2
-        ]
+        """A list of optimizers. adamw: AdamW with two groups, matrices and embeddings decay, biases
+        and norm gains do not, and the model's optimizer_groups(). muon: torch.optim.Muon
+        (orthogonalised momentum) for the 2-D weights inside the blocks, AdamW for the rest; Muon's
+        update is scaled to AdamW's size (match_rms_adamw), so one learning rate serves both."""
+        muon = optimizer == "muon"
+        hidden = [p for p in self.blocks.parameters() if muon and p.requires_grad and p.dim() == 2]
         own = self.optimizer_groups()
         taken = {id(p) for p in hidden} | {id(p) for group in own for p in group["params"]}
         rest = [p for p in self.parameters() if p.requires_grad and id(p) not in taken]
@@ -259,12 +257,10 @@ class Transformer(nn.Module):
             {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
             *own,
         ]
-        # fused: each tensor's whole update in one kernel, one pass over its memory (timings: BENCHMARKS.md)
-        optimizers = [
-            torch.optim.AdamW(
-                groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu")
-            )
-        ]
+        # fused: each tensor's whole update in one kernel, one pass over its memory
+        # (timings: BENCHMARKS.md)
+        fused = device_type in ("cuda", "cpu")
+        optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
         if hidden:
             optimizers.append(
                 torch.optim.Muon(
@@ -277,8 +273,9 @@ class Transformer(nn.Module):
         return optimizers
 
     def save_pretrained(self, out_dir, **extra):
-        """model.safetensors + config.json, as on the Hugging Face hub; each written to a temporary file, then
-        os.replace'd, so a crash mid-save never leaves a broken checkpoint. extra: task, tokenizer, label names."""
+        """model.safetensors + config.json, as on the Hugging Face hub; each written to a temporary
+        file, then os.replace'd, so a crash mid-save never leaves a broken checkpoint.
+        extra: task, tokenizer, label names."""
         os.makedirs(out_dir, exist_ok=True)
         with atomic_path(os.path.join(out_dir, "model.safetensors")) as tmp:
             save_model(self, tmp)  # drops a tied head's duplicate tensor
@@ -288,8 +285,9 @@ class Transformer(nn.Module):
         )
 
     def load_weights(self, state, new=()):
-        """Load a state dict in place of the current tensors (assign: a model built on the meta device takes the
-        loaded tensors without a second copy in memory). new: modules that start afresh instead."""
+        """Load a state dict in place of the current tensors (assign: a model built on the meta
+        device takes the loaded tensors without a second copy in memory).
+        new: modules that start afresh instead."""
         for name in new:
             module = self.get_submodule(name)
             module.to_empty(device="cpu")
@@ -304,35 +302,35 @@ class Transformer(nn.Module):
         return self
 
     def load_body(self, state):
-        """Start from a pretrained GPT: of its state dict, the body's tensors are taken over (the position table cut
-        to this block_size: a shorter context keeps the first positions), its head is not, and this model's
-        OWN_MODULES start afresh. Returns self."""
-        body = {
-            k: v for k, v in state.items() if k.split(".")[0] in ("wte", "wpe", "blocks", "ln_f")
-        }
+        """Start from a pretrained GPT: of its state dict, the body's tensors are taken over (the
+        position table cut to this block_size: a shorter context keeps the first positions), its
+        head is not, and this model's OWN_MODULES start afresh. Returns self."""
+        parts = ("wte", "wpe", "blocks", "ln_f")
+        body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
             body["wpe.weight"] = body["wpe.weight"][: self.config.block_size]
-        return self.load_weights(
-            body, new=[name for name in self.OWN_MODULES if getattr(self, name) is not None]
-        )
+        new = [name for name in self.OWN_MODULES if getattr(self, name) is not None]
+        return self.load_weights(body, new=new)
 
 
 class GPT(Transformer):
-    """The causal decoder language model: the body, then an LM head tied to the token embedding, as GPT-2's."""
+    """The causal decoder language model: the body, then an LM head tied to the token embedding,
+    as GPT-2's."""
 
     def __init__(self, config):
         super().__init__(config, causal=True)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = (
-            self.wte.weight
-        )  # tied: reading a token and writing it share one table
+        # tied: reading a token and writing it share one table
+        self.lm_head.weight = self.wte.weight
         self.init_weights()
 
     def forward(self, idx, targets=None, cache=None, logits_to_keep=0):
-        """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy against targets, or None; -1 targets ignored).
-        logits_to_keep > 0 (Hugging Face's name): the logits of the last that many positions only, in float32, as
-        decoding wants them: the head over every position would cost a [B, T, vocab] tensor to use one row, and in
-        bfloat16 nearby logits round to ties, so that top_k=1 would not be greedy."""
+        """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy against targets, or None;
+        -1 targets ignored).
+        logits_to_keep > 0 (Hugging Face's name): the logits of the last that many positions only,
+        in float32, as decoding wants them: the head over every position would cost a
+        [B, T, vocab] tensor to use one row, and in bfloat16 nearby logits round to ties, so that
+        top_k=1 would not be greedy."""
         x, _ = self.hidden_states(idx, cache=cache)
         if logits_to_keep:
             with torch.autocast(x.device.type, enabled=False):
@@ -340,14 +338,14 @@ class GPT(Transformer):
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1
-            )
+            flat = logits.view(-1, logits.size(-1)).float()
+            loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
         return logits, loss
 
     def load_weights(self, state, new=()):
-        """The base's load, then the head tied again (assign gives the two modules a tensor each). save_model keeps
-        one name of the shared tensor, at times the head's: either name fills both."""
+        """The base's load, then the head tied again (assign gives the two modules a tensor each).
+        save_model keeps one name of the shared tensor, at times the head's: either name fills
+        both."""
         table = state.get("wte.weight", state.get("lm_head.weight"))
         if table is not None:
             state = {**state, "wte.weight": table, "lm_head.weight": table}
@@ -358,17 +356,16 @@ class GPT(Transformer):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, next_token=None, use_cache=True):
         """Yield the next token of every row, [B], max_new_tokens times; idx [B, T] is the prompt.
-        next_token(logits [B, vocab] in float32, context [B, t]) -> [B] picks a token; greedy by default.
-        The model sees a window of the context that grows a token a step; once it would pass block_size, it restarts
-        from the last block_size // 2 tokens (positions are absolute, so a full cache cannot just shift). With the
-        cache the window runs once, then one token a step; without it the whole window runs every step: the same
-        logits, so the same tokens."""
-        next_token = next_token or (lambda logits, context: logits.argmax(dim=-1))
-        block_size, start, cache = (
-            self.config.block_size,
-            max(0, idx.size(1) - self.config.block_size),
-            None,
-        )
+        next_token(logits [B, vocab] in float32, context [B, t]) -> [B] picks a token;
+        greedy by default.
+        The model sees a window of the context that grows a token a step; once it would pass
+        block_size, it restarts from the last block_size // 2 tokens (positions are absolute, so a
+        full cache cannot just shift). With the cache the window runs once, then one token a step;
+        without it the whole window runs every step: the same logits, so the same tokens."""
+        next_token = next_token or greedy
+        block_size = self.config.block_size
+        start = max(0, idx.size(1) - block_size)
+        cache = None
         for _ in range(max_new_tokens):
             restart = idx.size(1) - start > block_size
             start = idx.size(1) - max(1, block_size // 2) if restart else start
@@ -384,21 +381,19 @@ class GPT(Transformer):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):
-        """GPT-2 weights in the Hugging Face layout (model.safetensors + config.json): a local directory, or one of
-        gpt2, gpt2-medium, gpt2-large, gpt2-xl downloaded from the hub. The model is built on the meta device and
-        takes the loaded tensors, so loading holds one copy of the weights in memory, not two."""
+        """GPT-2 weights in the Hugging Face layout (model.safetensors + config.json): a local
+        directory, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl downloaded from the hub.
+        The model is built on the meta device and takes the loaded tensors, so loading holds one
+        copy of the weights in memory, not two."""
         path = name_or_dir
         if not os.path.isdir(path):
             if name_or_dir not in GPT2_NAMES:
-                raise Error(
-                    f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}"
-                )
+                names = ", ".join(GPT2_NAMES)
+                raise Error(f"{name_or_dir!r} is neither a directory nor one of {names}")
             from huggingface_hub import snapshot_download
 
-            path = snapshot_download(
-                f"openai-community/{name_or_dir}",
-                allow_patterns=["model.safetensors", "config.json"],
-            )
+            repo = f"openai-community/{name_or_dir}"
+            path = snapshot_download(repo, allow_patterns=["model.safetensors", "config.json"])
         hf = read_json(os.path.join(path, "config.json"), "Hugging Face config")
         try:
             config = GPTConfig(
@@ -418,7 +413,8 @@ class GPT(Transformer):
             ) from None
         state = {}
         for key in list(loaded):
-            tensor = loaded.pop(key)  # dropped from the loaded dict as it moves: one copy at a time
+            # dropped from the loaded dict as it moves: one copy at a time
+            tensor = loaded.pop(key)
             if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
                 continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
             key = key.removeprefix("transformer.")
@@ -426,94 +422,88 @@ class GPT(Transformer):
             for old, new in (("c_attn", "qkv"), ("c_proj", "proj"), ("c_fc", "fc")):
                 key = key.replace(old, new)
             # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
-            state[key] = (
-                tensor.t().contiguous()
-                if key.endswith(("qkv.weight", "proj.weight", "fc.weight"))
-                else tensor
-            )
+            if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
+                tensor = tensor.t().contiguous()
+            state[key] = tensor
         with torch.device("meta"):
             model = cls(config)
         return model.load_weights(state)
 
 
 class EncoderClassifier(Transformer):
-    """The same Blocks without the causal mask, a padding mask, mean pooling over real tokens and a class head.
-    Mean pooling rather than a CLS token: every real token gets a gradient from the loss, which trains faster and
-    better for small models learned from scratch; a CLS token must first learn to gather the sentence."""
+    """The same Blocks without the causal mask, a padding mask, mean pooling over real tokens and
+    a class head.
+    Mean pooling rather than a CLS token: every real token gets a gradient from the loss, which
+    trains faster and better for small models learned from scratch; a CLS token must first learn
+    to gather the sentence."""
 
-    BOW_LR_SCALE = (
-        200  # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
-    )
+    # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
+    BOW_LR_SCALE = 200
     OWN_MODULES = ("head", "bow")
 
     def __init__(self, config):
         super().__init__(config, causal=False)
         self.head = nn.Linear(config.n_embd, config.n_classes)
-        self.bow = (
-            nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes)
-            if config.bow_head
-            else None
-        )
+        bow_rows = config.vocab_size + config.bow_buckets
+        self.bow = nn.Embedding(bow_rows, config.n_classes) if config.bow_head else None
         self.init_weights()
 
     def lookup_tables(self):
         """The token table too (the class head is not tied to it), and bow's."""
-        return super().lookup_tables() + [
-            table for table in (self.wte, self.bow) if table is not None
-        ]
+        own = [table for table in (self.wte, self.bow) if table is not None]
+        return super().lookup_tables() + own
 
     def optimizer_groups(self):
-        """bow's table: a linear model's rows, each met only by the batches that hold its feature, learn at fastText's
-        far higher rate, without decay."""
-        return (
-            []
-            if self.bow is None
-            else [{"params": [self.bow.weight], "weight_decay": 0.0, "lr_scale": self.BOW_LR_SCALE}]
-        )
+        """bow's table: a linear model's rows, each met only by the batches that hold its feature,
+        learn at fastText's far higher rate, without decay."""
+        if self.bow is None:
+            return []
+        return [{"params": [self.bow.weight], "weight_decay": 0.0, "lr_scale": self.BOW_LR_SCALE}]
 
     def bow_logits(self, idx, real):
-        """fastText's linear classifier [B, n_classes]: one weight row per real token and, with bow_buckets, one per
-        (previous token, token) pair hashed into that many rows (phrases such as "oil prices" as features of their
-        own; the first token's previous is padding); summed over the square root of their count, so that long texts
-        do not get larger logits."""
-        features, real = idx, real.float()
+        """fastText's linear classifier [B, n_classes]: one weight row per real token and, with
+        bow_buckets, one per (previous token, token) pair hashed into that many rows (phrases such
+        as "oil prices" as features of their own; the first token's previous is padding); summed
+        over the square root of their count, so that long texts do not get larger logits."""
+        features = idx
+        real = real.float()
         if self.config.bow_buckets:
             previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
-            bigrams = (
-                self.config.vocab_size + (previous * 1_000_003 + idx) % self.config.bow_buckets
-            )
-            features, real = torch.cat([idx, bigrams], 1), torch.cat([real, real], 1)
-        return (self.bow(features).float() * real.unsqueeze(-1)).sum(1) / real.sum(
-            1, keepdim=True
-        ).clamp(min=1).sqrt()
+            hashed = (previous * 1_000_003 + idx) % self.config.bow_buckets
+            bigrams = self.config.vocab_size + hashed
+            features = torch.cat([idx, bigrams], 1)
+            real = torch.cat([real, real], 1)
+        summed = (self.bow(features).float() * real.unsqueeze(-1)).sum(1)
+        count = real.sum(1, keepdim=True).clamp(min=1)
+        return summed / count.sqrt()
 
     def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
-        """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face), by default
-        idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the attention maps if need_weights."""
-        real = (
-            (idx != self.config.pad_token_id) if attention_mask is None else attention_mask.bool()
-        )
-        if (
-            self.training and self.config.token_dropout > 0
-        ):  # hidden tokens read as padding: a shorter text
+        """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face),
+        by default idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the
+        attention maps if need_weights."""
+        if attention_mask is None:
+            real = idx != self.config.pad_token_id
+        else:
+            real = attention_mask.bool()
+        # hidden tokens read as padding: a shorter text
+        if self.training and self.config.token_dropout > 0:
             kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
-            # a row left with no key would attend to nothing (NaN in some GPU kernels): such rows keep their tokens
+            # a row left with no key would attend to nothing (NaN in some GPU kernels):
+            # such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
-        with sdpa_kernel(
-            VARYING_LENGTHS
-        ):  # padded lengths change from batch to batch: no cuDNN attention
-            x, maps = self.hidden_states(
-                idx, real[:, None, None, :], need_weights=need_weights
-            )  # padding keys hidden
+        # padded lengths change from batch to batch: no cuDNN attention
+        with sdpa_kernel(VARYING_LENGTHS):
+            # padding keys hidden
+            x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
         weights = real.unsqueeze(-1).to(x.dtype)
-        logits = self.head(
-            (x * weights).sum(1) / weights.sum(1).clamp(min=1)
-        ).float()  # mean over real tokens
+        # mean over real tokens
+        mean = (x * weights).sum(1) / weights.sum(1).clamp(min=1)
+        logits = self.head(mean).float()
         loss = None if labels is None else F.cross_entropy(logits, labels)
         if self.bow is not None:
-            # Two classifiers side by side on the same batches, each trained by its own loss, and their probabilities
-            # multiplied: an ensemble of unlike models, which scores above the two trained jointly on the sum of their
-            # logits (BENCHMARKS.md).
+            # Two classifiers side by side on the same batches, each trained by its own loss, and
+            # their probabilities multiplied: an ensemble of unlike models, which scores above the
+            # two trained jointly on the sum of their logits (BENCHMARKS.md).
             bow = self.bow_logits(idx, real)
             loss = None if labels is None else (loss + F.cross_entropy(bow, labels)) / 2
             logits = F.log_softmax(logits, -1) + F.log_softmax(bow, -1)
@@ -524,11 +514,11 @@ ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifie
 
 
 def build_model(task, settings):
-    """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching keys of settings."""
+    """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching
+    keys of settings."""
     cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
-    return cls(
-        config_cls(**{f.name: settings[f.name] for f in fields(config_cls) if f.name in settings})
-    )
+    kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
+    return cls(config_cls(**kwargs))
 
 
 def from_checkpoint(out_dir, device="cpu"):
@@ -536,7 +526,8 @@ def from_checkpoint(out_dir, device="cpu"):
     path = os.path.join(out_dir, "config.json")
     if not os.path.isfile(path):
         raise Error(
-            f"no checkpoint in {str(out_dir)!r} (config.json missing): train one with train.py first"
+            f"no checkpoint in {str(out_dir)!r} (config.json missing): "
+            f"train one with train.py first"
         )
     info = read_json(path, "checkpoint config")
     missing = [key for key in ("architecture", "model") if key not in info]
@@ -559,8 +550,9 @@ def from_checkpoint(out_dir, device="cpu"):
 
 
 def load_pretrained(name_or_dir, device="cpu"):
-    """A checkpoint of this project (its config.json names an architecture) or GPT-2's weights (a name, or a folder in
-    the Hugging Face layout): (model in eval mode, info; GPT-2's info names its BPE tokenizer)."""
+    """A checkpoint of this project (its config.json names an architecture) or GPT-2's weights
+    (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info names
+    its BPE tokenizer)."""
     config = os.path.join(name_or_dir, "config.json")
     if os.path.isfile(config) and "architecture" in read_json(config):
         return from_checkpoint(name_or_dir, device)

@@ -1,19 +1,24 @@
 """
-A playground in the browser over this project's checkpoints, and the small JSON API behind it: type a prompt and watch
-a GPT decode, with each token's candidates before and after every decoding filter; type a headline and see the
-classifier's probabilities and every attention head.
-  python serve.py --out_dir=out-shakespeare-char --out_dir=out-agnews       then open http://127.0.0.1:8000
+A playground in the browser over this project's checkpoints, and the small JSON API behind it: type
+a prompt and watch a GPT decode, with each token's candidates before and after every decoding
+filter; type a headline and see the classifier's probabilities and every attention head.
+  python serve.py --out_dir=out-shakespeare-char --out_dir=out-agnews
+      then open http://127.0.0.1:8000
   GET  /v1/models        the loaded checkpoints
-  POST /v1/completions   OpenAI's fields (prompt, max_tokens, temperature, top_p, n, stop, frequency_penalty,
-                         presence_penalty, seed, stream as server-sent events) and this project's (top_k,
-                         repetition_penalty, no_repeat_ngram_size; trace: the top candidates at every filter)
-  POST /v1/classify      {"input": a text or a list of texts, "attention": true for one text's every head}
-Checkpoints load and decode through sample.py's and classify.py's own functions. Model calls run one at a time (a
-decoding step of one request, then one of another), so streams interleave; a stream whose client goes away stops.
+  POST /v1/completions   OpenAI's fields (prompt, max_tokens, temperature, top_p, n, stop,
+                         frequency_penalty, presence_penalty, seed, stream as server-sent events)
+                         and this project's (top_k, repetition_penalty, no_repeat_ngram_size;
+                         trace: the top candidates at every filter)
+  POST /v1/classify      {"input": a text or a list of texts, "attention": true for one text's
+                         every head}
+Checkpoints load and decode through sample.py's and classify.py's own functions. Model calls run one
+at a time (a decoding step of one request, then one of another), so streams interleave; a stream
+whose client goes away stops.
 Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "type", "param"}}.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import secrets
@@ -54,14 +59,10 @@ COMPLETION = dict(
     seed=((int,), None),
     stream=((bool,), False),
     trace=((int,), 0),
-    temperature=((int, float), 1.0),
-    top_p=((int, float), 1.0),
-    top_k=((int,), None),
-    frequency_penalty=((int, float), 0.0),
-    presence_penalty=((int, float), 0.0),
-    repetition_penalty=((int, float), 1.0),
-    no_repeat_ngram_size=((int,), 0),
 )
+# and every decoding option, off by default (OpenAI's defaults), its range checked by decoding
+for option in dataclasses.fields(decoding.Options):
+    COMPLETION[option.name] = ((int, float) if option.type is float else (int,), option.default)
 CLASSIFY = dict(model=((str,), None), input=((str, list), None), attention=((bool,), False))
 
 
@@ -79,13 +80,13 @@ class RequestError(Exception):
 
 
 def fields(body, table):
-    """A request's JSON object checked against table: unknown fields, wrong types -> RequestError naming the field."""
+    """A request's JSON object checked against table: unknown fields, wrong types ->
+    RequestError naming the field."""
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
     for name, value in body.items():
-        if (
-            name not in table and value is not None
-        ):  # null means not given, as OpenAI's clients send it
+        # null means not given, as OpenAI's clients send it
+        if name not in table and value is not None:
             raise RequestError(400, f"unknown field {name!r} (fields: {', '.join(table)})", name)
     out = {}
     for name, (types, default) in table.items():
@@ -98,16 +99,16 @@ def fields(body, table):
                 f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r:.40}",
                 name,
             )
-        elif (
-            float in types and abs(value) > 1e300
-        ):  # an int past a float's range; decoding works in floats
+        # an int past a float's range; decoding works in floats
+        elif float in types and abs(value) > 1e300:
             raise RequestError(400, f"{name} must be a finite number, got {value!r:.40}", name)
         out[name] = value
     return out
 
 
 class Playground:
-    """The loaded checkpoints, what bounds a request, and the lock that runs one model call at a time."""
+    """The loaded checkpoints, what bounds a request, and the lock that runs one model call
+    at a time."""
 
     def __init__(
         self, out_dirs, device="cpu", dtype="auto", max_tokens=256, max_n=8, max_active=MAX_ACTIVE
@@ -123,7 +124,8 @@ class Playground:
             self.models[name] = self.load(out_dir, dtype)
 
     def load(self, out_dir, dtype):
-        """A checkpoint through sample.py's load (a GPT) or classify.py's (a classifier), by its config.json."""
+        """A checkpoint through sample.py's load (a GPT) or classify.py's (a classifier),
+        by its config.json."""
         architecture = read_json(os.path.join(out_dir, "config.json"), "checkpoint config").get(
             "architecture"
         )
@@ -158,7 +160,8 @@ class Playground:
         }
 
     def pick_model(self, name, task):
-        """The checkpoint a request names (or the only one of its task), checked to be of that task."""
+        """The checkpoint a request names (or the only one of its task),
+        checked to be of that task."""
         of_task = [n for n, m in self.models.items() if m["task"] == task]
         if name is None:
             if len(of_task) != 1:
@@ -177,10 +180,11 @@ class Playground:
             )
         return name, self.models[name]
 
-    # ------------------------------------------------------------------------------------------------ completions
+    # ---------------------------------------------------------------------------------- completions
     def completion(self, body):
-        """A checked completion request -> a job: req (the fields), head (the response's fixed fields), prompt_tokens,
-        counts (tokens generated per choice, so far) and events, an iterator over the decoding steps, not yet begun."""
+        """A checked completion request -> a job: req (the fields), head (the response's fixed
+        fields), prompt_tokens, counts (tokens generated per choice, so far) and events, an iterator
+        over the decoding steps, not yet begun."""
         req = fields(body, COMPLETION)
         name, m = self.pick_model(req["model"], "lm")
         block_size, tokenizer = m["model"].config.block_size, m["tokenizer"]
@@ -188,9 +192,7 @@ class Playground:
             ("max_tokens", 1, self.max_tokens),
             ("n", 1, self.max_n),
             ("trace", 0, MAX_TRACE),
-            ("frequency_penalty", -2, 2),
-            ("presence_penalty", -2, 2),
-        ]  # OpenAI's range of the penalties
+        ]
         for field, low, high in limits:
             if not low <= req[field] <= high:
                 raise RequestError(
@@ -217,19 +219,17 @@ class Playground:
             )
         except (RuntimeError, ValueError, OverflowError) as e:  # past the 64 bits a generator takes
             raise RequestError(400, f"seed: {e}", "seed") from None
-        options = {k: req[k] for k in decoding.OPTIONS} | {
-            "top_k": req["top_k"] or None
-        }  # 0: off, as sample.py
+        names = [option.name for option in dataclasses.fields(decoding.Options)]
         try:
-            pick = decoding.make_next_token(**options, generator=generator)
+            options = decoding.Options(**{name: req[name] for name in names})
         except Error as e:  # its messages begin with the option's name
             raise RequestError(400, str(e), str(e).split()[0]) from None
+        pick = decoding.NextToken(options, generator=generator)
         trace = []
         if req["trace"]:
             pick = traced(pick, req["trace"], tokenizer, trace)
-        steps = sample.continuations(
-            m["model"], tokenizer, prompt, pick, req["n"], req["max_tokens"], stops
-        )
+        prompts = [prompt] * req["n"]
+        steps = sample.continuations(m["model"], tokenizer, prompts, pick, req["max_tokens"], stops)
         head = {
             "id": f"cmpl-{secrets.token_hex(12)}",
             "object": "text_completion",
@@ -241,9 +241,10 @@ class Playground:
         return dict(req=req, head=head, prompt_tokens=len(prompt), counts=counts, events=events)
 
     def events(self, steps, counts, stops, trace, ctx):
-        """Per decoding step (its model call under the lock), what each choice adds: (its index, its printable new
-        text: never half a character nor a tail that may start a stop string, its finish reason once it ends: "stop",
-        or "length" at max_tokens, the trace of its new token or None)."""
+        """Per decoding step (its model call under the lock), what each choice adds: (its index, its
+        printable new text: never half a character nor a tail that may start a stop string, its
+        finish reason once it ends: "stop", or "length" at max_tokens, the trace of its new token
+        or None)."""
         n = len(counts)
         shown, finished = [0] * n, [False] * n
         while True:
@@ -274,10 +275,10 @@ class Playground:
             yield events
         yield [(i, texts[i][shown[i] :], "length", None) for i in range(n) if not finished[i]]
 
-    # ---------------------------------------------------------------------------------------------------- classify
+    # ------------------------------------------------------------------------------------- classify
     def classify(self, body):
-        """POST /v1/classify: the probabilities classify.py gives (its predict, the same batches), and with attention
-        one text's tokens and maps [layer][head][query][key]."""
+        """POST /v1/classify: the probabilities classify.py gives (its predict, the same batches),
+        and with attention one text's tokens and maps [layer][head][query][key]."""
         req = fields(body, CLASSIFY)
         name, m = self.pick_model(req["model"], "classify")
         texts = [req["input"]] if isinstance(req["input"], str) else req["input"]
@@ -330,15 +331,12 @@ class Playground:
 
 
 def traced(pick, top, tokenizer, trace):
-    """pick, recording every step in trace: per row, the drawn token and the top candidates (token, id, probability)
-    of the raw logits and after each filter that runs."""
+    """pick, recording every step in trace: per row, the drawn token and the top candidates (token,
+    id, probability) of the raw logits and after each filter that runs."""
 
     def next_token(logits, context):
         token = pick(logits, context)
-        stages, x = [("raw", logits)], logits
-        for name, f in pick.stages:
-            x = f(x, context)
-            stages.append((name, x))
+        stages = list(pick.stages(logits, context))
         rows = []
         for i, t in enumerate(token.tolist()):
             entry = {"id": t, "token": tokenizer.decode([t]), "stages": []}
@@ -366,7 +364,9 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "gpt-starter-playground"
     playground = None  # set by make_server
     quiet = False
-    timeout = 30  # seconds a client may take to send its request or to read the next event: then it counts as gone
+    # seconds a client may take to send its request or to read the next event:
+    # then it counts as gone
+    timeout = 30
 
     def log_message(self, format, *args):
         if not self.quiet:
@@ -415,16 +415,13 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(411, "send a Content-Length header with the JSON body")
         if int(length) > MAX_BODY:
             self.close_connection = True
-            self.rfile.read(
-                min(int(length), 16 * MAX_BODY)
-            )  # read, so that the client reads the answer, up to 1 MiB
+            # read, so that the client reads the answer, up to 1 MiB
+            self.rfile.read(min(int(length), 16 * MAX_BODY))
             raise RequestError(413, f"the body is {length} bytes, more than {MAX_BODY}")
         try:
             return json.loads(self.rfile.read(int(length)))
-        except (
-            ValueError,
-            RecursionError,
-        ) as e:  # not UTF-8, not JSON, nested past Python's depth, 4300+ digits
+        # not UTF-8, not JSON, nested past Python's depth, 4300+ digits
+        except (ValueError, RecursionError) as e:
             raise RequestError(
                 400, f"the body is not JSON that can be read ({type(e).__name__})"
             ) from None
@@ -463,7 +460,8 @@ class Handler(BaseHTTPRequestHandler):
             playground.slots.release()
 
     def stream(self, head, events):
-        """Server-sent events, as OpenAI streams: one chunk per choice and step, then data: [DONE]."""
+        """Server-sent events, as OpenAI streams: one chunk per choice and step,
+        then data: [DONE]."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -486,9 +484,8 @@ class Handler(BaseHTTPRequestHandler):
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             raise
-        except (
-            Exception
-        ) as e:  # past the headers: the error is the stream's last event, as OpenAI sends it
+        # past the headers: the error is the stream's last event, as OpenAI sends it
+        except Exception as e:
             if not isinstance(e, RequestError):  # a bug: report it, keep serving
                 traceback.print_exc()
                 e = RequestError(500, f"{type(e).__name__}: {e}")
@@ -498,7 +495,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(playground, host="127.0.0.1", port=8000, quiet=False):
-    """An HTTP server over playground, each request in a thread of its own (call serve_forever to run it)."""
+    """An HTTP server over playground, each request in a thread of its own
+    (call serve_forever to run it)."""
     handler = type("PlaygroundHandler", (Handler,), {"playground": playground, "quiet": quiet})
     try:
         server = ThreadingHTTPServer((host, port), handler)
@@ -516,7 +514,8 @@ def main(argv=None):
         "--out_dir",
         action="append",
         required=True,
-        help="a checkpoint folder written by train.py (a GPT or a classifier); repeat it to serve several",
+        help="a checkpoint folder written by train.py (a GPT or a classifier); "
+        "repeat it to serve several",
     )
     p.add_argument(
         "--host",

@@ -1,13 +1,15 @@
 """
-One training loop for both tasks: a GPT language model (task=lm) or an encoder classifier (task=classify).
-  python train.py config/agnews.py --batch_size=32          a config file sets keys, --key=value overrides them
-  python train.py config/agnews.py --print_config           the resolved settings as JSON, then exit
-  python train.py --out_dir=out-agnews --init_from=resume   continue a run exactly where it stopped
-  torchrun --standalone --nproc_per_node=4 train.py config/gpt2.py                      DDP on one machine
-  python train.py --help                                    every key, its default and what it does
-out_dir receives model.safetensors + config.json (the best model: what sample.py and classify.py load), trainer_state.pt
-(the latest state, which init_from=resume continues) and metrics.jsonl (the records; plot.py draws them).
-This file reads as one run, in order: the settings, the data, the model, the optimizer, the loop, the end.
+One training loop for both tasks: a GPT language model (task=lm) or an encoder classifier
+(task=classify).
+  python train.py config/agnews.py --batch_size=32         a config file sets keys, overrides follow
+  python train.py config/agnews.py --print_config          the resolved settings as JSON, then exit
+  python train.py --out_dir=out-agnews --init_from=resume  continue a run exactly where it stopped
+  torchrun --standalone --nproc_per_node=4 train.py config/gpt2.py      DDP on one machine
+  python train.py --help                                   every key, its default and what it does
+out_dir receives model.safetensors + config.json (the best model: what sample.py and classify.py
+load), trainer_state.pt (the latest state, which init_from=resume continues) and metrics.jsonl (the
+records; plot.py draws them). This file reads as one run, in order: the settings, the data, the
+model, the optimizer, the loop, the end.
 """
 
 import json
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack, nullcontext
+from dataclasses import asdict, replace
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -24,10 +27,11 @@ from tqdm import tqdm
 
 from lib import checkpoint, config
 from lib.batches import load_split
-from lib.common import Error, autocast, peak_flops, run_script, write_json
+from lib.common import Error, autocast, run_script, write_json
 from lib.config import Key
 from lib.distributed import StepGuard, agreed, started
-from lib.records import RunRecord, Speed
+from lib.mfu import Speed, peak_flops
+from lib.records import RunRecord
 from model import GPT2_NAMES, build_model, load_pretrained
 
 KEYS = dict(
@@ -52,11 +56,13 @@ KEYS = dict(
     seed=Key(1337, "batches, initial weights and dropout all follow from it"),
     device=Key(
         "auto",
-        "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps (a resume runs where it is told)",
+        "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps "
+        "(a resume runs where it is told)",
     ),
     dtype=Key(
         "auto",
-        "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, else float32",
+        "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, "
+        "else float32",
         choices=("auto", "float32", "bfloat16", "float16"),
     ),
     compile=Key(False, "torch.compile the model: a slower start, faster steps on GPUs"),
@@ -108,11 +114,13 @@ KEYS = dict(
     ),
     bow_head=Key(
         False,
-        "classify: a fastText classifier beside the encoder, the two models' probabilities multiplied",
+        "classify: a fastText classifier beside the encoder, "
+        "the two models' probabilities multiplied",
     ),
     bow_buckets=Key(
         0,
-        "classify: > 0: bow_head also counts (previous token, token) pairs, hashed into this many rows",
+        "classify: > 0: bow_head also counts (previous token, token) pairs, "
+        "hashed into this many rows",
         at_least=0,
     ),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
@@ -134,108 +142,100 @@ KEYS = dict(
 )
 
 
-def rules(cfg, resuming):
-    """What the keys must satisfy together. A resumed run's init_from names where its weights once came from, which
-    need not exist any more."""
-    forms, processes = ("scratch", "resume") + GPT2_NAMES, int(os.environ.get("WORLD_SIZE", 1))
-    return [
-        (cfg.n_embd % cfg.n_head == 0, "n_head", f"a divisor of n_embd={cfg.n_embd}"),
-        (
-            not cfg.rope or cfg.n_embd // cfg.n_head % 2 == 0,
-            "n_head",
-            "such that the head size n_embd / n_head is "
-            "even: rotary embeddings rotate pairs of channels",
-        ),
-        (
-            not cfg.decay_lr or cfg.min_lr <= cfg.learning_rate,
-            "min_lr",
-            f"<= learning_rate={cfg.learning_rate}",
-        ),
-        (
-            resuming or cfg.init_from in forms or os.path.isdir(cfg.init_from),
-            "init_from",
-            f"one of {', '.join(forms)} or a folder of GPT weights"
-            + config.did_you_mean(cfg.init_from, forms),
-        ),
-        (
-            cfg.gradient_accumulation_steps % processes == 0,
-            "gradient_accumulation_steps",
-            f"a multiple of the "
-            f"{processes} processes: each takes an equal share of the micro-steps",
-        ),
-        (
-            cfg.bow_head or not cfg.bow_buckets,
-            "bow_buckets",
-            "0 unless bow_head=True (its classifier's bigrams)",
-        ),
-    ] + [
-        (
-            cfg.task == "classify" or not getattr(cfg, key),
-            key,
-            "0 unless task=classify (an option of the encoder)",
+def check_rules(cfg, resuming):
+    """What the keys must satisfy together. A resumed run's init_from names where its weights once
+    came from, which need not exist any more."""
+    processes = int(os.environ.get("WORLD_SIZE", 1))
+    forms = ("scratch", "resume") + GPT2_NAMES
+    if cfg.n_embd % cfg.n_head:
+        raise broken(cfg, "n_head", f"a divisor of n_embd={cfg.n_embd}")
+    if cfg.rope and cfg.n_embd // cfg.n_head % 2:
+        even = "such that the head size n_embd / n_head is even: rotary embeddings rotate pairs"
+        raise broken(cfg, "n_head", even)
+    if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
+        raise broken(cfg, "min_lr", f"<= learning_rate={cfg.learning_rate}")
+    known = cfg.init_from in forms or os.path.isdir(cfg.init_from)
+    if not resuming and not known:
+        hint = config.did_you_mean(cfg.init_from, forms)
+        raise broken(
+            cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
         )
-        for key in ("token_dropout", "bow_head", "bow_buckets")
-    ]
+    if cfg.gradient_accumulation_steps % processes:
+        share = f"a multiple of the {processes} processes: each takes an equal share"
+        raise broken(cfg, "gradient_accumulation_steps", share)
+    if cfg.bow_buckets and not cfg.bow_head:
+        raise broken(cfg, "bow_buckets", "0 unless bow_head=True (its classifier's bigrams)")
+    for key in ("token_dropout", "bow_head", "bow_buckets"):
+        if cfg.task != "classify" and getattr(cfg, key):
+            raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
+
+
+def broken(cfg, name, what):
+    """The error of a broken rule: the key, its value and what it must be."""
+    return Error(f"{name}={getattr(cfg, name)!r}: must be {what}")
 
 
 def main(argv):
-    """The settings: config files and overrides, or a resumed run's own; then this process's place in the run."""
+    """The settings: config files and overrides, or a resumed run's own; then this process's
+    place in the run."""
     settings, user_keys = config.parse(argv, KEYS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
-        config.check(settings, KEYS, lambda cfg: rules(cfg, resuming))
+        check_rules(settings, resuming)
     if "--print_config" in argv:
-        print(json.dumps(vars(settings), indent=2))
+        print(json.dumps(asdict(settings), indent=2))
         return None, {}
-    new_run = (
-        not resuming and not settings.overwrite_out_dir
-    )  # then a checkpoint in out_dir is refused
+    new_run = not resuming and not settings.overwrite_out_dir  # then a checkpoint is refused
     with started(settings.device, settings.deterministic) as run, ExitStack() as held:
 
-        def open_run():  # rank 0 holds out_dir for the run; every rank takes a resumed run's settings and checks them
+        def open_run():
+            """Rank 0 holds out_dir for the run; every rank reads a resumed run's state and
+            settings, and checks them."""
             if run.master:
                 held.enter_context(checkpoint.locked_out_dir(settings.out_dir, new_run))
-            state = checkpoint.resume(settings, user_keys) if resuming else None
-            config.check(settings, KEYS, lambda cfg: rules(cfg, resuming))
-            return state
+            if not resuming:
+                return None, settings
+            state, resumed = checkpoint.resume(settings, user_keys)
+            check_rules(resumed, resuming)
+            return state, resumed
 
-        state = agreed(run, open_run)  # a refusal on any rank is every rank's one line
+        # a refusal on any rank is every rank's one line
+        state, settings = agreed(run, open_run)
         run = run.resolved(settings.dtype)
         with StepGuard(run) as guard:
             return train(settings, run, guard, state)
 
 
 def train(cfg, run, guard, state):
-    """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if asked, take one
-    optimizer step, log. Returns (the model, the last evaluation's metrics)."""
+    """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if
+    asked, take one optimizer step, log. Returns (the model, the last evaluation's metrics)."""
     train_data, val_data = load_data(cfg, run.master)
-    raw_model = make_model(cfg, train_data.meta, state).to(run.device)
+    source = load_source(cfg, state)
+    # the settings' last values: the dataset's vocabulary, a pretrained model's shape
+    cfg = model_settings(cfg, train_data.meta, source)
+    raw_model = make_model(cfg, train_data.meta, state, source).to(run.device)
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
     model = DDP(raw_model, device_ids=run.device_ids) if run.ddp else raw_model
-    model = torch.compile(model) if cfg.compile else model
+    if cfg.compile:
+        model = torch.compile(model)
+    betas = (cfg.beta1, cfg.beta2)
     optimizers = raw_model.configure_optimizers(
-        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type, cfg.optimizer
+        cfg.weight_decay, cfg.learning_rate, betas, run.device_type, cfg.optimizer
     )
     scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
     step, best, seconds = checkpoint.restore(state, optimizers, scaler)
-    record, wandb_run, speed = start_records(
-        cfg, run, raw_model, seconds, None if state is None else step
-    )
-    card, ctx, (metric, goal) = (
-        checkpoint.model_card(cfg, train_data.meta),
-        autocast(run.device, run.dtype),
-        train_data.best,
-    )
-    save = lambda: checkpoint.save_state(
-        cfg.out_dir,
-        raw_model,
-        optimizers,
-        scaler,
-        dict(step=step, best=best, seconds=record.seconds(), config=vars(cfg)),
-    )
-    micro_steps = (
-        cfg.gradient_accumulation_steps // run.world_size
-    )  # this process's share of the step
+    resumed_step = None if state is None else step
+    record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, resumed_step)
+    card = checkpoint.model_card(cfg, train_data.meta)
+    ctx = autocast(run.device, run.dtype)
+    metric, goal = train_data.best
+
+    def save(step, best):
+        """trainer_state.pt: the model, the optimizers and where the run stands."""
+        progress = dict(step=step, best=best, seconds=record.seconds(), config=asdict(cfg))
+        checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress)
+
+    micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
     rows_per_step = cfg.batch_size * cfg.gradient_accumulation_steps
     bar = tqdm(
         total=cfg.max_iters,
@@ -244,55 +244,56 @@ def train(cfg, run, guard, state):
         dynamic_ncols=True,
         file=sys.stderr,
     )
-    first_step, best_step, metrics = step, None, {}
+    first_step = step
+    best_step = None
+    metrics = {}
     while True:
-        if (
-            guard.stop_now()
-        ):  # before a due evaluation: torchrun and SLURM kill a stopping job within seconds
+        # before a due evaluation: torchrun and SLURM kill a stopping job within seconds
+        if guard.stop_now():
             bar.close()
-            guard.stop(save if run.master else None, step, cfg.out_dir)
+            with guard.stopping(step, cfg.out_dir):
+                if run.master:
+                    save(step, best)
         lr = get_lr(step, cfg)
-        for group in (g for optimizer in optimizers for g in optimizer.param_groups):
-            group["lr"] = lr * group.get("lr_scale", 1.0)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
         if step % cfg.eval_interval == 0 or step == cfg.max_iters or cfg.eval_only:
             eval_start = time.perf_counter()
-            metrics = {
-                f"{split}/{k}": v
-                for split, data in (("train", train_data), ("val", val_data))
-                for k, v in evaluate(raw_model, data, cfg, run, ctx).items()
-            }
+            splits = {"train": train_data, "val": val_data}
+            metrics = evaluate_splits(raw_model, splits, cfg, run, ctx)
             if run.master:
-                bar.write(
-                    f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
-                    file=sys.stderr,
-                )
+                line = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+                bar.write(f"step {step}: {line}", file=sys.stderr)
                 record.log(step, **metrics, lr=lr)
-                if (
-                    step > first_step and not cfg.eval_only
-                ):  # nothing new to save at a run's first evaluation
-                    if best is None or (
-                        metrics[metric] > best if goal == "max" else metrics[metric] < best
-                    ):
-                        best, best_step = metrics[metric], step
-                        raw_model.save_pretrained(
-                            cfg.out_dir, **card, metrics={"step": step, **metrics}
-                        )
+                # nothing new to save at a run's first evaluation
+                if step > first_step and not cfg.eval_only:
+                    if improves(metrics[metric], best, goal):
+                        best = metrics[metric]
+                        best_step = step
+                        scores = {"step": step, **metrics}
+                        raw_model.save_pretrained(cfg.out_dir, **card, metrics=scores)
                     if best_step == step or cfg.always_save_checkpoint:
-                        save()
-            bar.unpause()  # the bar's rate and the logged speed count training steps, not evaluations
+                        save(step, best)
+            # the bar's rate and the logged speed count training steps, not evaluations
+            bar.unpause()
             speed.skip(time.perf_counter() - eval_start)
         if step >= cfg.max_iters or cfg.eval_only:
             break
 
-        # every step's global batch is drawn from (seed, step), its dropout from (seed, rank, step): resume is exact
+        # each step's global batch comes from (seed, step), its dropout from (seed, rank, step):
+        # resume is exact
         rows = train_data.rows(cfg.seed, step, rows_per_step)
         torch.manual_seed(hash((cfg.seed, run.rank, step)))
         loss_sum = torch.zeros((), device=run.device)
         for micro in range(micro_steps):
             first = (run.rank * micro_steps + micro) * cfg.batch_size
-            batch = to_device(train_data.batch(rows[first : first + cfg.batch_size]), run.device)
-            # without no_sync DDP would all-reduce on every micro-step; it must wrap the forward as well as backward
-            with model.no_sync() if run.ddp and micro < micro_steps - 1 else nullcontext():
+            batch = train_data.batch(rows[first : first + cfg.batch_size])
+            batch = to_device(batch, run.device)
+            # without no_sync DDP would all-reduce on every micro-step; it must wrap the forward
+            # as well as the backward
+            last = micro == micro_steps - 1
+            with model.no_sync() if run.ddp and not last else nullcontext():
                 with ctx:
                     _, loss = model(**batch)
                     loss = loss / micro_steps
@@ -301,10 +302,10 @@ def train(cfg, run, guard, state):
             speed.add(train_data.count(batch), batch["idx"])
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or float("inf"))
-        loss_value, norm_value = guard.read(
-            step, loss_sum, norm, scaler, cfg.out_dir
-        )  # the step's one sync
+        max_norm = cfg.grad_clip or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
+        loss_value, norm_value = guard.gather(loss_sum, norm)  # the step's one sync
+        check_finite(loss_value, norm_value, step, scaler, cfg.out_dir)
         for optimizer in optimizers:
             scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
@@ -312,37 +313,29 @@ def train(cfg, run, guard, state):
         step += 1
         bar.update(1)
         if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
-            (rate, mfu), unit = speed.read(run.world_size), train_data.unit
+            rate, mfu = speed.read(run.world_size)
+            unit = train_data.unit
             bar.set_postfix_str(
                 f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * mfu:.1f}%"
             )
-            record.log(
-                step,
-                **{
-                    "train/step_loss": loss_value,
-                    "lr": lr,
-                    f"{unit}/s": rate,
-                    "mfu": mfu,
-                    "grad_norm": norm_value,
-                },
-            )
+            logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate, "mfu": mfu}
+            record.log(step, **logged, grad_norm=norm_value)
     bar.close()
     if run.master:
         finish(cfg, record, wandb_run, (metric, best, best_step), step - first_step, metrics)
     return raw_model, metrics
 
 
-# ------------------------------------------------------------------------------------ the pieces, in the order used
+# ---------------------------------------------------------------------- the pieces, in order used
 
 
 def load_data(cfg, master):
-    """(train, val) of the dataset, checked against the task and the model's vocabulary; a dataset never prepared is
-    prepared first by its prepare.py (a single process only), or the error names the command."""
-    path = (
-        cfg.dataset
-        if os.sep in cfg.dataset
-        else os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
-    )
+    """(train, val) of the dataset, checked against the task; a dataset never prepared is prepared
+    first by its prepare.py (a single process only), or the error names the command."""
+    if os.sep in cfg.dataset:
+        path = cfg.dataset
+    else:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
     command = f"python data/{cfg.dataset}/prepare.py"
     if not os.path.exists(os.path.join(path, "meta.json")):
         if "RANK" in os.environ or not os.path.isfile(os.path.join(path, "prepare.py")):
@@ -350,90 +343,102 @@ def load_data(cfg, master):
         print(f"no prepared data in {path}: running {command}", file=sys.stderr)
         if subprocess.run([sys.executable, os.path.join(path, "prepare.py")]).returncode:
             raise Error(
-                f"{command} failed (message above); offline, prepare from local files: {command} --source DIR"
+                f"{command} failed (message above); offline, prepare from local files: "
+                f"{command} --source DIR"
             )
-    train_data, val_data = (load_split(path, split, cfg.block_size) for split in ("train", "val"))
-    meta = train_data.meta
-    if meta["task"] != cfg.task:
-        raise Error(
-            f"dataset {cfg.dataset} is prepared for task={meta['task']}, but task={cfg.task}"
-        )
-    cfg.vocab_size = cfg.vocab_size or meta["vocab_size"]
-    if meta["vocab_size"] > cfg.vocab_size:
-        raise Error(
-            f"the model has {cfg.vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
-        )
+    train_data = load_split(path, "train", cfg.block_size)
+    val_data = load_split(path, "val", cfg.block_size)
+    task = train_data.meta["task"]
+    if task != cfg.task:
+        raise Error(f"dataset {cfg.dataset} is prepared for task={task}, but task={cfg.task}")
     if master and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(
-            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the learning rate will not "
-            f"have decayed to min_lr by the end (lr_decay_iters={cfg.max_iters} gives a full schedule)",
+            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
+            "learning rate will not have decayed to min_lr by the end "
+            f"(lr_decay_iters={cfg.max_iters} gives a full schedule)",
             file=sys.stderr,
         )
     return train_data, val_data
 
 
-def make_model(cfg, meta, state):
-    """A model of the settings' shape: from scratch (seeded), from a resumed state, or with the body of a pretrained
-    GPT (whose shape the settings take; a classifier's own head starts afresh). Loaded tensors are taken over, not
-    copied: the model is built on the meta device."""
-    torch.manual_seed(cfg.seed)
-    source = None
-    if state is None and cfg.init_from != "scratch":
-        source, info = load_pretrained(cfg.init_from)
-        if info["architecture"] != "GPT":
-            raise Error(
-                f"init_from={cfg.init_from!r} holds an {info['architecture']}, not a GPT to start from"
-            )
-        vars(cfg).update(
-            {k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)},
-            block_size=min(cfg.block_size, source.config.block_size),
+def load_source(cfg, state):
+    """The pretrained GPT a new run starts from (init_from names one), or None."""
+    if state is not None or cfg.init_from == "scratch":
+        return None
+    source, info = load_pretrained(cfg.init_from)
+    if info["architecture"] != "GPT":
+        raise Error(
+            f"init_from={cfg.init_from!r} holds an {info['architecture']}, not a GPT to start from"
         )
-    settings = {
-        **vars(cfg),
-        "n_classes": len(meta.get("label_names", [])),
-        "pad_token_id": meta.get("pad_token_id", 0),
-    }
+    return source
+
+
+def model_settings(cfg, meta, source):
+    """cfg with the model's last values: the dataset's vocabulary (vocab_size=0), or a pretrained
+    source's shape, its context cut to block_size."""
+    vocab_size = cfg.vocab_size or meta["vocab_size"]
+    if meta["vocab_size"] > vocab_size:
+        raise Error(
+            f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
+        )
+    cfg = replace(cfg, vocab_size=vocab_size)
+    if source is None:
+        return cfg
+    shape = {k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)}
+    shape["block_size"] = min(cfg.block_size, source.config.block_size)
+    return replace(cfg, **shape)
+
+
+def make_model(cfg, meta, state, source):
+    """A model of the settings' shape: from scratch (seeded), from a resumed state, or with the
+    body of a pretrained GPT (a classifier's own head starts afresh). Loaded tensors are taken
+    over, not copied: the model is built on the meta device."""
+    torch.manual_seed(cfg.seed)
+    n_classes = len(meta.get("label_names", []))
+    pad_token_id = meta.get("pad_token_id", 0)
+    settings = {**asdict(cfg), "n_classes": n_classes, "pad_token_id": pad_token_id}
     if state is None and source is None:
         return build_model(cfg.task, settings)
     with torch.device("meta"):
         model = build_model(cfg.task, settings)
-    return (
-        model.load_weights(state["model"])
-        if state is not None
-        else model.load_body(source.state_dict())
-    )
+    if state is not None:
+        return model.load_weights(state["model"])
+    return model.load_body(source.state_dict())
 
 
 def start_records(cfg, run, model, seconds, resumed_step):
-    """(metrics.jsonl's writer, the wandb run or None, the speed meter): the master's; the settings saved as
-    train_config.json, and the run's first line on stderr."""
+    """(metrics.jsonl's writer, the wandb run or None, the speed meter): the master's; the
+    settings saved as train_config.json, and the run's first line on stderr."""
     peak, peak_source = peak_flops(run.device, run.dtype)
-    speed = Speed(peak, run.device_type == "cpu", model.flops_per_token)
+    speed = Speed(model, peak, clamp=run.device_type == "cpu")
     if not run.master:
         return None, None, speed
-    write_json(os.path.join(cfg.out_dir, "train_config.json"), vars(cfg))
+    write_json(os.path.join(cfg.out_dir, "train_config.json"), asdict(cfg))
+    millions = model.num_params() / 1e6
     print(
-        f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
+        f"{millions:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
         f"MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})",
         file=sys.stderr,
     )
     wandb_run = None
-    if (
-        cfg.wandb_log
-    ):  # files in out_dir/wandb; the run named wandb_run_name, or after out_dir and the start time
+    if cfg.wandb_log:
+        # files in out_dir/wandb; the run named wandb_run_name, or after out_dir and the start time
         import wandb
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        name = cfg.wandb_run_name or f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{stamp}"
+        folder = os.path.basename(os.path.abspath(cfg.out_dir))
+        name = cfg.wandb_run_name or f"{folder}-{stamp}"
         wandb_run = wandb.init(
-            project=cfg.wandb_project, name=name, config=vars(cfg), dir=cfg.out_dir
+            project=cfg.wandb_project, name=name, config=asdict(cfg), dir=cfg.out_dir
         )
         wandb_run.summary["parameters"] = model.num_params()
-    return RunRecord(cfg.out_dir, wandb_run, seconds, resumed_step), wandb_run, speed
+    record = RunRecord(cfg.out_dir, wandb_run, seconds, resumed_step)
+    return record, wandb_run, speed
 
 
 def get_lr(step, cfg):
-    """Linear warmup for warmup_iters steps, then cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    """Linear warmup for warmup_iters steps, then cosine decay to min_lr at lr_decay_iters, then
+    min_lr."""
     if not cfg.decay_lr:
         return cfg.learning_rate
     if step < cfg.warmup_iters:
@@ -444,19 +449,51 @@ def get_lr(step, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
+def improves(value, best, goal):
+    """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
+    if best is None:
+        return True
+    return value > best if goal == "max" else value < best
+
+
 def to_device(batch, device):
-    """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue to drain first, a
-    copy from pinned memory runs beside it."""
+    """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue
+    to drain first, a copy from pinned memory runs beside it."""
     pin = device.startswith("cuda")
-    return {
-        k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()
-    }
+    moved = {}
+    for k, v in batch.items():
+        if pin:
+            v = v.pin_memory()
+        moved[k] = v.to(device, non_blocking=True)
+    return moved
+
+
+def check_finite(loss, norm, step, scaler, out_dir):
+    """Error on a NaN or inf loss or gradient norm. A NaN gradient on any rank reaches every
+    rank's norm through DDP's all-reduce; fp16's scaler skips such steps itself."""
+    bad_norm = not scaler.is_enabled() and not math.isfinite(norm)
+    if math.isfinite(loss) and not bad_norm:
+        return
+    raise Error(
+        f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
+        f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
+    )
+
+
+def evaluate_splits(model, splits, cfg, run, ctx):
+    """{"train/loss": ..., "val/loss": ..., ...}: evaluate() of each split."""
+    metrics = {}
+    for split, data in splits.items():
+        for k, v in evaluate(model, data, cfg, run, ctx).items():
+            metrics[f"{split}/{k}"] = v
+    return metrics
 
 
 @torch.no_grad()
 def evaluate(model, data, cfg, run, ctx):
-    """Mean loss (and accuracy for labelled data) over the same eval_iters batches every time, shared out across the
-    processes. The sums stay on the device until the end: one host-device sync per evaluation."""
+    """Mean loss (and accuracy for labelled data) over the same eval_iters batches every time,
+    shared out across the processes. The sums stay on the device until the end: one host-device
+    sync per evaluation."""
     model.eval()
     rows = data.eval_rows(cfg.eval_iters * cfg.batch_size)[run.rank :: run.world_size]
     sums = torch.zeros(3, device=run.device)  # loss x rows, correct predictions, rows
@@ -473,20 +510,18 @@ def evaluate(model, data, cfg, run, ctx):
     loss_sum, correct, n = sums.tolist()
     model.train()
     loss = loss_sum / n
-    return (
-        {"loss": loss, "accuracy": correct / n}
-        if data.labelled
-        else {"loss": loss, "perplexity": math.exp(min(loss, 50))}
-    )
+    if data.labelled:
+        return {"loss": loss, "accuracy": correct / n}
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50))}
 
 
 def finish(cfg, record, wandb_run, best, steps, metrics):
-    """The run's summary on stderr, the best metric in the wandb summary. best: (the metric's name, its best value,
-    the step it was reached at in this run, or None)."""
-    (metric, value, step), out_dir = best, cfg.out_dir
-    lines = [
-        f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"
-    ]
+    """The run's summary on stderr, the best metric in the wandb summary. best: (the metric's
+    name, its best value, the step it was reached at in this run, or None)."""
+    metric, value, step = best
+    out_dir = cfg.out_dir
+    seconds = record.seconds()
+    lines = [f"done: {steps} steps in {seconds:.1f} s (the run's time so far, resumes included)"]
     if step is not None:
         lines.append(
             f"best {metric} {value:.4f} at step {step}: {out_dir}/model.safetensors + config.json"
@@ -496,7 +531,8 @@ def finish(cfg, record, wandb_run, best, steps, metrics):
             f"no better {metric} than before ({value:.4f}): {out_dir}/model.safetensors unchanged"
         )
     lines.append(
-        f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); state: {out_dir}/trainer_state.pt"
+        f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); "
+        f"state: {out_dir}/trainer_state.pt"
     )
     print("\n".join(lines), file=sys.stderr)
     if wandb_run:
@@ -504,5 +540,9 @@ def finish(cfg, record, wandb_run, best, steps, metrics):
         wandb_run.finish()
 
 
+def script():
+    main(sys.argv[1:])
+
+
 if __name__ == "__main__":
-    run_script(lambda: main(sys.argv[1:]), "train.py")
+    run_script(script, "train.py")

@@ -1,21 +1,27 @@
 """
 Benchmarks on one device, in one run; prints markdown tables ready to paste into BENCHMARKS.md.
   1. achievable matmul FLOP/s in fp32 and bf16: the practical peak that MFU is measured against
-  2. training steps (tokens/s, MFU) for the shapes of three configs in fp32, bf16 autocast and bf16 + torch.compile
+  2. training steps (tokens/s, MFU) for the shapes of three configs in fp32, bf16 autocast and
+     bf16 + torch.compile
   3. one AdamW step: the per-tensor loop, foreach, fused
   4. generation tokens/s with and without the KV cache
-  5. attention alone (fused SDPA in fp32 and bf16, explicit math, a per-head Python loop): time, FLOP/s and memory
-     for n = 128 ... 4096
+  5. attention alone (fused SDPA in fp32 and bf16, explicit math, a per-head Python loop): time,
+     FLOP/s and memory for n = 128 ... 4096
   6. classifier training and inference examples/s
-Every figure is timed --repeats times after a warm-up; the tables show the best (min time) and the median.
+Every figure is timed --repeats times after a warm-up; the tables show the best (min time) and the
+median.
 Usage, from the repository root (config paths are taken relative to it from any working directory):
-  python bench/speed.py --quick                under a minute on 2 CPU cores: 2 repeats, n = 128 and 512, small batches
+  python bench/speed.py --quick                under a minute on 2 CPU cores: 2 repeats,
+                                               n = 128 and 512, small batches
   python bench/speed.py --json bench.json      the full run (6 to 7 minutes on 2 CPU cores)
   python bench/speed.py --device cuda --no-compile
-  python bench/speed.py --profile config/shakespeare_char.py   where one training step spends its time, fp32 and bf16
-  python bench/speed.py --time_to_loss config/shakespeare_char_cpu.py config/shakespeare_char_fast.py --repeats 3 \\
-      --png bench/figures/time_to_loss_cpu.png
-                                               wall time to a validation loss, the runs side by side, and a plot
+  python bench/speed.py --profile config/shakespeare_char.py
+                                               where one training step spends its time,
+                                               fp32 and bf16
+  python bench/speed.py --time_to_loss config/shakespeare_char_cpu.py \\
+      config/shakespeare_char_fast.py --repeats 3 --png bench/figures/time_to_loss_cpu.png
+                                               wall time to a validation loss,
+                                               the runs side by side, and a plot
 """
 
 import argparse
@@ -44,11 +50,11 @@ from lib.common import (
     ArgumentParser,
     Error,
     cpu_has_bf16,
-    matmul_flops,
     pick_device,
     run_script,
     sync,
 )
+from lib.mfu import flops_per_token, matmul_flops
 from lib.plots import pyplot, read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, build_model
 
@@ -65,8 +71,9 @@ OPTIMIZERS = ["loop", "foreach", "fused"]
 
 
 class LoopAttention(nn.Module):
-    """REFERENCE ONLY, the course notebook's multi-head attention, clear and slow on purpose: every head has its own
-    small Q, K, V projections (d -> d/h); per head bmm, softmax, bmm; the heads concatenated, then W_O. No mask."""
+    """REFERENCE ONLY, the course notebook's multi-head attention, clear and slow on purpose: every
+    head has its own small Q, K, V projections (d -> d/h); per head bmm, softmax, bmm; the heads
+    concatenated, then W_O. No mask."""
 
     def __init__(self, d, h, bias=True):
         super().__init__()
@@ -85,7 +92,8 @@ class LoopAttention(nn.Module):
         return self.o(torch.cat(heads, dim=-1))
 
     def fused_copy(self):
-        """A model.MultiHeadAttention with these weights: head i's Q, K, V are rows i*d/h... of each third of qkv."""
+        """A model.MultiHeadAttention with these weights: head i's Q, K, V are rows i*d/h... of each
+        third of qkv."""
         mha = MultiHeadAttention(GPTConfig(n_embd=self.d, n_head=self.h, bias=self.bias)).to(
             self.o.weight.device
         )
@@ -99,7 +107,8 @@ class LoopAttention(nn.Module):
 
 
 def timed(fn, repeats, device, warm_fn=None):
-    """Seconds per call of fn, repeats times, after one warm-up call of warm_fn (default fn), and the warm-up time."""
+    """Seconds per call of fn, repeats times, after one warm-up call of warm_fn (default fn), and
+    the warm-up time."""
     t0 = time.perf_counter()
     (warm_fn or fn)()
     sync(device)
@@ -118,7 +127,8 @@ def timed(fn, repeats, device, warm_fn=None):
 
 
 def rates(r, work, unit):
-    """Add work per second at the best (min) and the median time: r[unit + '_best'], r[unit + '_median']."""
+    """Add work per second at the best (min) and the median time: r[unit + '_best'],
+    r[unit + '_median']."""
     r[f"{unit}_best"], r[f"{unit}_median"] = work / r["min_s"], work / r["median_s"]
     return r
 
@@ -140,9 +150,9 @@ def machine(device):
     if device == "cpu" and os.path.isfile("/proc/cpuinfo"):
         name = next(
             (
-                l.split(":", 1)[1].strip()
-                for l in open("/proc/cpuinfo")
-                if l.startswith("model name")
+                line.split(":", 1)[1].strip()
+                for line in open("/proc/cpuinfo")
+                if line.startswith("model name")
             ),
             name,
         )
@@ -159,13 +169,15 @@ def machine(device):
 
 
 def bench_matmul(device, dtype, n, repeats):
-    """common.matmul_flops once per repeat (each call warms up, then times one n x n product): FLOP/s samples."""
+    """mfu.matmul_flops once per repeat (each call warms up, then times one n x n product):
+    FLOP/s samples."""
     return [matmul_flops(device, dtype, n=n, repeats=1) for _ in range(repeats)]
 
 
 def load_shape(config_file):
-    """(config dict, dataset meta): the config as train.py resolves it (train.py CONFIG --print_config), without
-    reading any data; the dataset's meta.json where it was prepared, else a stand-in with its vocabulary."""
+    """(config dict, dataset meta): the config as train.py resolves it
+    (train.py CONFIG --print_config), without reading any data; the dataset's meta.json where it was
+    prepared, else a stand-in with its vocabulary."""
     r = subprocess.run(
         [sys.executable, os.path.join(ROOT, "train.py"), config_file, "--print_config"],
         cwd=ROOT,
@@ -199,7 +211,8 @@ def new_model(c, meta):
 
 
 def make_batch(c, meta, rows, device, seed):
-    """Random tokens: lm rows of block_size; classify rows of ~47 tokens (AG News-like) padded to the batch max."""
+    """Random tokens: lm rows of block_size; classify rows of ~47 tokens (AG News-like) padded to
+    the batch max."""
     V, T, gen = c["vocab_size"], c["block_size"], torch.Generator().manual_seed(seed)
     if c["task"] == "lm":
         batch = {
@@ -220,8 +233,8 @@ def make_batch(c, meta, rows, device, seed):
 
 
 def train_step(c, meta, mode, device, rows):
-    """(step, model, batch): one training step as train.py takes it, forward under autocast, backward, clip, AdamW
-    step, zero_grad, on random tokens of the config's shape."""
+    """(step, model, batch): one training step as train.py takes it, forward under autocast,
+    backward, clip, AdamW step, zero_grad, on random tokens of the config's shape."""
     model = new_model(c, meta).to(device)
     (optimizer,) = model.configure_optimizers(
         c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device.split(":")[0]
@@ -246,7 +259,8 @@ def train_step(c, meta, mode, device, rows):
 
 
 def bench_train(c, meta, mode, device, repeats, max_rows=None):
-    """Timed training steps: tokens/s and examples/s; MFU is added in report() against the measured peak."""
+    """Timed training steps: tokens/s and examples/s; MFU is added in report() against the measured
+    peak."""
     rows = min(c["batch_size"], max_rows or c["batch_size"])
     step, model, batch = train_step(c, meta, mode, device, rows)
     width = batch["idx"].size(1)  # for classify the padded width: train.py counts those tokens too
@@ -257,14 +271,15 @@ def bench_train(c, meta, mode, device, repeats, max_rows=None):
         "width": width,
         "dtype": autocast(device, mode)[0],
         "task": c["task"],
-        "flops_per_token": model.flops_per_token(width),
+        "flops_per_token": flops_per_token(model, width),
         "shape": f"{c['n_layer']} x {c['n_embd']}, {c['n_head']} heads",
     }
 
 
 def bench_optimizer(c, meta, kind, device, repeats):
-    """One AdamW step over the config's parameters (random gradients): the per-tensor loop (PyTorch's default on
-    CPU), foreach (the default on CUDA) or fused (what model.configure_optimizers picks on CPU and CUDA)."""
+    """One AdamW step over the config's parameters (random gradients): the per-tensor loop
+    (PyTorch's default on CPU), foreach (the default on CUDA) or fused (what
+    model.configure_optimizers picks on CPU and CUDA)."""
     model = new_model(c, meta).to(device)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -281,7 +296,8 @@ def bench_optimizer(c, meta, kind, device, repeats):
 
 
 def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
-    """Where one training step of the config's shape spends its time: torch.profiler's operators by self time."""
+    """Where one training step of the config's shape spends its time: torch.profiler's operators by
+    self time."""
     from torch.profiler import ProfilerActivity, profile
 
     c, meta = load_shape(config_file)
@@ -294,7 +310,8 @@ def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
             step()
             sync(device)
         print(
-            f"\n### {os.path.relpath(config_file, ROOT)}, {mode}, batch {tuple(batch['idx'].shape)}: one training step\n"
+            f"\n### {os.path.relpath(config_file, ROOT)}, {mode}, batch "
+            f"{tuple(batch['idx'].shape)}: one training step\n"
         )
         print(
             prof.key_averages().table(
@@ -318,7 +335,8 @@ def bench_classify_inference(c, meta, mode, device, repeats, rows=256):
 
 
 def bench_generate(device, new_tokens, use_cache, repeats):
-    """Greedy decoding of new_tokens from a 1-token prompt, float32, the shakespeare_char GPT shape."""
+    """Greedy decoding of new_tokens from a 1-token prompt, float32, the shakespeare_char GPT
+    shape."""
     torch.manual_seed(0)
     model = (
         GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384))
@@ -336,15 +354,17 @@ def bench_generate(device, new_tokens, use_cache, repeats):
 
 
 def attention_flops(n, d):
-    """Model FLOPs of one attention layer's forward + backward on n tokens: 3 x the forward's 8 n d^2 (Q, K, V and
-    output projections) + 4 n^2 d (scores, weights x values), the convention MFU uses."""
+    """Model FLOPs of one attention layer's forward + backward on n tokens: 3 x the forward's
+    8 n d^2 (Q, K, V and output projections) + 4 n^2 d (scores, weights x values), the convention
+    MFU uses."""
     return 3 * (8 * n * d * d + 4 * n * n * d)
 
 
 def bench_attention(path, n, device, repeats, d=384, h=6):
-    """Forward + backward of one attention layer on [1, n, d]: fp32, or "fused bf16" under bf16 autocast (train.py's
-    default where bf16 is fast). FLOP/s: attention_flops per second. Memory: the bytes autograd saves for backward
-    (saved_tensors_hooks, each storage once, parameters excluded) plus the output; on CUDA also the allocator's peak."""
+    """Forward + backward of one attention layer on [1, n, d]: fp32, or "fused bf16" under bf16
+    autocast (train.py's default where bf16 is fast). FLOP/s: attention_flops per second. Memory:
+    the bytes autograd saves for backward (saved_tensors_hooks, each storage once, parameters
+    excluded) plus the output; on CUDA also the allocator's peak."""
     torch.manual_seed(0)
     loop = LoopAttention(d, h).to(device)
     mha = loop.fused_copy()
@@ -400,12 +420,13 @@ def table(title, header, rows):
 
 def report(info, peaks, trains, optims, gens, attns, infers, notes):
     print(
-        f"## Machine\n\n{info['name']} ({info['device']}), torch {info['torch']}, {info['threads']} threads, "
-        f"{info['cpu_cores']} CPU cores, CPU bf16: {info['cpu_bf16']}, Python {info['python']}, "
-        f"load average at the start {info['load_average']}"
+        f"## Machine\n\n{info['name']} ({info['device']}), torch {info['torch']}, "
+        f"{info['threads']} threads, {info['cpu_cores']} CPU cores, CPU bf16: {info['cpu_bf16']}, "
+        f"Python {info['python']}, load average at the start {info['load_average']}"
     )
     table(
-        "Matmul peak: n x n products, best / median of the samples taken at the start and at the end of the run",
+        "Matmul peak: n x n products, best / median of the samples taken "
+        "at the start and at the end of the run",
         ["dtype", "n", "TFLOP/s"],
         [[dt, p["n"], two(p, "flops", "{:.3f}", 1e-12)] for dt, p in peaks.items()],
     )
@@ -435,19 +456,21 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
             ]
         )
     table(
-        "Training step, best / median: forward, backward, clip, AdamW. MFU: against the best measured matmul FLOP/s "
-        "of the dtype; classify counts padded tokens, as train.py does",
+        "Training step, best / median: forward, backward, clip, AdamW. "
+        "MFU: against the best measured matmul FLOP/s of the dtype; "
+        "classify counts padded tokens, as train.py does",
         ["config", "shape", "batch", "mode", "ms/step", "tokens/s", "examples/s", "MFU"],
         rows,
     )
     rows = []
     for cfg in dict.fromkeys(cfg for cfg, _ in trains):
         m = {mode: trains.get((cfg, mode), {}) for mode in MODES}
-        ratio = lambda a, b: (
-            f"{m[a]['median_s'] / m[b]['median_s']:.2f}x"
-            if "median_s" in m[a] and "median_s" in m[b]
-            else "n/a"
-        )
+
+        def ratio(a, b, m=m):
+            if "median_s" in m[a] and "median_s" in m[b]:
+                return f"{m[a]['median_s'] / m[b]['median_s']:.2f}x"
+            return "n/a"
+
         first = (
             f"{m['bf16+compile']['warmup_s']:.1f} s" if "warmup_s" in m["bf16+compile"] else "n/a"
         )
@@ -472,18 +495,24 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
         ],
     )
     table(
-        f"Generation: GPT 6 x 384, vocab 65, block 256, fp32, greedy, {gens[True]['new_tokens']} new tokens from 1",
+        "Generation: GPT 6 x 384, vocab 65, block 256, fp32, greedy, "
+        f"{gens[True]['new_tokens']} new tokens from 1",
         ["KV cache", "tokens/s (best / median)"],
         [["yes" if k else "no", two(r, "tokens_per_s", "{:,.1f}")] for k, r in gens.items()],
     )
     print(f"\nKV cache speed-up (medians): {gens[False]['median_s'] / gens[True]['median_s']:.2f}x")
     cuda = any("cuda_peak_bytes" in r for r in attns.values())
-    peak = lambda path: peaks["bfloat16" if path.endswith("bf16") else "float32"]["flops_best"]
+
+    def peak(path):
+        return peaks["bfloat16" if path.endswith("bf16") else "float32"]["flops_best"]
+
     table(
-        'Attention alone, forward + backward: d=384, h=6, batch 1, no mask; fp32 but for "fused bf16" (bf16 '
-        "autocast). GFLOP/s: model FLOPs (3 x forward), and as a share of the best measured matmul FLOP/s of the dtype. "
-        "Memory: the bytes autograd saves for backward plus the output (saved_tensors_hooks, each storage once, "
-        "parameters excluded)"
+        "Attention alone, forward + backward: d=384, h=6, batch 1, no mask; "
+        'fp32 but for "fused bf16" (bf16 autocast). '
+        "GFLOP/s: model FLOPs (3 x forward), "
+        "and as a share of the best measured matmul FLOP/s of the dtype. "
+        "Memory: the bytes autograd saves for backward plus the output "
+        "(saved_tensors_hooks, each storage once, parameters excluded)"
         + "; CUDA peak: torch.cuda.max_memory_allocated over forward + backward"
         * cuda,
         [
@@ -513,15 +542,17 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
     print()
     for n in dict.fromkeys(n for _, n in attns):
         loop = attns[("loop", n)]
-        speedup = lambda path: (
-            f"{loop['median_s'] / attns[(path, n)]['median_s']:.2f}x"
-            if "median_s" in attns[(path, n)]
-            else "n/a"
-        )
+
+        def speedup(path, loop=loop, n=n):
+            if "median_s" in attns[(path, n)]:
+                return f"{loop['median_s'] / attns[(path, n)]['median_s']:.2f}x"
+            return "n/a"
+
         print(
-            f"- n={n}, medians: fused {speedup('fused')} the per-head loop's speed, fused bf16 {speedup('fused bf16')}; "
-            f"the loop runs at {loop['flops_best'] / peak('loop'):.0%} of the fp32 matmul peak, so no fp32 path can be "
-            f"more than {peak('loop') / loop['flops_best']:.1f}x faster"
+            f"- n={n}, medians: fused {speedup('fused')} the per-head loop's speed, "
+            f"fused bf16 {speedup('fused bf16')}; "
+            f"the loop runs at {loop['flops_best'] / peak('loop'):.0%} of the fp32 matmul peak, "
+            f"so no fp32 path can be more than {peak('loop') / loop['flops_best']:.1f}x faster"
             + " (target: fused >= 3x)"
             * (n == 512)
         )
@@ -547,9 +578,10 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
 
 
 def time_to_loss(runs, target, repeats, png):
-    """Each run (a config file and --key=value overrides) as `python train.py RUN`, into a fresh out_dir, the runs
-    taking turns repeats times, so a busy neighbour slows them alike. Per run: the wall time start to finish, the
-    final validation loss and when (seconds since its process started) an evaluation first reached target."""
+    """Each run (a config file and --key=value overrides) as `python train.py RUN`, into a fresh
+    out_dir, the runs taking turns repeats times, so a busy neighbour slows them alike. Per run: the
+    wall time start to finish, the final validation loss and when (seconds since its process
+    started) an evaluation first reached target."""
     results, train = {run: [] for run in runs}, os.path.join(ROOT, "train.py")
     bar = tqdm(total=len(runs) * repeats, desc="time to loss", file=sys.stderr, dynamic_ncols=True)
     for _ in range(repeats):
@@ -585,8 +617,8 @@ def time_to_loss(runs, target, repeats, png):
     bar.close()
     base = statistics.median(r["wall_s"] for r in results[runs[0]])
     table(
-        f"Time to validation loss {target}: `python train.py RUN`, start to finish, {repeats} turn(s) each, taking "
-        f"turns",
+        f"Time to validation loss {target}: `python train.py RUN`, start to finish, "
+        f"{repeats} turn(s) each, taking turns",
         [
             "run",
             "wall s (each turn)",
@@ -678,9 +710,9 @@ def main(argv=None):
         "--time_to_loss",
         metavar="RUN",
         nargs="+",
-        help="instead: run each RUN (a config file, then any "
-        "--key=value overrides, quoted as one argument) as `python train.py RUN`, taking turns --repeats "
-        "times; print the wall times and the val loss each reached, and plot val loss against seconds",
+        help="instead: run each RUN (a config file, then any --key=value overrides, quoted as one "
+        "argument) as `python train.py RUN`, taking turns --repeats times; print the wall times "
+        "and the val loss each reached, and plot val loss against seconds",
     )
     p.add_argument(
         "--target",
@@ -715,17 +747,20 @@ def main(argv=None):
     device = pick_device(a.device)
     if profile:
         return profile_train(profile, device)
-    # "first step with compiling" means a cold compile: inductor's on-disk caches would otherwise make reruns fast
+    # "first step with compiling" means a cold compile: inductor's on-disk caches would otherwise
+    # make reruns fast
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-"))
     repeats, info, t0 = 2 if a.quick else a.repeats, machine(device), time.perf_counter()
     print(
-        f"# speed.py on {info['name']} ({device}), torch {info['torch']}, {info['threads']} threads",
+        f"# speed.py on {info['name']} ({device}), "
+        f"torch {info['torch']}, {info['threads']} threads",
         file=sys.stderr,
     )
     configs = a.configs
     shapes = {cfg: load_shape(cfg) for cfg in configs}
     notes = [
-        f"{cfg}: data/{c['dataset']} not prepared, so the vocabulary is a stand-in of {c['vocab_size']}"
+        f"{cfg}: data/{c['dataset']} not prepared, "
+        f"so the vocabulary is a stand-in of {c['vocab_size']}"
         for cfg, (c, meta) in shapes.items()
         if meta is META_FALLBACK.get(c["dataset"])
     ]
@@ -755,13 +790,13 @@ def main(argv=None):
         except Exception as e:  # no compiler for torch.compile, no bf16 on this device...
             if not catch:
                 raise
-            r = {
-                "error": f"failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:80]}"
-            }
+            message = (str(e).strip().splitlines() or [""])[0][:80]
+            r = {"error": f"failed: {type(e).__name__}: {message}"}
         bar.update()
         return r
 
-    def matmul_peaks():  # run at the start and at the end: a busy neighbour lowers only some samples
+    # run at the start and at the end: a busy neighbour lowers only some samples
+    def matmul_peaks():
         for name in ("float32", "bfloat16"):
             n = 8192 if device.startswith("cuda") else 2048
             p = peaks.setdefault(name, {"n": n, "flops": []})
@@ -848,10 +883,14 @@ def main(argv=None):
             r["ms_best"], r["ms_median"] = 1e3 * r["min_s"], 1e3 * r["median_s"]
     report(info, peaks, trains, optims, gens, attns, infers, notes)
     print(
-        f"\n{'--quick run: ' * a.quick}{repeats} timed repeats per figure; {time.perf_counter() - t0:.0f} s in all"
+        f"\n{'--quick run: ' * a.quick}{repeats} timed repeats per figure; "
+        f"{time.perf_counter() - t0:.0f} s in all"
     )
     if json_path:
-        key = lambda k: " ".join(map(str, k))
+
+        def key(k):
+            return " ".join(map(str, k))
+
         with open(json_path, "w") as f:
             json.dump(
                 {

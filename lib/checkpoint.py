@@ -1,10 +1,12 @@
-"""What a run keeps in out_dir besides records: the lock that gives one run the folder, trainer_state.pt (model,
-optimizers, step, best metric, settings) that init_from=resume continues exactly, and config.json beside the model."""
+"""What a run keeps in out_dir besides records: the lock that gives one run the folder,
+trainer_state.pt (model, optimizers, step, best metric, settings) that init_from=resume continues
+exactly, and config.json beside the model."""
 
 import os
 import socket
 import sys
 from contextlib import contextmanager
+from dataclasses import asdict, replace
 
 import torch
 
@@ -28,8 +30,9 @@ KEPT_ON_RESUME = SHAPE + ("task", "optimizer")
 
 @contextmanager
 def locked_out_dir(out_dir, new_run):
-    """Make out_dir and hold a lock on it for the run (flock: the OS releases it when the process dies, kill -9
-    included); a new run (new_run: not a resume) never replaces a checkpoint that is there."""
+    """Make out_dir and hold a lock on it for the run (flock: the OS releases it when the process
+    dies, kill -9 included); a new run (new_run: not a resume) never replaces a checkpoint that is
+    there."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = open(os.path.join(out_dir, ".lock"), "a+")
@@ -45,28 +48,27 @@ def locked_out_dir(out_dir, new_run):
         pass
     except BlockingIOError:  # held: the one failure that means another run
         lock.seek(0)
+        holder = lock.read().strip() or "pid ?"
         raise Error(
-            f"out_dir {out_dir!r} is in use by another run ({lock.read().strip() or 'pid ?'}): wait for it "
-            f"to end, or pick another --out_dir"
+            f"out_dir {out_dir!r} is in use by another run ({holder}): wait for it to end, "
+            "or pick another --out_dir"
         ) from None
     except OSError as e:
         raise Error(
-            f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without flock, such as some "
-            f"network mounts?): pick an --out_dir on a local disk"
+            f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without flock, "
+            "such as some network mounts?): pick an --out_dir on a local disk"
         ) from None
     lock.truncate(0)
     lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
     lock.flush()
     try:
-        saved = [
-            f
-            for f in ("model.safetensors", "trainer_state.pt")
-            if os.path.exists(os.path.join(out_dir, f))
-        ]
+        names = ("model.safetensors", "trainer_state.pt")
+        saved = [f for f in names if os.path.exists(os.path.join(out_dir, f))]
         if saved and new_run:
             raise Error(
-                f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it with "
-                f"--init_from=resume, replace it with --overwrite_out_dir=True, or pick another --out_dir"
+                f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it "
+                "with --init_from=resume, replace it with --overwrite_out_dir=True, or pick "
+                "another --out_dir"
             )
         yield
     finally:
@@ -74,10 +76,10 @@ def locked_out_dir(out_dir, new_run):
 
 
 def resume(settings, user_keys):
-    """The trainer state in out_dir, its run's settings taken into settings: only the keys given now override them,
-    never the model's shape or the optimizer; the device is this command's. Loaded with mmap: the file is read as
-    the tensors are used. init_from becomes where the run began (scratch, or the weights it started from), which it
-    stays through every resume."""
+    """(the trainer state in out_dir, the settings of its run): only the keys given now override
+    the saved ones, never the model's shape or the optimizer; the device is this command's.
+    Loaded with mmap: the file is read as the tensors are used. init_from becomes where the run
+    began (scratch, or the weights it started from), which it stays through every resume."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
     if not os.path.isfile(path):
         raise Error(
@@ -91,33 +93,30 @@ def resume(settings, user_keys):
             f"cannot resume from {path} ({type(e).__name__}): "
             "not a trainer state that train.py wrote"
         ) from None
-    if (
-        saved["init_from"] != "scratch"
-    ):  # the shape came from pretrained weights, not from the keys given
+    if saved["init_from"] != "scratch":
+        # the shape came from pretrained weights, not from the keys given
         user_keys = user_keys - set(SHAPE)
-    current = vars(settings)
-    changed = [
-        f"{k}={saved[k]!r} there, {current[k]!r} here"
-        for k in KEPT_ON_RESUME
-        if k in user_keys and saved[k] != current[k]
-    ]
+    current = asdict(settings)
+    changed = []
+    for k in KEPT_ON_RESUME:
+        if k in user_keys and saved[k] != current[k]:
+            changed.append(f"{k}={saved[k]!r} there, {current[k]!r} here")
     if changed:
-        raise Error(
-            f"cannot resume {path} with a different model or optimizer: {'; '.join(changed)}"
-        )
-    # the device is where this command runs (its processes joined their group on it); init_from stays the first's
-    current.update(
-        {
-            k: v
-            for k, v in saved.items()
-            if k in current and k != "device" and (k not in user_keys or k == "init_from")
-        }
-    )
-    return state
+        changes = "; ".join(changed)
+        raise Error(f"cannot resume {path} with a different model or optimizer: {changes}")
+    # the device is where this command runs (its processes joined their group on it); init_from
+    # stays the first run's
+    kept = {}
+    for k, v in saved.items():
+        given = k in user_keys and k != "init_from"
+        if k in current and k != "device" and not given:
+            kept[k] = v
+    return state, replace(settings, **kept)
 
 
 def save_state(out_dir, model, optimizers, scaler, progress):
-    """The whole trainer state in one file, atomically; progress: step, best, seconds and settings (config)."""
+    """The whole trainer state in one file, atomically; progress: step, best, seconds and settings
+    (config)."""
     state = {
         "model": model.state_dict(),
         "optimizers": [o.state_dict() for o in optimizers],
@@ -129,9 +128,10 @@ def save_state(out_dir, model, optimizers, scaler, progress):
 
 
 def restore(state, optimizers, scaler):
-    """(step, best metric or None, seconds so far) of a resumed state, its optimizer states loaded; from scratch
-    (0, None, 0.0). fp16's loss scale carries over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which
-    an enabled one cannot load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
+    """(step, best metric or None, seconds so far) of a resumed state, its optimizer states loaded;
+    from scratch (0, None, 0.0). fp16's loss scale carries over; a disabled scaler (bf16 and fp32
+    runs) saved an empty state, which an enabled one cannot load: it keeps its initial scale then
+    (and a disabled one ignores a saved scale)."""
     if state is None:
         return 0, None, 0.0
     for optimizer, saved in zip(optimizers, state["optimizers"]):
@@ -142,13 +142,15 @@ def restore(state, optimizers, scaler):
 
 
 def model_card(settings, meta):
-    """What config.json says beside the model; a classifier's labels also as Hugging Face's id2label and label2id."""
+    """What config.json says beside the model; a classifier's labels also as Hugging Face's
+    id2label and label2id."""
+    launcher = "torchrun ..." if "RANK" in os.environ else "python"
     card = dict(
         task=settings.task,
         dataset=settings.dataset,
         init_from=settings.init_from,
         tokenizer=meta["tokenizer"],
-        command=["torchrun ..." if "RANK" in os.environ else "python"] + sys.argv,
+        command=[launcher] + sys.argv,
     )
     if settings.task == "classify":
         names = meta["label_names"]

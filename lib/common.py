@@ -1,31 +1,31 @@
-"""What the scripts share: the error type and how a script reports it, device and dtype rules, timing, the matmul
-peak for MFU, atomic writes. Library code (lib/, model.py, decoding.py) raises Error, and never prints or exits."""
+"""What the scripts share: the error type and how a script reports it, device and dtype rules,
+timing, atomic writes. Library code (lib/, model.py, decoding.py) raises Error, and never prints or
+exits."""
 
 import argparse
 import json
 import os
-import re
 import secrets
 import sys
-import time
 from contextlib import contextmanager, nullcontext
 
 import torch
 
 
 class Error(Exception):
-    """A problem the user can fix (a bad value, a missing file, an absent device). Scripts print it as one line."""
+    """A problem the user can fix (a bad value, a missing file, an absent device). Scripts print it
+    as one line."""
 
 
 def run_script(main, prog):
-    """The one error path of every script: an Error is `prog: error: message` on stderr and exit status 2 (as
-    argparse's), so a 1 with a traceback always means a bug; a closed pipe (`| head`) ends quietly."""
+    """The one error path of every script: an Error is `prog: error: message` on stderr and exit
+    status 2 (as argparse's), so a 1 with a traceback always means a bug; a closed pipe (`| head`)
+    ends quietly."""
     try:
         main()
     except Error as e:
-        sys.stderr.write(
-            f"{prog}: error: {e}\n"
-        )  # one write: every rank of a group may print its line at once
+        # one write: every rank of a group may print its line at once
+        sys.stderr.write(f"{prog}: error: {e}\n")
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -36,7 +36,8 @@ def run_script(main, prog):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line through run_script, not argparse's usage block and exit
+    def error(self, message):
+        """One line through run_script, not argparse's usage block and exit."""
         raise Error(f"{message} (see --help)")
 
 
@@ -53,49 +54,49 @@ def at_least(low, kind=int):
     return parse
 
 
-# ---------------------------------------------------------------------------------------------------- device, dtype
+# ------------------------------------------------------------------------------- device, dtype
+def default_device():
+    """cuda, then mps, then cpu: the first this machine has."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
 def pick_device(name="auto"):
-    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto = cuda, then mps, then cpu. A chosen GPU
-    is made the current one, so synchronize(), new tensors and libraries' contexts all go to it, not to GPU 0."""
+    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto = default_device(). A
+    chosen GPU is made the current one, so synchronize(), new tensors and libraries' contexts all go
+    to it, not to GPU 0."""
     if name == "auto":
-        name = (
-            "cuda"
-            if torch.cuda.is_available()
-            else "mps"
-            if torch.backends.mps.is_available()
-            else "cpu"
-        )
+        name = default_device()
     kind = name.split(":")[0]
-    if (
-        kind == "cuda"
-        and not torch.cuda.is_available()
-        or kind == "mps"
-        and not torch.backends.mps.is_available()
-    ):
+    no_cuda = kind == "cuda" and not torch.cuda.is_available()
+    no_mps = kind == "mps" and not torch.backends.mps.is_available()
+    if no_cuda or no_mps:
         raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
     try:
         device = torch.device(name)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as e:  # no such device type, or no such index
-        raise Error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}") from None
+        first_line = str(e).strip().splitlines()[0][:200]
+        raise Error(f"--device {name}: {first_line}") from None
     if device.type == "cuda":
         if device.index is None:  # "cuda" is the current GPU
-            device, name = (
-                torch.device("cuda", torch.cuda.current_device()),
-                f"cuda:{torch.cuda.current_device()}",
-            )
+            name = f"cuda:{torch.cuda.current_device()}"
+            device = torch.device(name)
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = (
-            True  # float32 matmuls on tensor cores (TF32), as nanoGPT
-        )
+        # float32 matmuls on tensor cores (TF32), as nanoGPT
+        torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return name
 
 
 def auto_dtype(device_type, cuda_capability=(0, 0), cpu_bf16=False):
-    """The one dtype=auto rule, a pure function of the hardware: bfloat16 where it runs natively (CUDA compute
-    capability 8.0 and up: A100, H100, RTX 30xx and later; CPUs with AMX or AVX-512 BF16), float16 on older GPUs
-    (T4, V100, RTX 20xx: bf16 is emulated there, slowly), float32 elsewhere (MPS, CPUs without bf16)."""
+    """The one dtype=auto rule, a pure function of the hardware: bfloat16 where it runs natively
+    (CUDA compute capability 8.0 and up: A100, H100, RTX 30xx and later; CPUs with AMX or AVX-512
+    BF16), float16 on older GPUs (T4, V100, RTX 20xx: bf16 is emulated there, slowly), float32
+    elsewhere (MPS, CPUs without bf16)."""
     if device_type == "cuda":
         return "bfloat16" if tuple(cuda_capability) >= (8, 0) else "float16"
     return "bfloat16" if device_type == "cpu" and cpu_bf16 else "float32"
@@ -111,36 +112,40 @@ def resolve_dtype(dtype, device):
         raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     if dtype == "float16" and kind != "cuda":
         raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
-    if (
-        dtype == "bfloat16"
-        and kind == "cuda"
-        and not torch.cuda.is_bf16_supported(including_emulation=False)
-    ):
+    if dtype == "bfloat16" and kind == "cuda" and not native_bf16_gpu():
         raise Error(
-            "dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, and compile "
-            "skipped): use dtype=auto (float16 here) or float32"
+            "dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, "
+            "and compile skipped): use dtype=auto (float16 here) or float32"
         )
     return dtype
 
 
+def native_bf16_gpu():
+    """Whether the current GPU multiplies bfloat16 natively, not emulated."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def cpu_has_bf16():
-    """AMX or AVX-512 BF16: bf16 matmuls then run 2x (AVX-512) to several times (AMX) faster than fp32."""
-    flags = (
-        open("/proc/cpuinfo").read() if os.path.isfile("/proc/cpuinfo") else ""
-    )  # Linux; elsewhere none
+    """AMX or AVX-512 BF16: bf16 matmuls then run 2x (AVX-512) to several times (AMX) faster than
+    fp32. Read from Linux's /proc/cpuinfo; elsewhere no flags are known."""
+    if not os.path.isfile("/proc/cpuinfo"):
+        return False
+    flags = open("/proc/cpuinfo").read()
     return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def autocast(device, dtype):
-    """Mixed precision for forward passes: matmuls in dtype, reductions in float32; float32 is no context at all."""
+    """Mixed precision for forward passes: matmuls in dtype, reductions in float32; float32 is no
+    context at all."""
+    if dtype == "float32":
+        return nullcontext()
     kind = torch.device(device).type
-    return (
-        nullcontext() if dtype == "float32" else torch.autocast(kind, dtype=getattr(torch, dtype))
-    )
+    return torch.autocast(kind, dtype=getattr(torch, dtype))
 
 
 def sync(device):
-    """Wait for the device: GPU work is asynchronous, so a timer would stop before the work does."""
+    """Wait for the device: GPU work is asynchronous, so a timer would stop before the work
+    does."""
     kind = torch.device(device).type
     if kind == "cuda":
         torch.cuda.synchronize(device)
@@ -148,61 +153,12 @@ def sync(device):
         torch.mps.synchronize()
 
 
-# ------------------------------------------------------------------------------------------- the peak MFU is against
-# Dense (not sparse) bf16/fp16 tensor-core FLOP/s from the vendors' datasheets, by the words of the device's name
-DATASHEET_BF16 = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "H100 PCIe": 756e12,
-    "H100 NVL": 835e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "A10": 125e12,
-    "RTX 4090": 165e12,
-    "RTX 3090": 71e12,
-}
-
-
-def datasheet_peak(name):
-    """The datasheet figure of a device by its name, or 0.0: the longest entry whose words the name holds as whole
-    words (an A10G is not an A10, an L40S not an L4, an H100 PCIe not the SXM H100)."""
-    found = [k for k in DATASHEET_BF16 if re.search(rf"\b{re.escape(k)}\b", name)]
-    return DATASHEET_BF16[max(found, key=len)] if found else 0.0
-
-
-def matmul_flops(device, dtype, n=None, repeats=3):
-    """Achievable matmul FLOP/s: the best of a few n x n products, each timed between two syncs. n = 8192 on a GPU,
-    where a 2048 product is over about as fast as a launch and a sync."""
-    n = n or (8192 if torch.device(device).type == "cuda" else 2048)
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first one warms up
-        sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
-
-
-def peak_flops(device, dtype):
-    """(FLOP/s, where it came from) for MFU: on a GPU the datasheet's dense bf16/fp16 figure of a known device or the
-    measured one, whichever is higher; elsewhere the measured one, too low on a busy machine (records.Speed's clamp)."""
-    measured = matmul_flops(device, getattr(torch, dtype))
-    if torch.device(device).type == "cuda" and dtype != "float32":
-        name = torch.cuda.get_device_name(device)
-        sheet = datasheet_peak(name)
-        if sheet > measured:
-            return sheet, f"{name} datasheet, dense {dtype}"
-    return measured, f"measured {dtype} matmul"
-
-
-# ----------------------------------------------------------------------------------------------------------- files
+# --------------------------------------------------------------------------------------- files
 @contextmanager
 def atomic_path(path):
-    """Yields a unique temporary name beside path (two writers never share one); on success it replaces path in one
-    step (os.replace), on failure it is deleted: a crash never leaves half a file under the real name."""
+    """Yields a unique temporary name beside path (two writers never share one); on success it
+    replaces path in one step (os.replace), on failure it is deleted: a crash never leaves half a
+    file under the real name."""
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
         yield tmp

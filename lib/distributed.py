@@ -1,7 +1,7 @@
-"""What a run's processes are (Run, from started(): device, dtype, rank) and what may stop them between steps
-(StepGuard): a signal, a NaN, another rank's stop. One process or torchrun's group (DDP: NCCL on CUDA, gloo on CPUs)."""
+"""What a run's processes are (Run, from started(): device, dtype, rank) and what may stop them
+between steps (StepGuard): a signal, or another rank's stop. One process or torchrun's group (DDP:
+NCCL on CUDA, gloo on CPUs)."""
 
-import math
 import os
 import signal
 import sys
@@ -17,7 +17,8 @@ from lib.common import Error, pick_device, resolve_dtype
 
 @dataclass(frozen=True)
 class Run:
-    """What a run resolves at start-up and keeps to the end: this process's device, dtype and place in the group."""
+    """What a run resolves at start-up and keeps to the end: this process's device, dtype and
+    place in the group."""
 
     device: str  # cpu, cuda:3, mps
     dtype: str  # float32, bfloat16 or float16: the autocast dtype
@@ -37,38 +38,40 @@ class Run:
     @property
     def device_ids(self):
         """DDP's device_ids: this process's GPU, or None on CPUs."""
-        return [torch.device(self.device).index] if self.device_type == "cuda" else None
+        if self.device_type != "cuda":
+            return None
+        return [torch.device(self.device).index]
 
     def resolved(self, dtype):
-        """This Run with dtype as the settings ask for it (auto: the hardware's rule), checked for its device."""
+        """This Run with dtype as the settings ask for it (auto: the hardware's rule), checked for
+        its device."""
         return replace(self, dtype=resolve_dtype(dtype, self.device))
 
 
 @contextmanager
 def started(device, deterministic=False):
-    """This process's Run (its dtype comes with resolved()), for the length of the with-block. Under torchrun each
-    process takes its GPU (LOCAL_RANK, never GPU 0 for all) and joins the group, which it leaves at the end; the
-    timeout lets rank 0 save a large checkpoint while the others wait. deterministic: deterministic kernels and
-    cuBLAS workspace (slower)."""
+    """This process's Run (its dtype comes with resolved()), for the length of the with-block.
+    Under torchrun each process takes its GPU (LOCAL_RANK, never GPU 0 for all) and joins the
+    group, which it leaves at the end; the timeout lets rank 0 save a large checkpoint while the
+    others wait. deterministic: deterministic kernels and cuBLAS workspace (slower)."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     if "RANK" not in os.environ:
         yield Run(pick_device(device), dtype=None)
         return
-    rank, local_rank, world_size = (
-        int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-    )
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
     if device not in ("auto", "cuda", "cpu"):
         raise Error(
-            f"--device {device} with {world_size} processes: each process takes its own GPU (LOCAL_RANK); "
-            f"use --device=auto or cuda (or cpu)"
+            f"--device {device} with {world_size} processes: each process takes its own GPU "
+            "(LOCAL_RANK); use --device=auto or cuda (or cpu)"
         )
     cuda = device in ("auto", "cuda") and torch.cuda.is_available()
     device = pick_device(f"cuda:{local_rank}" if cuda else device)
-    dist.init_process_group(
-        backend="nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(minutes=60)
-    )
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
     try:
         yield Run(device, None, True, rank, world_size)
     finally:
@@ -76,12 +79,15 @@ def started(device, deterministic=False):
 
 
 def agreed(run, attempt):
-    """attempt()'s result, or the first rank's Error raised on every rank: the same one line on each, none left
-    waiting in the group for a rank that stopped (rank 0's out_dir lock and refusal, a resumed run's state)."""
+    """attempt()'s result, or the first rank's Error raised on every rank: the same one line on
+    each, none left waiting in the group for a rank that stopped (rank 0's out_dir lock and
+    refusal, a resumed run's state)."""
+    result = None
+    error = None
     try:
-        result, error = attempt(), None
+        result = attempt()
     except Error as e:
-        result, error = None, str(e)
+        error = str(e)
     if run.ddp:
         errors = [None] * run.world_size
         dist.all_gather_object(errors, error)
@@ -92,18 +98,22 @@ def agreed(run, attempt):
 
 
 class StepGuard:
-    """What may stop a run between steps; a context manager, the run's only signal handlers. Ctrl-C or SIGTERM asks for
-    a stop at the next step boundary, after saving; a second Ctrl-C stops at once, except during the save (torchrun's
-    agent signals every rank again when one exits: a save must not be cut short by that). Under DDP the signal is
-    all-reduced, so every rank stops at the same step: one alone would leave the others waiting in an all-reduce."""
+    """What may stop a run between steps; a context manager, the run's only signal handlers.
+    Ctrl-C or SIGTERM asks for a stop at the next step boundary, after saving; a second Ctrl-C
+    stops at once, except during the save (torchrun's agent signals every rank again when one
+    exits: a save must not be cut short by that). Under DDP the signal is all-reduced, so every
+    rank stops at the same step: one alone would leave the others waiting in an all-reduce."""
 
     def __init__(self, run):
-        self.run, self.signum, self.agreed, self.saving = run, 0, 0, False
+        self.run = run
+        self.signum = 0  # the signal this process received
+        self.agreed_signum = 0  # the one every rank agreed on at the last gather
+        self.saving = False
 
     def __enter__(self):
-        self.handlers = {
-            s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)
-        }
+        self.handlers = {}
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self.handlers[s] = signal.signal(s, self.on_signal)
         return self
 
     def __exit__(self, *exc):
@@ -115,42 +125,37 @@ class StepGuard:
             raise KeyboardInterrupt
         self.signum = self.signum or signum
 
-    def read(self, step, loss_sum, norm, scaler, out_dir):
-        """(mean loss over the ranks, gradient norm) as numbers, in the step's one sync; an Error on a NaN or inf."""
+    def gather(self, loss_sum, norm):
+        """The step's one sync: (the mean loss over the ranks, the gradient norm) as numbers, and
+        the stop signal of any rank agreed on by every rank."""
         flag = torch.full((), float(self.signum), device=self.run.device)
         loss_sum = loss_sum.float()
-        if (
-            self.run.ddp
-        ):  # the signal, and the mean loss over the ranks: a NaN on one rank stops every rank
+        if self.run.ddp:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             dist.all_reduce(loss_sum)
             loss_sum /= self.run.world_size
         loss, norm, signum = torch.stack([loss_sum, norm.float(), flag]).tolist()
-        # a NaN gradient on any rank reaches every rank's norm through DDP's all-reduce; fp16's scaler skips such steps
-        if not math.isfinite(loss) or not scaler.is_enabled() and not math.isfinite(norm):
-            raise Error(
-                f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in {out_dir} "
-                f"is untouched (try a lower learning_rate, or dtype=float32)"
-            )
-        self.agreed = int(signum)
+        self.agreed_signum = int(signum)
         return loss, norm
 
     def stop_now(self):
-        """The signal to stop with now, or 0: the one all ranks agreed on at the last read; one process's own."""
-        return self.agreed if self.run.ddp else self.signum
+        """The signal to stop with now, or 0: under DDP the one all ranks agreed on at the last
+        gather; one process's own otherwise."""
+        return self.agreed_signum if self.run.ddp else self.signum
 
-    def stop(self, save, step, out_dir):
-        """Rank 0 saves (save is None elsewhere); every rank waits until it has (torchrun stops the other ranks once
-        one exits); then exit with 128 + the signal, as a process killed by it would."""
+    @contextmanager
+    def stopping(self, step, out_dir):
+        """Around rank 0's save: a second Ctrl-C does not cut it short; then every rank waits until
+        it has saved (torchrun stops the other ranks once one exits) and exits with 128 + the
+        signal, as a process killed by it would."""
         self.saving = True
-        if save:
-            save()
+        yield
         if self.run.ddp:
             dist.barrier()
         signum = self.stop_now()
-        # one write: every rank prints this line at once, and print() writes the text and its newline separately
+        # one write: every rank prints this line at once, and print() writes text and newline apart
         sys.stderr.write(
-            f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: resume "
-            f"with --init_from=resume\n"
+            f"stopped by signal {signum} at step {step}; {out_dir}/trainer_state.pt holds it: "
+            "resume with --init_from=resume\n"
         )
         raise SystemExit(128 + signum)

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from lib import common
+from lib import common, mfu
 from lib.common import Error, atomic_path, auto_dtype
 
 
@@ -41,7 +41,8 @@ def test_resolve_dtype_refuses_what_the_device_cannot_run():
 
 
 def test_explicit_bfloat16_on_a_gpu_without_bfloat16_matmuls_is_refused(monkeypatch):
-    """A T4 or V100 emulates bfloat16 (slowly, and compile skips it): dtype=bfloat16 there is one clear line."""
+    """A T4 or V100 emulates bfloat16 (slowly, and compile skips it): dtype=bfloat16 there is one
+    clear line."""
     monkeypatch.setattr(
         torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
     )
@@ -65,8 +66,9 @@ def test_explicit_bfloat16_on_a_gpu_without_bfloat16_matmuls_is_refused(monkeypa
     ],
 )
 def test_datasheet_peaks_match_whole_names(name, peak):
-    """An A10G is not an A10, nor an L40S an L4, nor an H100 PCIe the SXM H100: unknown devices use the measured peak."""
-    assert common.datasheet_peak(name) == peak
+    """An A10G is not an A10, nor an L40S an L4, nor an H100 PCIe the SXM H100: unknown devices use
+    the measured peak."""
+    assert mfu.datasheet_peak(name) == peak
 
 
 def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
@@ -87,7 +89,7 @@ def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
 
 
 def test_peak_flops_is_measured_on_the_cpu():
-    flops, source = common.peak_flops("cpu", "float32")
+    flops, source = mfu.peak_flops("cpu", "float32")
     assert 1e9 < flops < 1e14 and source == "measured float32 matmul"
 
 

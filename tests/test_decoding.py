@@ -1,4 +1,5 @@
-"""Each decoding strategy against its definition, on cases small enough to work out by hand (in the comments)."""
+"""Each decoding strategy against its definition, on cases small enough to work out by hand (in the
+comments)."""
 
 import math
 
@@ -10,8 +11,14 @@ from lib.common import Error
 from model import GPT, GPTConfig
 
 INF = float("inf")
-T = lambda *rows: torch.tensor(rows, dtype=torch.float32)  # logits, one row per argument
-C = lambda *rows: torch.tensor(rows, dtype=torch.long)  # contexts
+
+
+def T(*rows):  # logits, one row per argument
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def C(*rows):  # contexts
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def draw(next_token, logits, context, n=20000):
@@ -57,14 +64,11 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
         (1, [1, 2, 3]),  # every token seen so far
         (2, [3]),  # the last token is 2; bigrams starting with 2: (2, 3) -> ban 3
         (3, [3]),  # the last two are (1, 2); trigrams starting with (1, 2): (1, 2, 3) -> ban 3
-        (
-            4,
-            [],
-        ),  # the last three are (3, 1, 2); the 4-grams start (1, 2, 3) and (2, 3, 1): no match
-        (
-            5,
-            [],
-        ),  # the only 5-gram is the whole context; it starts (1, 2, 3, 1), the last four are (2, 3, 1, 2)
+        # the last three are (3, 1, 2); the 4-grams start (1, 2, 3) and (2, 3, 1): no match
+        (4, []),
+        # the only 5-gram is the whole context; it starts (1, 2, 3, 1), the last four are
+        # (2, 3, 1, 2)
+        (5, []),
         (6, []),  # longer than the context: no n-gram at all
     ],
 )
@@ -79,8 +83,8 @@ def test_no_repeat_ngram_blocks_prompt_ngrams_per_row():
     # row 1: (4, 0, 0, 4): bigrams after 4 are (4, 0): ban 0; 5 is free
     out = d.no_repeat_ngram(torch.zeros(2, 6), C([4, 5, 0, 4], [4, 0, 0, 4]), 2)
     assert torch.isinf(out).nonzero().tolist() == [[0, 5], [1, 0]]
-    # the same prefix twice followed by the same token: one ban, not an error; a repeated prefix with two
-    # followers bans both: (7, 1), (7, 2), last token 7 -> ban 1 and 2
+    # the same prefix twice followed by the same token: one ban, not an error; a repeated prefix
+    # with two followers bans both: (7, 1), (7, 2), last token 7 -> ban 1 and 2
     out = d.no_repeat_ngram(torch.zeros(1, 8), C([7, 1, 7, 2, 7]), 2)
     assert torch.isinf(out[0]).nonzero().flatten().tolist() == [1, 2]
 
@@ -88,14 +92,16 @@ def test_no_repeat_ngram_blocks_prompt_ngrams_per_row():
 def test_temperature():
     logits = T([2, 4, -6])
     assert torch.equal(d.temperature(logits, 2.0), T([1, 2, -3]))
-    # t = 0.5 squares the probabilities (then renormalises): p = [0.5, 0.25, 0.25] -> [0.25, 1/16, 1/16] / 0.375
+    # t = 0.5 squares the probabilities (then renormalises):
+    # p = [0.5, 0.25, 0.25] -> [0.25, 1/16, 1/16] / 0.375
     p = torch.softmax(d.temperature(T([0.5, 0.25, 0.25]).log(), 0.5), -1)
     assert torch.allclose(p, T([2 / 3, 1 / 6, 1 / 6]))
 
 
 def test_top_k():
     assert torch.equal(d.top_k(T([3, 1, 2, 0]), 2), T([3, -INF, 2, -INF]))
-    # ties at the k-th value are all kept (Hugging Face's rule): k = 2 on [3, 2, 2, 1] keeps three tokens
+    # ties at the k-th value are all kept (Hugging Face's rule): k = 2 on [3, 2, 2, 1] keeps three
+    # tokens
     assert torch.equal(d.top_k(T([3, 2, 2, 1]), 2), T([3, 2, 2, -INF]))
     assert torch.equal(
         d.top_k(T([2, 2, 1]), 1), T([2, 2, -INF])
@@ -106,7 +112,8 @@ def test_top_k():
     assert torch.equal(d.top_k(T([0, 1, 2], [2, 1, 0]), 2), T([-INF, 1, 2], [2, 1, -INF]))
 
 
-# probabilities 0.125, 0.5, 0.125, 0.25: sorted 0.5, 0.25, 0.125, 0.125; running sums 0.5, 0.75, 0.875, 1
+# probabilities 0.125, 0.5, 0.125, 0.25: sorted 0.5, 0.25, 0.125, 0.125;
+# running sums 0.5, 0.75, 0.875, 1
 NUCLEUS = T([0.125, 0.5, 0.125, 0.25]).log()
 
 
@@ -134,13 +141,15 @@ def test_top_p_keeps_everything_at_one_and_the_top_token_always():
     assert torch.isfinite(
         d.top_p(T([0, 0, 0, 0]), 1e-6)
     ).all()  # four tied at 0.25: all are "the top token"
-    # after top-k, -inf tokens have probability 0: kept = 0.5 / 0.75 = 2/3 of what is left, so p = 0.6 keeps one
+    # after top-k, -inf tokens have probability 0: kept = 0.5 / 0.75 = 2/3 of what is left, so
+    # p = 0.6 keeps one
     assert torch.isfinite(d.top_p(d.top_k(NUCLEUS, 2), 0.6)[0]).nonzero().flatten().tolist() == [1]
 
 
 def test_greedy_and_temperature_zero_take_the_argmax_of_the_penalised_logits():
     logits, context = T([3, 2.5, 0]), C([0, 0])
-    # frequency 0.5: 3 - 0.5 * 2 = 2 < 2.5, so token 1 wins; temperature, top-k and top-p cannot change that
+    # frequency 0.5: 3 - 0.5 * 2 = 2 < 2.5, so token 1 wins; temperature, top-k and top-p cannot
+    # change that
     for kw in (dict(greedy=True, temperature=5.0, top_k=1), dict(temperature=0.0, top_p=0.01)):
         assert d.make_next_token(frequency_penalty=0.5, **kw)(logits, context).tolist() == [1]
     assert d.make_next_token(greedy=True)(logits, context).tolist() == [0]
@@ -148,7 +157,8 @@ def test_greedy_and_temperature_zero_take_the_argmax_of_the_penalised_logits():
 
 def test_sampling_frequencies_match_the_filtered_distribution():
     g = torch.Generator().manual_seed(0)
-    # top_p 0.6 keeps 0.5 and 0.25: renormalised 2/3 and 1/3 (20,000 draws: one standard deviation is 0.003)
+    # top_p 0.6 keeps 0.5 and 0.25: renormalised 2/3 and 1/3 (20,000 draws: one standard deviation
+    # is 0.003)
     freq = draw(d.make_next_token(top_p=0.6, generator=g), NUCLEUS, C([0]))
     assert torch.allclose(freq, T([0, 2 / 3, 0, 1 / 3])[0], atol=0.02)
     # temperature 0.5 squares: [1/64, 1/4, 1/64, 1/16] / (22/64) = [1/22, 16/22, 1/22, 4/22]
@@ -175,7 +185,8 @@ def test_all_strategies_together_in_the_documented_order():
     #                              [0.25, 1,  -inf,  0.5, -1]
     # temperature 0.5:             [0.5,  2,  -inf,  1,   -2]
     # top-k 3 keeps 2, 1, 0.5:     [0.5,  2,  -inf,  1,  -inf]
-    # top-p 0.8: probabilities e^2, e^1, e^0.5 / 11.756 = 0.629, 0.231, 0.140; 0.629 + 0.231 = 0.860 >= 0.8
+    # top-p 0.8: probabilities e^2, e^1, e^0.5 / 11.756 = 0.629, 0.231, 0.140;
+    # 0.629 + 0.231 = 0.860 >= 0.8
     #                              [-inf, 2,  -inf,  1,  -inf]
     assert torch.equal(next_token.process(logits, context), T([-INF, 2, -INF, 1, -INF]))
     e = math.e
@@ -183,7 +194,8 @@ def test_all_strategies_together_in_the_documented_order():
     assert torch.allclose(
         freq, T([0, e / (e + 1), 0, 1 / (e + 1), 0])[0], atol=0.02
     )  # 0.731, 0.269
-    # greedy uses the penalised, blocked logits: argmax of [0.25, 1, -inf, 0.5, -1] -> 1 (3 was the raw argmax's 2)
+    # greedy uses the penalised, blocked logits: argmax of [0.25, 1, -inf, 0.5, -1] -> 1 (3 was the
+    # raw argmax's 2)
     greedy = d.make_next_token(
         frequency_penalty=0.5,
         presence_penalty=0.5,
@@ -201,17 +213,21 @@ def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
         d.make_next_token(no_repeat_ngram_size=1)(torch.zeros(1, 2), C([0, 1]))
     with pytest.raises(Error, match="overflows the logits"):  # 1 / 1e-300 is inf in float32
         d.make_next_token(temperature=1e-300)(torch.ones(1, 3), C([0]))
-    with pytest.raises(
-        Error, match="overflows the logits"
-    ):  # -3e38 * 2 occurrences is -inf, and so + inf
-        d.make_next_token(frequency_penalty=-3e38)(torch.ones(1, 3), C([0, 0]))
+    # a seen token's positive logit / 1e-300 is inf in float32
+    with pytest.raises(Error, match="overflows the logits"):
+        d.make_next_token(repetition_penalty=1e-300)(torch.ones(1, 3), C([0]))
 
 
 @pytest.mark.parametrize(
     "kw, message",
     [
         (dict(temperature=-0.1), r"temperature must be >= 0"),
-        (dict(top_k=0), r"top_k must be >= 1"),
+        (dict(top_k=-1), r"top_k must be >= 0"),
+        (dict(top_k=2.0), r"top_k must be int, got 2.0"),
+        (dict(temperature=True), r"temperature must be float, got True"),
+        (dict(frequency_penalty=2.5), r"frequency_penalty must be in \[-2, 2\], got 2.5"),
+        (dict(presence_penalty=-3), r"presence_penalty must be in \[-2, 2\], got -3.0"),
+        (dict(temperature=10**400), r"temperature must be a finite number"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0"),
@@ -233,10 +249,13 @@ def test_with_gpt_generate():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, block_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
     prompt = torch.randint(0, 50, (2, 4))
-    generate = lambda pick=None: torch.cat(
-        [prompt, torch.stack(list(model.generate(prompt, 20, pick)), 1)], 1
-    )
-    repeats = lambda row: len(row) - 1 - len(set(zip(row, row[1:])))  # bigrams seen before
+
+    def generate(pick=None):
+        return torch.cat([prompt, torch.stack(list(model.generate(prompt, 20, pick)), 1)], 1)
+
+    def repeats(row):  # bigrams seen before
+        return len(row) - 1 - len(set(zip(row, row[1:])))
+
     plain = generate()
     assert torch.equal(
         generate(d.make_next_token(greedy=True)), plain
@@ -249,9 +268,13 @@ def test_with_gpt_generate():
 
 
 def test_a_seeded_generator_gives_the_same_draws():
-    """(On a GPU a CPU generator draws on the CPU: the same seed gives the same tokens on any device.)"""
+    """(On a GPU a CPU generator draws on the CPU: the same seed gives the same tokens on any
+    device.)"""
     logits = torch.randn(4, 50)
-    draw = lambda: d.make_next_token(generator=torch.Generator().manual_seed(3))(
-        logits, C([1], [2], [3], [4])
-    )
+
+    def draw():
+        return d.make_next_token(generator=torch.Generator().manual_seed(3))(
+            logits, C([1], [2], [3], [4])
+        )
+
     assert torch.equal(draw(), draw())

@@ -1,4 +1,5 @@
-"""GPT and EncoderClassifier: causality, padding invariance, initial loss, overfitting, KV cache, checkpoints."""
+"""GPT and EncoderClassifier: causality, padding invariance, initial loss, overfitting, KV cache,
+checkpoints."""
 
 import math
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 from decoding import make_next_token
 from lib.common import Error
+from lib.mfu import flops_per_token
 from model import (
     GPT,
     EncoderClassifier,
@@ -37,8 +39,8 @@ def tiny_classifier(**kw):
 
 
 def randomised(model):
-    """Weights drawn afresh, larger than the init's 0.02: a leak through a mask or a cache then moves the logits
-    visibly."""
+    """Weights drawn afresh, larger than the init's 0.02: a leak through a mask or a cache then
+    moves the logits visibly."""
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3)
@@ -154,12 +156,16 @@ def test_greedy_generation_identical_with_and_without_cache(options):
 
 
 def test_generation_past_block_size_matches_the_window_it_keeps():
-    """Past block_size the cache restarts from the last block_size // 2 tokens; each step's logits must equal a full
-    forward over exactly the tokens the cache holds."""
+    """Past block_size the cache restarts from the last block_size // 2 tokens; each step's logits
+    must equal a full forward over exactly the tokens the cache holds."""
     model = tiny_gpt().eval()
     prompt = torch.randint(0, 50, (1, 5))
     seen = []
-    record = lambda logits, context: seen.append((logits, context.clone())) or logits.argmax(-1)
+
+    def record(logits, context):
+        seen.append((logits, context.clone()))
+        return logits.argmax(-1)
+
     list(model.generate(prompt, 30, next_token=record))
     window = None
     for step, (logits, context) in enumerate(seen):
@@ -173,8 +179,9 @@ def test_generation_past_block_size_matches_the_window_it_keeps():
 
 @OPTIONS
 def test_seeded_samples_past_block_size_are_the_same_with_and_without_the_cache(options):
-    """Both paths keep the same window (it restarts from the last block_size // 2 tokens once it would pass
-    block_size), so seeded draws match token for token, through several restarts of a 16-token block."""
+    """Both paths keep the same window (it restarts from the last block_size // 2 tokens once it
+    would pass block_size), so seeded draws match token for token, through several restarts of a
+    16-token block."""
     model = randomised(tiny_gpt(**options)).eval()
     prompt = torch.randint(0, 50, (2, 3))
     pick = make_next_token(temperature=1.0)
@@ -187,9 +194,10 @@ def test_seeded_samples_past_block_size_are_the_same_with_and_without_the_cache(
 
 
 def tied_top_two():
-    """A GPT whose every next-token logit is 0 but for token 3 (1.0) and token 5 (1.001): its final norm
-    (weight 0, bias e) sends every position to e, and the tied head's rows 3 and 5 point along e. bfloat16 rounds
-    both logits to 1.0 (its spacing there is 2^-7); float32 keeps token 5 ahead."""
+    """A GPT whose every next-token logit is 0 but for token 3 (1.0) and token 5 (1.001): its final
+    norm (weight 0, bias e) sends every position to e, and the tied head's rows 3 and 5 point along
+    e. bfloat16 rounds both logits to 1.0 (its spacing there is 2^-7); float32 keeps token 5
+    ahead."""
     model = GPT(GPTConfig(**{**TINY, "bias": True})).eval()
     e = torch.zeros(16)
     e[0] = 1.0
@@ -207,8 +215,8 @@ def tied_top_two():
     ids=["greedy", "top_k=1", "temperature=0", "tiny top_p"],
 )
 def test_decoding_reads_float32_logits_under_bfloat16(pick):
-    """Under bfloat16 autocast the sampled position's logits come from the head in float32: token 5 wins every
-    step, whichever of the rules that mean "the most likely token" picks it."""
+    """Under bfloat16 autocast the sampled position's logits come from the head in float32: token 5
+    wins every step, whichever of the rules that mean "the most likely token" picks it."""
     model = tied_top_two()
     prompt = torch.randint(0, 50, (4, 3))
     torch.manual_seed(0)
@@ -239,15 +247,19 @@ def test_save_and_load_roundtrip(tmp_path):
 
 
 def test_from_pretrained_matches_independent_gpt2(tmp_path):
-    """A tiny random GPT-2 in the Hugging Face layout (Conv1D weights [in, out], 'h.N.' names, causal-mask buffers);
-    the reference forward below is written from GPT-2's definition, not from model.py."""
+    """A tiny random GPT-2 in the Hugging Face layout (Conv1D weights [in, out], 'h.N.' names,
+    causal-mask buffers); the reference forward below is written from GPT-2's definition, not from
+    model.py."""
     import json
 
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
     V, P, L, H, D = 40, 12, 2, 2, 16
-    r = lambda *s: torch.randn(*s) * 0.2
+
+    def r(*s):
+        return torch.randn(*s) * 0.2
+
     sd = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
     for i in range(L):
         p = f"h.{i}."
@@ -274,17 +286,24 @@ def test_from_pretrained_matches_independent_gpt2(tmp_path):
     )
 
     def reference(idx):
-        ln = lambda x, n: torch.nn.functional.layer_norm(
-            x, (D,), sd[n + ".weight"], sd[n + ".bias"], 1e-5
-        )
-        conv1d = lambda x, n: x @ sd[n + ".weight"] + sd[n + ".bias"]
-        gelu = lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+        def ln(x, n):
+            return torch.nn.functional.layer_norm(x, (D,), sd[n + ".weight"], sd[n + ".bias"], 1e-5)
+
+        def conv1d(x, n):
+            return x @ sd[n + ".weight"] + sd[n + ".bias"]
+
+        def gelu(x):
+            return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
         T = idx.size(1)
         x = sd["wte.weight"][idx] + sd["wpe.weight"][:T]
         for i in range(L):
             p = f"h.{i}."
             q, k, v = conv1d(ln(x, p + "ln_1"), p + "attn.c_attn").split(D, -1)
-            heads = lambda t: t.view(1, T, H, D // H).transpose(1, 2)
+
+            def heads(t):
+                return t.view(1, T, H, D // H).transpose(1, 2)
+
             att = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(D // H)
             att = att.masked_fill(torch.ones(T, T).triu(1).bool(), -1e9).softmax(-1)
             x = x + conv1d((att @ heads(v)).transpose(1, 2).reshape(1, T, D), p + "attn.c_proj")
@@ -309,8 +328,9 @@ def test_broken_checkpoint_is_one_clear_error(tmp_path):
 
 
 def test_token_dropout_never_hides_every_token_of_a_row():
-    """A row with every key hidden would attend to nothing (zeros on the CPU, NaN in some GPU kernels): a row whose
-    draw hides all its tokens keeps them all instead; other rows lose about the fraction asked for."""
+    """A row with every key hidden would attend to nothing (zeros on the CPU, NaN in some GPU
+    kernels): a row whose draw hides all its tokens keeps them all instead; other rows lose about
+    the fraction asked for."""
     model = tiny_classifier(token_dropout=0.5).train()
     seen = []
     model.hidden_states = lambda idx, mask, **kw: (
@@ -327,8 +347,9 @@ def test_token_dropout_never_hides_every_token_of_a_row():
 
 
 def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
-    """Built on the meta device, the model takes the loaded tensors: peak memory grows by about one model, not two
-    (a random model and the loaded tensors at once). Measured in a fresh process, as the growth of its peak RSS."""
+    """Built on the meta device, the model takes the loaded tensors: peak memory grows by about one
+    model, not two (a random model and the loaded tensors at once). Measured in a fresh process, as
+    the growth of its peak RSS."""
     import json
     import subprocess
     import sys
@@ -359,7 +380,8 @@ def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
     )
     size = sum(t.numel() * 4 for t in sd.values())
     script = (
-        "import resource, sys, torch; sys.path.insert(0, sys.argv[1]); import model; torch.zeros(1)\n"
+        "import resource, sys, torch; "
+        "sys.path.insert(0, sys.argv[1]); import model; torch.zeros(1)\n"
         "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
         "base = rss(); model.GPT.from_pretrained(sys.argv[2]); print(rss() - base)"
     )
@@ -379,8 +401,13 @@ def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
 def test_rotary_scores_depend_only_on_relative_position():
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8)
-    turn = lambda t, start: rotary(t, *rotation(start, 10, 8, "cpu"))
-    scores = lambda start: turn(q, start) @ turn(k, start).transpose(-1, -2)
+
+    def turn(t, start):
+        return rotary(t, *rotation(start, 10, 8, "cpu"))
+
+    def scores(start):
+        return turn(q, start) @ turn(k, start).transpose(-1, -2)
+
     assert torch.allclose(
         scores(0), scores(37), atol=1e-4
     )  # every position shifted by the same amount
@@ -398,7 +425,10 @@ def test_qk_norm_follows_its_formula():
         randomised(tiny_gpt(qk_norm=True)).blocks[0].attn.eval()
     )  # queries and keys RMS-normalised per head
     x = torch.randn(2, 7, 16)
-    rms = lambda t: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + torch.finfo(t.dtype).eps)
+
+    def rms(t):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + torch.finfo(t.dtype).eps)
+
     q, k, v = attn.qkv(x).view(2, 7, 3, 2, 8).permute(2, 0, 3, 1, 4)
     y, _ = attention(rms(q), rms(k), v, torch.ones(7, 7, dtype=torch.bool).tril())
     assert torch.allclose(
@@ -407,16 +437,20 @@ def test_qk_norm_follows_its_formula():
 
 
 def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_multiplied_in():
-    """bow_head: a second classifier, the sum of one weight row per real token and per hashed (previous, token) pair
-    over the square root of their count; the prediction adds the two models' log-probabilities; the loss is the mean
-    of their cross-entropies; its table learns at BOW_LR_SCALE times the rate, without weight decay."""
+    """bow_head: a second classifier, the sum of one weight row per real token and per hashed
+    (previous, token) pair over the square root of their count; the prediction adds the two models'
+    log-probabilities; the loss is the mean of their cross-entropies; its table learns at
+    BOW_LR_SCALE times the rate, without weight decay."""
     model = randomised(tiny_classifier(bow_head=True, bow_buckets=7)).eval()
     idx, labels = torch.tensor([[5, 9, 9, 0, 0], [3, 4, 6, 7, 8]]), torch.tensor([0, 2])
     logits, loss = model(idx, labels=labels)
-    rows = lambda seq: (
-        [model.bow.weight[t] for t in seq]
-        + [model.bow.weight[50 + (p * 1_000_003 + t) % 7] for p, t in zip([0] + seq[:-1], seq)]
-    )
+
+    def rows(seq):
+        previous = [0] + seq[:-1]
+        tokens = [model.bow.weight[t] for t in seq]
+        pairs = [model.bow.weight[50 + (p * 1_000_003 + t) % 7] for p, t in zip(previous, seq)]
+        return tokens + pairs
+
     bow = torch.stack(
         [sum(rows(seq)) / math.sqrt(2 * len(seq)) for seq in ([5, 9, 9], [3, 4, 6, 7, 8])]
     )
@@ -432,18 +466,19 @@ def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_multiplied_in
 
 
 def test_flops_per_token_counts_the_weight_matrices_a_token_meets():
-    """6 FLOPs per weight a token meets in a matmul plus 12 L d T for attention, counted by hand: each layer's 12 d^2
-    (Q/K/V 3d^2, W_O d^2, the MLP 8d^2), then GPT's head (its tied token table, V x d) or the encoder's class head
-    (d x classes); the position table and the encoder's token and bag-of-words tables are looked up, not multiplied."""
+    """6 FLOPs per weight a token meets in a matmul plus 12 L d T for attention, counted by hand:
+    each layer's 12 d^2 (Q/K/V 3d^2, W_O d^2, the MLP 8d^2), then GPT's head (its tied token table,
+    V x d) or the encoder's class head (d x classes); the position table and the encoder's token and
+    bag-of-words tables are looked up, not multiplied."""
     V, T, L, d, classes = 50, 8, 2, 16, 3
     blocks, scores = L * 12 * d * d, 12 * L * d * T
     assert (
-        tiny_gpt().flops_per_token(T)
-        == tiny_gpt(rope=True).flops_per_token(T)
+        flops_per_token(tiny_gpt(), T)
+        == flops_per_token(tiny_gpt(rope=True), T)
         == 6 * (blocks + V * d) + scores
     )
     encoder = tiny_classifier(bow_head=True, bow_buckets=7)
-    assert encoder.flops_per_token(T) == 6 * (blocks + d * classes) + scores
+    assert flops_per_token(encoder, T) == 6 * (blocks + d * classes) + scores
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
@@ -462,9 +497,10 @@ def test_every_parameter_is_in_one_optimizer_group(optimizer):
 
 
 def test_load_body_takes_a_gpts_body_and_starts_the_head_afresh():
-    """A model started from a pretrained GPT with a longer context, built on the meta device as train.py builds it:
-    the token table, blocks and final norm are the GPT's exactly, the position table its first block_size rows; the
-    GPT's head is left, and a classifier's head and bag-of-words table start afresh at the init's scale."""
+    """A model started from a pretrained GPT with a longer context, built on the meta device as
+    train.py builds it: the token table, blocks and final norm are the GPT's exactly, the position
+    table its first block_size rows; the GPT's head is left, and a classifier's head and
+    bag-of-words table start afresh at the init's scale."""
     gpt = randomised(tiny_gpt(block_size=32)).eval()
     source = gpt.state_dict()
     with torch.device("meta"):

@@ -1,6 +1,7 @@
-"""Bad input and faults, as a new user or an adversary meets them: every command-line tool over a table of bad inputs
-(one clear last line, a non-zero exit, never a traceback), and the faults that must never cost a saved run: a second
-run into the same out_dir, a scratch run over a checkpoint, damaged data, resume of a resumed run, Ctrl-C."""
+"""Bad input and faults, as a new user or an adversary meets them: every command-line tool over a
+table of bad inputs (one clear last line, a non-zero exit, never a traceback), and the faults that
+must never cost a saved run: a second run into the same out_dir, a scratch run over a checkpoint,
+damaged data, resume of a resumed run, Ctrl-C."""
 
 import glob
 import io
@@ -28,8 +29,9 @@ CHARS = "abcdefghij"
 
 
 def cli(script, *args, stdin=""):
-    """Runs a script as `python script ARGS` would, but in this process (the suite would spend a second per run
-    importing torch): -> (exit status, stdout, stderr); an uncaught exception's traceback lands in stderr."""
+    """Runs a script as `python script ARGS` would, but in this process (the suite would spend a
+    second per run importing torch): -> (exit status, stdout, stderr); an uncaught exception's
+    traceback lands in stderr."""
     out, err = io.StringIO(), io.StringIO()
     argv, handlers, sys_stdin = (
         sys.argv,
@@ -56,7 +58,8 @@ def cli(script, *args, stdin=""):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """Everything the table below points at: tiny prepared data (good and damaged), checkpoints, bad files."""
+    """Everything the table below points at: tiny prepared data (good and damaged), checkpoints, bad
+    files."""
     d = tmp_path_factory.mktemp("bad")
     rng = np.random.default_rng(0)
     for name, damage in (
@@ -265,7 +268,7 @@ BAD_INPUTS = [
         ["--out_dir={d}/gpt", "--frequency_penalty=nan"],
         "frequency_penalty must be a finite number",
     ),
-    ("sample.py", ["--out_dir={d}/gpt", "--top_k=-3"], "top_k must be >= 1"),
+    ("sample.py", ["--out_dir={d}/gpt", "--top_k=-3"], "top_k must be >= 0"),
     ("sample.py", ["--out_dir={d}/gpt", "--num_samples=0"], "--num_samples: must be >= 1"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=-1"], "--max_new_tokens: must be >= 0"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=ten"], "invalid int value: 'ten'"),
@@ -409,7 +412,8 @@ def test_bad_input_is_one_clear_line(files, script, args, words, monkeypatch):
 
 
 def test_the_table_covers_every_command_line_tool():
-    """Every script of the repository (each ends its errors through run_script) has bad inputs in the table."""
+    """Every script of the repository (each ends its errors through run_script) has bad inputs in
+    the table."""
     scripts = {
         os.path.relpath(path, ROOT)
         for pattern in ("*.py", "bench/*.py", "data/*/prepare.py")
@@ -419,7 +423,7 @@ def test_the_table_covers_every_command_line_tool():
     assert "train.py" in scripts and scripts - {s for s, _, _ in BAD_INPUTS} == set()
 
 
-# ------------------------------------------------------------------------------------------------------ faults
+# ------------------------------------------------------------------------------------------- faults
 
 run = train.main
 
@@ -485,8 +489,8 @@ def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(f
 
 
 def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
-    """A bare resume (only out_dir and init_from) takes the shape and the run's config from trainer_state.pt: three
-    legs of 3 steps equal 9 steps straight, dropout and all."""
+    """A bare resume (only out_dir and init_from) takes the shape and the run's config from
+    trainer_state.pt: three legs of 3 steps equal 9 steps straight, dropout and all."""
     straight, _ = run(
         TINY
         + [
@@ -524,8 +528,9 @@ def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
 
 
 def test_ctrl_c_in_sample_keeps_what_was_generated(files):
-    """Ctrl-C as a terminal sends it. The child's SIGINT starts at its default: a suite launched in the background
-    (`cmd &` in a script) ignores SIGINT, its children inherit that, and Python then installs no KeyboardInterrupt."""
+    """Ctrl-C as a terminal sends it. The child's SIGINT starts at its default: a suite launched in
+    the background (`cmd &` in a script) ignores SIGINT, its children inherit that, and Python then
+    installs no KeyboardInterrupt."""
     process = subprocess.Popen(
         [
             sys.executable,

@@ -1,4 +1,5 @@
-"""sample.py end to end, as a user runs it (a subprocess), on a tiny random char-level GPT and a tiny random GPT-2."""
+"""sample.py end to end, as a user runs it (a subprocess), on a tiny random char-level GPT and a
+tiny random GPT-2."""
 
 import json
 import os
@@ -19,7 +20,8 @@ CHARS = (
 
 
 def launch(*args, cwd):
-    """Start sample.py; the test collects it with finish(). Runs start together: each spends ~1.5 s importing torch."""
+    """Start sample.py; the test collects it with finish(). Runs start together: each spends ~1.5 s
+    importing torch."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -62,8 +64,8 @@ def char_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def greedy_text(char_model):
-    """'ROMEO:' + 26 greedy tokens (32 = block_size: cached and uncached forwards see the same tokens), decoded here
-    with GPT.generate, independently of sample.py."""
+    """'ROMEO:' + 26 greedy tokens (32 = block_size: cached and uncached forwards see the same
+    tokens), decoded here with GPT.generate, independently of sample.py."""
     model, info = from_checkpoint(char_model)
     prompt = torch.tensor([[CHARS.index(c) for c in "ROMEO:"]])
     return "ROMEO:" + "".join(
@@ -80,8 +82,8 @@ def runs(char_model, greedy_text, tmp_path_factory):
         9:11
     ]  # two characters greedy decoding is known to produce, the 4th and 5th generated
     batch = ["--start", "ROMEO:", "--num_samples", "3", "--max_new_tokens", "20", "--seed", "7"]
-    # greedy text compared with GPT.generate's in float32: dtype=auto would be bfloat16 on CPUs that have it, and
-    # bfloat16 hidden states can turn a close call between two tokens the other way
+    # greedy text compared with GPT.generate's in float32: dtype=auto would be bfloat16 on CPUs that
+    # have it, and bfloat16 hidden states can turn a close call between two tokens the other way
     greedy = [
         "--start",
         "ROMEO:",
@@ -110,7 +112,8 @@ def runs(char_model, greedy_text, tmp_path_factory):
     return {name: finish(p) for name, p in started.items()} | {"stop_string": stop}
 
 
-PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"  # 62 characters: past block_size
+# 62 characters: past block_size
+PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
 
 
 def test_stdout_holds_only_the_samples_and_stream_does_not_change_it(runs):
@@ -172,7 +175,7 @@ def test_errors_are_one_line_and_fail(runs):
     [
         (["--repetition_penalty", "0"], "--repetition_penalty must be > 0"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
-        (["--top_k", "-3"], "--top_k must be >= 1"),
+        (["--top_k", "-3"], "--top_k must be >= 0"),
         (["--no_repeat_ngram_size", "-1"], "--no_repeat_ngram_size must be >= 0"),
         (["--num_samples", "0"], "argument --num_samples: must be >= 1, got 0"),
         (["--max_new_tokens", "-1"], "argument --max_new_tokens: must be >= 0, got -1"),
@@ -209,13 +212,16 @@ def test_printable_holds_back_half_characters_and_a_possible_stop():
 
 @needs_shared
 def test_init_from_a_hugging_face_gpt2_directory_with_bpe(tmp_path):
-    """A tiny random GPT-2 in the Hugging Face layout (see test_model.py), GPT-2's 50,257 tokens: random tokens
-    include byte pieces of multi-byte characters, which streaming must not break."""
+    """A tiny random GPT-2 in the Hugging Face layout (see test_model.py), GPT-2's 50,257 tokens:
+    random tokens include byte pieces of multi-byte characters, which streaming must not break."""
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
     V, P, D = 50257, 64, 16
-    r = lambda *s: torch.randn(*s) * 0.2
+
+    def r(*s):
+        return torch.randn(*s) * 0.2
+
     sd = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
     sd.update(
         {

@@ -1,4 +1,5 @@
-"""train.py on tiny data the tests make: config parsing, LR schedule, exact resume, accumulation, DDP, failures."""
+"""train.py on tiny data the tests make: config parsing, LR schedule, exact resume, accumulation,
+DDP, failures."""
 
 import io
 import json
@@ -21,6 +22,7 @@ import train
 from lib import checkpoint, config
 from lib.common import Error
 from lib.distributed import started
+from lib.mfu import flops_per_token
 from lib.prepare import save_array, write_classification_split, write_meta
 from model import GPT, EncoderClassifier
 
@@ -49,7 +51,8 @@ def lm_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def toy_classify_dir(tmp_path_factory):
-    """Separable: class 0 rows use tokens 1-9, class 1 rows tokens 10-19; lengths vary, so batches need padding."""
+    """Separable: class 0 rows use tokens 1-9, class 1 rows tokens 10-19; lengths vary, so batches
+    need padding."""
     d = str(tmp_path_factory.mktemp("cls"))
     rng = np.random.default_rng(0)
     for split, n in (("train", 400), ("val", 100)):
@@ -71,8 +74,8 @@ def toy_classify_dir(tmp_path_factory):
 
 
 def run(argv):
-    """train.main in this process with TINY's model and schedule. A run may replace an earlier run's checkpoint
-    unless the test says otherwise."""
+    """train.main in this process with TINY's model and schedule. A run may replace an earlier run's
+    checkpoint unless the test says otherwise."""
     overwrite = (
         []
         if any(a.startswith(("--overwrite_out_dir", "--init_from=resume")) for a in argv)
@@ -82,7 +85,8 @@ def run(argv):
 
 
 def settings(argv):
-    """The settings train.py resolves for argv (config files and overrides, checked), as --print_config prints them."""
+    """The settings train.py resolves for argv (config files and overrides, checked), as
+    --print_config prints them."""
     out = io.StringIO()
     with redirect_stdout(out):
         train.main(argv + ["--print_config"])
@@ -90,10 +94,11 @@ def settings(argv):
 
 
 def run_in_one_thread(argv):
-    """run() in one thread, as every torchrun worker here (OMP_NUM_THREADS=1): the same kernels add the same terms in
-    the same order, so DDP equals one process bit for bit. (g1 + g2) / 2 on two ranks is g1 / 2 + g2 / 2 over two
-    micro-steps exactly: halving is exact in floating point. With another thread count the matmuls sum in another
-    order, and Muon's bfloat16 Newton-Schulz turns those last-bit differences into 1e-4 moves of the weights."""
+    """run() in one thread, as every torchrun worker here (OMP_NUM_THREADS=1): the same kernels add
+    the same terms in the same order, so DDP equals one process bit for bit. (g1 + g2) / 2 on two
+    ranks is g1 / 2 + g2 / 2 over two micro-steps exactly: halving is exact in floating point. With
+    another thread count the matmuls sum in another order, and Muon's bfloat16 Newton-Schulz turns
+    those last-bit differences into 1e-4 moves of the weights."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -145,7 +150,8 @@ def test_config_file_overrides_and_types(tmp_path):
         (["--min_lr=0.1", "--learning_rate=0.01"], "min_lr=0.1: must be <= learning_rate=0.01"),
         (
             ["--init_from=resum"],
-            "init_from='resum': must be one of scratch, resume, gpt2.* \\(did you mean resume\\?\\)",
+            "init_from='resum': must be one of scratch, resume, gpt2.* "
+            "\\(did you mean resume\\?\\)",
         ),
         (["--attn_impl=flash"], "attn_impl='flash': must be one of sdpa, explicit"),
         (["--optimizer=sgd"], "optimizer='sgd': must be one of adamw, muon"),
@@ -280,8 +286,9 @@ def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
 
 
 def torchrun(tmp_path, argv, processes=2):
-    """train.main under torchrun (gloo), each rank saving (state dict, metrics) as rank<N>.pt in tmp_path, with a
-    test's peak FLOP/s (1e15: no CPU clamp) so that MFU is a known function of the rate. -> the finished process."""
+    """train.main under torchrun (gloo), each rank saving (state dict, metrics) as rank<N>.pt in
+    tmp_path, with a test's peak FLOP/s (1e15: no CPU clamp) so that MFU is a known function of the
+    rate. -> the finished process."""
     script = tmp_path / "ddp_run.py"
     script.write_text(
         f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
@@ -310,12 +317,13 @@ def torchrun(tmp_path, argv, processes=2):
 def test_ddp_two_processes_of_two_micro_steps_equal_one_process_of_four(
     lm_dir, tmp_path, optimizer
 ):
-    """Each rank accumulates two micro-steps (DDP's no_sync on the first) and the ranks average: the parameters of one
-    process accumulating all four; MFU is each device's own (the rate is the job's). The ranks agree bit for bit. One
-    process adds the four micro-gradients as ((a + b) + c) + d, two as (a + b) + (c + d): the sums differ in their
-    last bit (2^-24 relative), and AdamW's update, a ratio of moments, passes that on at about that relative size:
-    3 steps x lr 1e-2 x 1e-7, a few 1e-9 (6e-8 measured at most); Muon's bfloat16 orthogonalisation absorbs it. 1e-6
-    is far above that and far below an update (1e-2)."""
+    """Each rank accumulates two micro-steps (DDP's no_sync on the first) and the ranks average: the
+    parameters of one process accumulating all four; MFU is each device's own (the rate is the
+    job's). The ranks agree bit for bit. One process adds the four micro-gradients as
+    ((a + b) + c) + d, two as (a + b) + (c + d): the sums differ in their last bit (2^-24 relative),
+    and AdamW's update, a ratio of moments, passes that on at about that relative size:
+    3 steps x lr 1e-2 x 1e-7, a few 1e-9 (6e-8 measured at most); Muon's bfloat16 orthogonalisation
+    absorbs it. 1e-6 is far above that and far below an update (1e-2)."""
     argv = TINY + [
         f"--dataset={lm_dir}",
         "--max_iters=3",
@@ -335,19 +343,20 @@ def test_ddp_two_processes_of_two_micro_steps_equal_one_process_of_four(
         assert torch.equal(rank0[name], rank1[name]) and torch.allclose(
             rank0[name], p, rtol=0, atol=1e-6
         ), name
-    # evaluation is shared out over the ranks and its sums all-reduced: the same float32 terms (losses near 2.3) added
-    # in another order, each sum off by a few units in the last place (2.4e-7 at 2.3), far below 1e-5
+    # evaluation is shared out over the ranks and its sums all-reduced: the same float32 terms
+    # (losses near 2.3) added in another order, each sum off by a few units in the last place
+    # (2.4e-7 at 2.3), far below 1e-5
     assert metrics0 == metrics1 and metrics0 == pytest.approx(metrics, abs=1e-5)
     logs = [r for r in map(json.loads, open(tmp_path / "ddp" / "metrics.jsonl")) if "mfu" in r]
     per_device = [
-        single.flops_per_token(16) * r["tok/s"] / 2 / 1e15 for r in logs
+        flops_per_token(single, 16) * r["tok/s"] / 2 / 1e15 for r in logs
     ]  # block_size 16, 2 processes
     assert len(logs) == 3 and [r["mfu"] for r in logs] == pytest.approx(per_device, rel=1e-9)
 
 
 def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path):
-    """torchrun ... --out_dir=X --init_from=resume: the saved gradient_accumulation_steps (2, a multiple of the 2
-    processes) is in before the check, not the default 1."""
+    """torchrun ... --out_dir=X --init_from=resume: the saved gradient_accumulation_steps (2, a
+    multiple of the 2 processes) is in before the check, not the default 1."""
     out = f"--out_dir={tmp_path / 'ddp'}"
     first = torchrun(
         tmp_path,
@@ -363,8 +372,9 @@ def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path)
 
 
 def test_a_refusal_on_rank_0_is_every_ranks_one_line(lm_dir, tmp_path):
-    """A new run into an out_dir that holds a checkpoint: rank 0 refuses it (it holds the lock), and the other rank
-    prints the same line and exits too, instead of waiting in the group for a rank that is gone."""
+    """A new run into an out_dir that holds a checkpoint: rank 0 refuses it (it holds the lock), and
+    the other rank prints the same line and exits too, instead of waiting in the group for a rank
+    that is gone."""
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'taken'}", "--max_iters=1"])
     result = subprocess.run(
         [
@@ -393,7 +403,8 @@ def test_a_refusal_on_rank_0_is_every_ranks_one_line(lm_dir, tmp_path):
 
 
 def test_the_dtype_asked_for_is_saved_and_resolved_on_each_start(lm_dir, tmp_path):
-    """dtype=auto is saved as auto (a resume on other hardware resolves it there), not as what it meant here."""
+    """dtype=auto is saved as auto (a resume on other hardware resolves it there), not as what it
+    meant here."""
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--dtype=auto"])
     assert state(tmp_path)["config"]["dtype"] == "auto"
     assert json.load(open(tmp_path / "train_config.json"))["dtype"] == "auto"
@@ -404,8 +415,9 @@ def test_the_dtype_asked_for_is_saved_and_resolved_on_each_start(lm_dir, tmp_pat
 
 
 def test_a_stop_signal_saves_before_a_due_evaluation(lm_dir, tmp_path, monkeypatch):
-    """SIGTERM during step 3's batch: the run saves at step 4 and exits without evaluating step 4 first (torchrun and
-    SLURM kill a job soon after SIGTERM); the resumed run evaluates step 4 when it starts."""
+    """SIGTERM during step 3's batch: the run saves at step 4 and exits without evaluating step 4
+    first (torchrun and SLURM kill a job soon after SIGTERM); the resumed run evaluates step 4 when
+    it starts."""
     to_device = train.to_device
     batches = []
 
@@ -453,8 +465,9 @@ def test_one_device_for_several_processes_is_refused(device, monkeypatch):
 
 
 def test_two_nodes_equal_one_process(lm_dir, tmp_path):
-    """The README's multi-node command, as two "nodes" on this machine: torchrun --nnodes=2 --node_rank=0|1 with
-    one process each, meeting at 127.0.0.1 (gloo), give the parameters of one process."""
+    """The README's multi-node command, as two "nodes" on this machine:
+    torchrun --nnodes=2 --node_rank=0|1 with one process each, meeting at 127.0.0.1 (gloo), give the
+    parameters of one process."""
     import socket
 
     with socket.socket() as s:
@@ -464,7 +477,8 @@ def test_two_nodes_equal_one_process(lm_dir, tmp_path):
     script.write_text(
         f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
         "model, _ = train.main(sys.argv[1:])\n"
-        f"torch.save(model.state_dict(), os.path.join({str(tmp_path)!r}, 'rank%s.pt' % os.environ['RANK']))\n"
+        "torch.save(model.state_dict(), "
+        f"os.path.join({str(tmp_path)!r}, 'rank%s.pt' % os.environ['RANK']))\n"
     )
     argv = TINY + [
         f"--dataset={lm_dir}",
@@ -583,7 +597,8 @@ def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_pa
     )  # each rank writes its pid, so the test can signal rank 1 alone
     script.write_text(
         f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
-        f"open(os.path.join({str(tmp_path)!r}, 'pid%s' % os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'pid%s' % os.environ['RANK']), 'w')"
+        ".write(str(os.getpid()))\n"
         "train.main(sys.argv[1:])\n"
     )
     proc = subprocess.Popen(
@@ -619,15 +634,17 @@ def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_pa
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     stops = re.findall(r"stopped by signal 15 at step (\d+);", err)
-    # rank 0 was never signalled, yet stopped with rank 1, at the same step, after saving it. (How each rank's exit is
-    # reported is up to torchrun's agent, which signals the remaining rank once one exits: not asserted.)
+    # rank 0 was never signalled, yet stopped with rank 1, at the same step, after saving it. (How
+    # each rank's exit is reported is up to torchrun's agent, which signals the remaining rank once
+    # one exits: not asserted.)
     assert len(stops) == 2 and stops[0] == stops[1], err[-2000:]
     assert proc.returncode != 0 and state(tmp_path)["step"] == int(stops[0])
 
 
 def test_one_host_device_read_per_training_step(lm_dir, tmp_path, monkeypatch):
-    """Every read of a tensor's value stalls a GPU's queue: one per step (loss, gradient norm and stop signal
-    together) and one per split evaluated. Counted here as the calls that turn a tensor into Python numbers."""
+    """Every read of a tensor's value stalls a GPU's queue: one per step (loss, gradient norm and
+    stop signal together) and one per split evaluated. Counted here as the calls that turn a tensor
+    into Python numbers."""
     reads = []
     for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
         method = getattr(torch.Tensor, name)
@@ -675,7 +692,8 @@ def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
 
 
 def test_bow_head_table_learns_at_its_multiple_of_the_scheduled_rate(toy_classify_dir, tmp_path):
-    """The schedule sets every group's rate; bow_head's table gets BOW_LR_SCALE times it, and the pair still learns."""
+    """The schedule sets every group's rate; bow_head's table gets BOW_LR_SCALE times it, and the
+    pair still learns."""
     scale = EncoderClassifier.BOW_LR_SCALE
     _, metrics = run(
         [
@@ -764,8 +782,9 @@ def readme_torchrun_commands():
 
 
 def test_readme_torchrun_commands_fit_their_configs():
-    """Each process takes an equal share of the micro-steps: the README's multi-GPU and multi-node commands must
-    divide their config's gradient_accumulation_steps, or every rank stops at the check."""
+    """Each process takes an equal share of the micro-steps: the README's multi-GPU and multi-node
+    commands must divide their config's gradient_accumulation_steps, or every rank stops at the
+    check."""
     commands = readme_torchrun_commands()
     assert {n for n, _ in commands} >= {8, 16}, commands
     for processes, config_file in commands:
@@ -774,7 +793,8 @@ def test_readme_torchrun_commands_fit_their_configs():
 
 
 def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_path):
-    """init_from a GPT of ours: the encoder takes its embeddings and Blocks (the same names), only the head is new."""
+    """init_from a GPT of ours: the encoder takes its embeddings and Blocks (the same names), only
+    the head is new."""
     gpt, _ = run(
         [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'gpt'}", "--max_iters=2", "--vocab_size=20"]
     )
@@ -804,7 +824,8 @@ def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_p
 
 
 def test_resume_a_run_that_started_from_pretrained_weights(lm_dir, tmp_path):
-    """The shape of such a run comes from the weights (2 layers here), not from the config (1 layer): resume keeps it."""
+    """The shape of such a run comes from the weights (2 layers here), not from the config (1
+    layer): resume keeps it."""
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'base'}", "--max_iters=1", "--n_layer=2"])
     tuned = [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'tuned'}"]
     run(tuned + ["--max_iters=2", f"--init_from={tmp_path / 'base'}"])
@@ -813,7 +834,8 @@ def test_resume_a_run_that_started_from_pretrained_weights(lm_dir, tmp_path):
 
 
 def test_explicit_attention_trains_as_the_fused_path(lm_dir, tmp_path):
-    """attn_impl=explicit runs model.attention(), the math: the same training as SDPA to float rounding."""
+    """attn_impl=explicit runs model.attention(), the math: the same training as SDPA to float
+    rounding."""
     common = [f"--dataset={lm_dir}", "--max_iters=6", "--eval_interval=3"]
     _, fused = run(common + [f"--out_dir={tmp_path / 'a'}"])
     _, explicit = run(common + [f"--out_dir={tmp_path / 'b'}", "--attn_impl=explicit"])
@@ -822,10 +844,14 @@ def test_explicit_attention_trains_as_the_fused_path(lm_dir, tmp_path):
 
 
 def test_scaler_state_is_loaded_only_between_enabled_scalers():
-    enabled = lambda: torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0**10)
-    restore = lambda scaler, saved: checkpoint.restore(
-        {"optimizers": [], "scaler": saved, "step": 3, "best": None}, [], scaler
-    )
+    def enabled():
+        return torch.amp.GradScaler("cpu", enabled=True, init_scale=2.0**10)
+
+    def restore(scaler, saved):
+        return checkpoint.restore(
+            {"optimizers": [], "scaler": saved, "step": 3, "best": None}, [], scaler
+        )
+
     scaler = enabled()
     assert restore(scaler, {}) == (
         3,
@@ -844,8 +870,8 @@ def test_scaler_state_is_loaded_only_between_enabled_scalers():
 def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(
     lm_dir, tmp_path, monkeypatch
 ):
-    """MFU = the model's training FLOPs per token x tokens/s / the device's peak, on each log line. metrics.jsonl holds
-    every evaluation and log step; a resume appends, and its clock goes on."""
+    """MFU = the model's training FLOPs per token x tokens/s / the device's peak, on each log line.
+    metrics.jsonl holds every evaluation and log step; a resume appends, and its clock goes on."""
     peak = 1e15  # far above what a CPU achieves: no clamp
     monkeypatch.setattr(train, "peak_flops", lambda device, dtype: (peak, "a test's peak"))
     model, _ = run(
@@ -870,10 +896,8 @@ def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(
     lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     logs, evals = [r for r in lines if "mfu" in r], [r for r in lines if "val/loss" in r]
     assert [r["step"] for r in logs] == [1, 2, 3, 4, 5, 6]
-    flops_per_token = model.flops_per_token(16)  # block_size 16
-    assert all(
-        r["mfu"] == pytest.approx(flops_per_token * r["tok/s"] / peak, rel=1e-9) for r in logs
-    )
+    per_token = flops_per_token(model, 16)  # block_size 16
+    assert all(r["mfu"] == pytest.approx(per_token * r["tok/s"] / peak, rel=1e-9) for r in logs)
     assert all({"train/step_loss", "lr", "tok/s", "grad_norm", "seconds"} <= set(r) for r in logs)
     assert [r["step"] for r in evals] == [
         0,
@@ -887,7 +911,8 @@ def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(
 
 
 def test_a_cpu_peak_measured_too_low_rises_to_the_achieved_rate(lm_dir, tmp_path, monkeypatch):
-    """On a CPU the peak is measured, and a busy machine measures it low: MFU then never passes 100%."""
+    """On a CPU the peak is measured, and a busy machine measures it low: MFU then never passes
+    100%."""
     monkeypatch.setattr(train, "peak_flops", lambda device, dtype: (1.0, "a peak far too low"))
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=3", "--log_interval=1"])
     mfus = [r["mfu"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "mfu" in r]
