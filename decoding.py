@@ -127,16 +127,21 @@ def check(f, value):
         raise Error(f"{f.name} must be {f.type.__name__}, got {value!r:.40}")
     if f.type is float and not math.isfinite(value):
         raise Error(f"{f.name} must be a finite number, got {value}")
-    rule = describe(f.metadata)
-    ge, gt, le = f.metadata["ge"], f.metadata["gt"], f.metadata["le"]
-    below = ge is not None and value < ge or gt is not None and value <= gt
-    if below or le is not None and value > le:
-        raise Error(f"{f.name} must be {rule}, got {value!r:.40}")
+    if not in_range(value, **f.metadata):
+        raise Error(f"{f.name} must be {describe(**f.metadata)}, got {value!r:.40}")
 
 
-def describe(limits):
-    """A range in words: ">= 0", "> 0", "in (0, 1]", "in [-2, 2]"."""
-    ge, gt, le = limits["ge"], limits["gt"], limits["le"]
+def in_range(value, ge, gt, le, help):
+    """Whether value satisfies an option's bounds (None: no bound)."""
+    if ge is not None and value < ge:
+        return False
+    if gt is not None and value <= gt:
+        return False
+    return le is None or value <= le
+
+
+def describe(ge, gt, le, help):
+    """An option's range in words: ">= 0", "> 0", "in (0, 1]", "in [-2, 2]"."""
     if le is None:
         return f">= {ge}" if gt is None else f"> {gt}"
     return f"in [{ge}, {le}]" if gt is None else f"in ({gt}, {le}]"

@@ -159,6 +159,17 @@ class Playground:
             ],
         }
 
+    @staticmethod
+    def decoding_options():
+        """GET /v1/options: every decoding option as decoding.Options declares it (its type, off
+        value, range and help), from which the page builds its form."""
+        data = []
+        for f in dataclasses.fields(decoding.Options):
+            data.append(
+                {"name": f.name, "type": f.type.__name__, "default": f.default, **f.metadata}
+            )
+        return {"object": "list", "data": data}
+
     def pick_model(self, name, task):
         """The checkpoint a request names (or the only one of its task),
         checked to be of that task."""
@@ -389,8 +400,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.send(200, f.read(), "text/html; charset=utf-8")
         elif self.path == "/v1/models":
             self.send(200, self.playground.describe())
+        elif self.path == "/v1/options":
+            self.send(200, self.playground.decoding_options())
         else:
-            self.fail(RequestError(404, f"no page {self.path}: try / or /v1/models"))
+            self.fail(RequestError(404, f"no page {self.path}: try /, /v1/models or /v1/options"))
 
     def do_POST(self):
         routes = {"/v1/completions": self.complete, "/v1/classify": self.classify}

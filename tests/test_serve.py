@@ -2,6 +2,7 @@
 checkpoints and seeds, the stream against the whole answer, bad requests refused while the server
 keeps answering, a client that leaves, a bounded load, and the page driven in headless Chromium."""
 
+import dataclasses
 import http.client
 import json
 import os
@@ -18,6 +19,7 @@ from chromium import Browser, find
 from conftest import ROOT
 
 import classify
+import decoding
 import serve
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
@@ -135,6 +137,17 @@ def test_models_lists_each_checkpoint_with_its_task(server):
         ("gpt", "lm", None, 2),
         ("clf", "classify", LABELS, 2),
     ]
+
+
+def test_options_are_decodings_own_declaration(server):
+    status, answer = request(server[0], "GET", "/v1/options")
+    assert status == 200 and answer["object"] == "list"
+    declared = dataclasses.fields(decoding.Options)
+    assert [(o["name"], o["default"], o["help"]) for o in answer["data"]] == [
+        (f.name, f.default, f.metadata["help"]) for f in declared
+    ]
+    top_p = next(o for o in answer["data"] if o["name"] == "top_p")
+    assert (top_p["type"], top_p["gt"], top_p["le"]) == ("float", 0, 1)
 
 
 @pytest.mark.parametrize(
