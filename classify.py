@@ -139,9 +139,8 @@ def attention_figure(maps, tokens, title):
     near-uniform head reads as faint."""
     plt = pyplot()
     L, H, n = len(maps), maps[0].shape[0], len(tokens)
-    per_token, size = (
-        (0.17, 7) if n <= 64 else (0.12, 5)
-    )  # inches per token row, font size: labels that fit
+    # inches per token row, font size: labels that fit
+    per_token, size = (0.17, 7) if n <= 64 else (0.12, 5)
     side = max(2.5, per_token * n + 1.2)
     fig, axes = plt.subplots(
         L, H, figsize=(side * H + 1, side * L + 0.5), squeeze=False, layout="constrained"
@@ -238,8 +237,8 @@ def main(argv=None):
     p.add_argument(
         "--attention_maps",
         metavar="PNG",
-        help="draw every head of every layer for one text into this "
-        "image (rows = layers, columns = heads)",
+        help="draw every head of every layer for one text into this image "
+        "(rows = layers, columns = heads)",
     )
     a = p.parse_args(argv)
     if a.plot and not a.eval:

@@ -104,11 +104,12 @@ def model_card(info, config):
             "tags: [gpt2, gpt-starter]",
             "---",
             "",
-            f"# {info.get('dataset', 'a')} GPT ({config.n_layer} layers, {config.n_head} heads, "
-            f"d = {config.n_embd})",
+            f"# {info.get('dataset', 'a')} GPT "
+            f"({config.n_layer} layers, {config.n_head} heads, d = {config.n_embd})",
             "",
-            f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py on the "
-            f"`{info.get('dataset')}` data set, exported to the GPT-2 layout by its export.py. "
+            f"Trained from {info.get('init_from', 'scratch')} by gpt-starter's train.py "
+            f"on the `{info.get('dataset')}` data set, "
+            "exported to the GPT-2 layout by its export.py. "
             "Validation metrics of this checkpoint (the best one):",
             "",
             "| | |",

@@ -28,9 +28,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # run from anywhere: the repository root
+# run from anywhere: the repository root
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, run_script
 from lib.prepare import read_labelled
@@ -72,9 +71,8 @@ def peers(splits, scored):
 
     bpe = get_tokenizer({"type": "bpe", "encoding": "r50k_base", "lowercase": True})
 
-    def bpe_ngrams(
-        text,
-    ):  # what our recipe reads: prepare.py's lowercased GPT-2 BPE, cut at 128, and its pairs
+    # what our recipe reads: prepare.py's lowercased GPT-2 BPE, cut at 128, and its pairs
+    def bpe_ngrams(text):
         ids = [str(t) for t in bpe.encode(text)[:128]]
         return ids + [f"{a} {b}" for a, b in zip(ids, ids[1:])]
 
@@ -195,8 +193,8 @@ def main(argv=None):
         nargs="+",
         default=["config/agnews.py"],
         metavar="RUN",
-        help="train.py's arguments, a "
-        "config file and overrides, one quoted string per run (default: %(default)s)",
+        help="train.py's arguments, a config file and overrides, one quoted string per run "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--seeds",
@@ -211,15 +209,14 @@ def main(argv=None):
     )
     a = p.parse_args(argv)
     shared_bpe = os.path.join(os.path.dirname(ROOT), "shared", "tiktoken_cache")
-    if os.path.isdir(
-        shared_bpe
-    ):  # offline machines: GPT-2's BPE file from ../shared, for the peers and our runs
+    # offline machines: GPT-2's BPE file from ../shared, for the peers and our runs
+    if os.path.isdir(shared_bpe):
         os.environ.setdefault("TIKTOKEN_CACHE_DIR", shared_bpe)
     scored = ["val", "holdout"] if a.holdout else ["val"]
     splits = split_holdout(a.source, a.holdout_rows)
     print(
-        f"train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}, hold-out "
-        f"{len(splits['holdout'][0]):,}{'' if a.holdout else ' (not scored)'}",
+        f"train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}, "
+        f"hold-out {len(splits['holdout'][0]):,}{'' if a.holdout else ' (not scored)'}",
         file=sys.stderr,
     )
     rows = []

@@ -20,9 +20,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # run from anywhere: the repository root
+# run from anywhere: the repository root
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, at_least, run_script  # noqa: E402
 from serve import MAX_ACTIVE  # noqa: E402

@@ -41,9 +41,8 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__))
-)  # run from anywhere: the repository root
+# run from anywhere: the repository root
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.batches import read_meta
 from lib.common import (
@@ -310,8 +309,8 @@ def profile_train(config_file, device, modes=("fp32", "bf16"), top=15):
             step()
             sync(device)
         print(
-            f"\n### {os.path.relpath(config_file, ROOT)}, {mode}, batch "
-            f"{tuple(batch['idx'].shape)}: one training step\n"
+            f"\n### {os.path.relpath(config_file, ROOT)}, {mode}, "
+            f"batch {tuple(batch['idx'].shape)}: one training step\n"
         )
         print(
             prof.key_averages().table(
@@ -685,8 +684,8 @@ def main(argv=None):
     p.add_argument(
         "--quick",
         action="store_true",
-        help="2 repeats, n = 128 and 512, 100 new tokens, training batches "
-        "of at most 4 rows, torch.compile on the first config only",
+        help="2 repeats, n = 128 and 512, 100 new tokens, training batches of at most 4 rows, "
+        "torch.compile on the first config only",
     )
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
     p.add_argument(
@@ -697,22 +696,22 @@ def main(argv=None):
         nargs="+",
         default=CONFIGS,
         metavar="CONFIG",
-        help="the configs whose shapes the "
-        "training and AdamW tables measure (default: %(default)s)",
+        help="the configs whose shapes the training and AdamW tables measure "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--profile",
         metavar="CONFIG",
-        help="instead: where one training step of CONFIG's shape spends its "
-        "time, fp32 and bf16 (torch.profiler's operators)",
+        help="instead: where one training step of CONFIG's shape spends its time, "
+        "fp32 and bf16 (torch.profiler's operators)",
     )
     p.add_argument(
         "--time_to_loss",
         metavar="RUN",
         nargs="+",
-        help="instead: run each RUN (a config file, then any --key=value overrides, quoted as one "
-        "argument) as `python train.py RUN`, taking turns --repeats times; print the wall times "
-        "and the val loss each reached, and plot val loss against seconds",
+        help="instead: run each RUN (a config file, then any --key=value overrides, "
+        "quoted as one argument) as `python train.py RUN`, taking turns --repeats times; "
+        "print the wall times and the val loss each reached, and plot val loss against seconds",
     )
     p.add_argument(
         "--target",

@@ -14,9 +14,8 @@ dataset = "openwebtext"
 batch_size = 16
 block_size = 1024
 gradient_accumulation_steps = 32
-vocab_size = (
-    50304  # GPT-2's 50,257 rounded up to a multiple of 64: faster matmuls, the extra rows go unused
-)
+# GPT-2's 50,257 rounded up to a multiple of 64: faster matmuls, the extra rows go unused
+vocab_size = 50304
 
 n_layer = 12
 n_head = 12

@@ -38,9 +38,8 @@ def read_records(path):
     try:
         if path.endswith(".csv"):
             csv.field_size_limit(2**31 - 1)  # a long article must not stop the run
-            with open(
-                path, newline="", encoding="utf-8-sig"
-            ) as f:  # -sig: spreadsheets often start with a BOM
+            # -sig: spreadsheets often start with a BOM
+            with open(path, newline="", encoding="utf-8-sig") as f:
                 reader = csv.DictReader(f)
                 if not {"text", "label"} <= set(reader.fieldnames or []):
                     raise Error(
@@ -68,12 +67,8 @@ def read_records(path):
                         (r.get("text"), r.get("label")) if isinstance(r, dict) else (None, None)
                     )
         return records
-    except (
-        OSError,
-        UnicodeDecodeError,
-        csv.Error,
-        ValueError,
-    ) as e:  # missing, not UTF-8, broken csv or parquet
+    # missing, not UTF-8, broken csv or parquet
+    except (OSError, UnicodeDecodeError, csv.Error, ValueError) as e:
         reason = (str(e).splitlines() or [""])[0][:200]
         raise Error(
             f"{path}: cannot read it ({type(e).__name__}: {reason}); "
@@ -237,9 +232,9 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
     write_lm(args.out_dir, splits, tok, source=args.source or url)
     print(
-        f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: train "
-        f"{len(splits['train']):,} tokens, val {len(splits['val']):,} tokens -> {args.out_dir} "
-        f"({time.time() - t0:.1f} s)"
+        f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: "
+        f"train {len(splits['train']):,} tokens, val {len(splits['val']):,} tokens "
+        f"-> {args.out_dir} ({time.time() - t0:.1f} s)"
     )
 
 

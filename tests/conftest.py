@@ -11,9 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, ROOT)
 
-if os.environ.get(
-    "TIKTOKEN_CACHE_DIR"
-):  # a relative path would break in the tests that run from other folders
+# a relative path would break in the tests that run from other folders
+if os.environ.get("TIKTOKEN_CACHE_DIR"):
     os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
 elif os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
     os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(SHARED, "tiktoken_cache")

@@ -31,9 +31,8 @@ def test_worked_example():
 
 
 def test_padding_and_causal_masks():
-    _, A = attention(
-        Q, K, V, mask=torch.tensor([True, True, False])
-    )  # "cats" is padding: its key column is hidden
+    # "cats" is padding: its key column is hidden
+    _, A = attention(Q, K, V, mask=torch.tensor([True, True, False]))
     close(A, [[0.056, 0.944, 0], [0.5, 0.5, 0], [0.196, 0.804, 0]])
     _, A = attention(Q, K, V, mask=torch.ones(3, 3, dtype=torch.bool).tril())
     close(A, [[1, 0, 0], [0.5, 0.5, 0], [0.140, 0.576, 0.284]])

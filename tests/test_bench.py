@@ -25,9 +25,8 @@ def test_attention_flops_is_three_times_what_pytorch_counts_in_the_forward():
 
     mha = LoopAttention(48, 6).fused_copy()
     with FlopCounterMode(display=False) as counter:
-        mha(
-            torch.randn(1, 10, 48), need_weights=True
-        )  # the explicit path: its matmuls are what the counter sees
+        # the explicit path: its matmuls are what the counter sees
+        mha(torch.randn(1, 10, 48), need_weights=True)
     assert 3 * counter.get_total_flops() == bench.attention_flops(10, 48)
 
 
@@ -40,19 +39,16 @@ def test_attention_measurement_smoke():
         )
         assert r["flops_best"] == bench.attention_flops(64, 384) / r["min_s"]
         sizes[path] = r["saved_bytes"]
-    assert (
-        sizes["fused"] < sizes["explicit"]
-    )  # the explicit path keeps the n x n weights for backward
+    # the explicit path keeps the n x n weights for backward
+    assert sizes["fused"] < sizes["explicit"]
 
 
 def test_profile_prints_each_dtypes_operators(capsys, monkeypatch):
-    monkeypatch.chdir(
-        bench.ROOT
-    )  # main changes directory to the repository; this puts the old one back afterwards
+    # main changes directory to the repository; this puts the old one back afterwards
+    monkeypatch.chdir(bench.ROOT)
     bench.main(["--profile", "config/shakespeare_char_cpu.py"])
     out = capsys.readouterr().out
     for mode in ("fp32", "bf16"):
         table = out.split(f"config/shakespeare_char_cpu.py, {mode}, batch (12, 64)")[1]
-        assert (
-            "aten::mm" in table.split("###")[0]
-        )  # the projections' matmuls, in this dtype's own table
+        # the projections' matmuls, in this dtype's own table
+        assert "aten::mm" in table.split("###")[0]

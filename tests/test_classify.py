@@ -22,12 +22,10 @@ from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpo
 
 CHARS = "abcd "
 NAMES = ["alpha", "beta", "gamma"]
-MAX_LENGTH = (
-    24  # < block_size 32: longer texts are cut to 24 tokens, as prepare.py cut them for training
-)
-PAD = CHARS.index(
-    " "
-)  # a real character: classify.py must mask by length, never by "idx != pad_token_id"
+# 24 < block_size 32: longer texts are cut to 24 tokens, as prepare.py cut them for training
+MAX_LENGTH = 24
+# a real character: classify.py must mask by length, never by "idx != pad_token_id"
+PAD = CHARS.index(" ")
 
 
 def toy_rows(n, seed):
@@ -127,16 +125,10 @@ def data(tmp_path_factory):
         csv.writer(f).writerows([("text", "label"), *rows])
     with open(d / "val.jsonl", "w") as f:  # the same rows with class names for labels
         f.writelines(json.dumps({"text": t, "label": NAMES[y]}) + "\n" for t, y in rows)
-    texts = [
-        "dd",
-        "b",
-        "aaaa",
-        "ccccc cccccccc ccccccccc cccccccccc ccc",
-        "abcd abcd",
-    ]  # not in length order
-    (d / "texts.txt").write_text(
-        "\n".join(texts[:2]) + "\n\n" + "\n".join(texts[2:]) + "\n"
-    )  # a blank line
+    # not in length order
+    texts = ["dd", "b", "aaaa", "ccccc cccccccc ccccccccc cccccccccc ccc", "abcd abcd"]
+    # a blank line
+    (d / "texts.txt").write_text("\n".join(texts[:2]) + "\n\n" + "\n".join(texts[2:]) + "\n")
     return d, rows, texts
 
 
@@ -181,9 +173,8 @@ def test_eval_matches_the_model(ckpt, data, runs):
     assert rc == 0, err
     lines = out.splitlines()
     accuracy, per_class, cm = eval_numbers(from_checkpoint(ckpt)[0], rows)
-    assert (
-        0.5 < accuracy < 1.0
-    )  # learned something, and still makes mistakes for the matrix to show
+    # learned something, and still makes mistakes for the matrix to show
+    assert 0.5 < accuracy < 1.0
     assert lines[0].startswith("accuracy: ") and float(lines[0].split()[1]) == pytest.approx(
         accuracy, abs=5e-5
     )
@@ -226,9 +217,8 @@ def parse_line(line):
 @pytest.mark.parametrize("run", ["args", "file"])
 def test_predict_texts_and_file(ckpt, data, runs, run, capsys):
     d, _, texts = data
-    if (
-        run == "file"
-    ):  # in-process: the same code as a subprocess, without a second's import of torch
+    # in-process: the same code as a subprocess, without a second's import of torch
+    if run == "file":
         classify.main(["--out_dir", ckpt, "--file", str(d / "texts.txt")])
         rc, out, err = 0, capsys.readouterr().out, ""
     else:
@@ -239,9 +229,8 @@ def test_predict_texts_and_file(ckpt, data, runs, run, capsys):
     assert len(lines) == len(texts)  # the blank line of the file is skipped
     for line, text, probs in zip(lines, texts, expected):
         label, shown, shown_text = parse_line(line)
-        assert (
-            shown_text == text and label == NAMES[int(probs.argmax())]
-        )  # input order, despite length-sorting
+        # input order, despite length-sorting
+        assert shown_text == text and label == NAMES[int(probs.argmax())]
         assert shown == pytest.approx(probs.tolist(), abs=0.006)
 
 
@@ -298,9 +287,8 @@ def test_error_from_the_command_line(runs):
 
 def in_process_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        run_script(
-            lambda: classify.main(argv), "classify.py"
-        )  # what `python classify.py ARGV` runs
+        # what `python classify.py ARGV` runs
+        run_script(lambda: classify.main(argv), "classify.py")
     message = capsys.readouterr().err
     assert (
         e.value.code == 2 and message.startswith("classify.py: error:") and message.count("\n") == 1
@@ -322,9 +310,8 @@ def test_errors(ckpt, tmp_path, capsys, monkeypatch):
         ["--out_dir", ckpt, "--eval", str(tmp_path / "cols.jsonl")], capsys
     )
     (tmp_path / "labels.csv").write_text("text,label\nabc,0\nbca,3\ncab,delta\n")
-    classify.main(
-        ["--out_dir", ckpt, "--eval", str(tmp_path / "labels.csv")]
-    )  # scores the one usable row
+    # scores the one usable row
+    classify.main(["--out_dir", ckpt, "--eval", str(tmp_path / "labels.csv")])
     out, err = capsys.readouterr()
     assert "(0 of 1)" in out or "(1 of 1)" in out
     assert "skipped 2 of 3 rows (0 with no text, 2 with a label that is not a class id 0..2" in err
@@ -353,9 +340,8 @@ def test_help_documents_every_flag(capsys):
         "--plot",
         "--attention_maps",
     ):
-        assert re.search(rf"^  {flag}( [A-Z_]+)?\s+[^-\s]", help_text, re.M), (
-            flag
-        )  # followed by its help
+        # followed by its help
+        assert re.search(rf"^  {flag}( [A-Z_]+)?\s+[^-\s]", help_text, re.M), flag
 
 
 @needs_shared

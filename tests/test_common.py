@@ -78,9 +78,8 @@ def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
         with atomic_path(str(target)) as tmp:
             open(tmp, "w").write("half")
             raise KeyboardInterrupt
-    assert target.read_text() == "old" and os.listdir(tmp_path) == [
-        "state.pt"
-    ]  # no temporary left behind
+    # no temporary left behind
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["state.pt"]
     with atomic_path(str(target)) as a, atomic_path(str(target)) as b:
         assert a != b  # two writers never share a temporary file
         open(a, "w").write("a")

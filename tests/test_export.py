@@ -24,9 +24,8 @@ def checkpoint(path, tokenizer, **options):
     model = GPT(
         GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, **options)
     )
-    with (
-        torch.no_grad()
-    ):  # weights larger than training's init, so the logits differ visibly between tokens
+    # weights larger than training's init, so the logits differ visibly between tokens
+    with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
     model.save_pretrained(

@@ -59,8 +59,8 @@ def agnews_rows():
     line break) and one text three times over: 43 rows."""
     rows = [
         (
-            f"Story {i}: the {['council', 'match', 'market', 'chip'][i % 4]} report number "
-            f"{i * 13}.",
+            f"Story {i}: the {['council', 'match', 'market', 'chip'][i % 4]} "
+            f"report number {i * 13}.",
             i % 4,
         )
         for i in range(36)
@@ -147,12 +147,10 @@ def test_agnews_csv_splits_labels_and_round_trip(agnews):
             )
             texts[split].append(text)
     assert sorted(texts["train"] + texts["val"]) == sorted(t for t, _ in source)  # every row, once
-    assert not set(texts["train"]) & set(
-        texts["val"]
-    )  # the repeated text sits in one split, all three times
-    assert (
-        "train: " in r.stdout and "val: " in r.stdout and "World" in r.stdout
-    )  # a summary line per split
+    # the repeated text sits in one split, all three times
+    assert not set(texts["train"]) & set(texts["val"])
+    # a summary line per split
+    assert "train: " in r.stdout and "val: " in r.stdout and "World" in r.stdout
 
 
 @needs_shared
@@ -183,9 +181,8 @@ def test_agnews_parquet_jsonl_and_malformed_rows(tmp_path):
     r = prepare("agnews", "--source", src, "--out_dir", tmp_path / "out")
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
-    assert (
-        len(warnings) == 2
-    )  # one line per file with bad rows: train.jsonl and test.csv, not val.parquet
+    # one line per file with bad rows: train.jsonl and test.csv, not val.parquet
+    assert len(warnings) == 2
     assert (
         "train.jsonl: skipped 11 of 20 rows" in warnings[0]
         and "test.csv: skipped 1 of 2 rows" in warnings[1]
@@ -195,9 +192,8 @@ def test_agnews_parquet_jsonl_and_malformed_rows(tmp_path):
     assert read_rows(tmp_path / "out", "train")[2].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 2]
     assert read_rows(tmp_path / "out", "val")[2].tolist() == [3, 0]
     tokens, offsets, labels = read_rows(tmp_path / "out", "test")
-    assert bpe().decode(tokens.tolist()) == "test row" and labels.tolist() == [
-        1
-    ]  # lowercased: the default
+    # lowercased: the default
+    assert bpe().decode(tokens.tolist()) == "test row" and labels.tolist() == [1]
     assert meta["tokenizer"] == {"type": "bpe", "encoding": "r50k_base", "lowercase": True}
 
 
@@ -245,9 +241,8 @@ def test_classification_data_reads_and_pads(agnews):
     data = load_split(str(out), "train", block_size=64)
     assert isinstance(data, ClassificationData) and len(data) == len(labels)
     lengths = np.diff(offsets)
-    rows = np.array(
-        [int(np.argmin(lengths)), int(np.argmax(lengths))]
-    )  # a short row beside the longest
+    # a short row beside the longest
+    rows = np.array([int(np.argmin(lengths)), int(np.argmax(lengths))])
     b = data.batch(rows)
     width = lengths[rows].max()
     assert b["idx"].shape == b["attention_mask"].shape == (2, width)
@@ -345,13 +340,11 @@ def test_openwebtext_local_folder(tmp_path):
     enc, found = bpe(), []
     for split in ("train", "val"):
         ids = np.fromfile(tmp_path / "out" / f"{split}.bin", dtype=np.uint16)
-        assert (
-            meta["splits"][split] == len(ids) and ids[-1] == 50256
-        )  # every document ends in <|endoftext|>
+        # every document ends in <|endoftext|>
+        assert meta["splits"][split] == len(ids) and ids[-1] == 50256
         ends = np.flatnonzero(ids == 50256)
-        found += [
-            enc.decode(d[:-1].tolist()) for d in np.split(ids, ends + 1)[:-1]
-        ]  # each without its 50256
+        # each without its 50256
+        found += [enc.decode(d[:-1].tolist()) for d in np.split(ids, ends + 1)[:-1]]
     assert sorted(found) == sorted(docs)  # each document once, whole, between two <|endoftext|>
     assert meta["task"] == "lm" and meta["dtype"] == "uint16" and meta["vocab_size"] == 50257
     assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]

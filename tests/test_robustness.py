@@ -137,10 +137,8 @@ def files(tmp_path_factory):
         label_names=["a", "b"],
         max_length=16,
     )
-    for name, source in (
-        ("clf_no_tokenizer", "clf"),
-        ("gpt_no_tokenizer", "gpt"),
-    ):  # config.json without one
+    # config.json without one
+    for name, source in (("clf_no_tokenizer", "clf"), ("gpt_no_tokenizer", "gpt")):
         (d / name).mkdir()
         config = json.loads((d / source / "config.json").read_text())
         del config["tokenizer"]
@@ -435,14 +433,12 @@ def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
         f: (tmp_path / f).read_bytes()
         for f in ("model.safetensors", "trainer_state.pt", "config.json")
     }
-    for init in (
-        [],
-        ["--init_from=gpt2"],
-    ):  # from scratch or from other weights: a new run either way
+    # from scratch or from other weights: a new run either way
+    for init in ([], ["--init_from=gpt2"]):
         with pytest.raises(
             Error,
-            match="already holds a checkpoint .* --init_from=resume, replace it with "
-            "--overwrite_out_dir=True, or pick another --out_dir",
+            match="already holds a checkpoint .* --init_from=resume, "
+            "replace it with --overwrite_out_dir=True, or pick another --out_dir",
         ):
             run(common + init)
     assert saved == {f: (tmp_path / f).read_bytes() for f in saved}
@@ -552,9 +548,8 @@ def test_ctrl_c_in_sample_keeps_what_was_generated(files):
     process.send_signal(signal.SIGINT)
     try:
         out, err = process.communicate(timeout=60)
-    except (
-        subprocess.TimeoutExpired
-    ):  # SIGABRT makes faulthandler print where every thread of it stands
+    # SIGABRT makes faulthandler print where every thread of it stands
+    except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGABRT)
         pytest.fail(
             f"sample.py did not stop within 60 s of Ctrl-C:\n{process.communicate()[1][-4000:]}"

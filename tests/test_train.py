@@ -204,9 +204,8 @@ def test_help_says_what_every_key_does(capsys):
         if line.startswith("  --")
     }
     assert set(lines) == {f"--{k}" for k in train.KEYS}
-    assert all(len(line.split("  ")[-1]) > 8 for line in lines.values()), (
-        lines
-    )  # a comment beside each default
+    # a comment beside each default
+    assert all(len(line.split("  ")[-1]) > 8 for line in lines.values()), lines
     assert "rotary position embeddings" in lines["--rope"]
 
 
@@ -236,9 +235,8 @@ def test_lr_schedule():
     assert train.get_lr(9, cfg) == pytest.approx(10 / 11)
     assert train.get_lr(10, cfg) == pytest.approx(1.0)  # peak
     assert train.get_lr(60, cfg) == pytest.approx(0.55)  # cosine halfway: (1 + 0.1) / 2
-    assert (
-        train.get_lr(110, cfg) == pytest.approx(0.1) and train.get_lr(500, cfg) == 0.1
-    )  # end: min_lr
+    # end: min_lr
+    assert train.get_lr(110, cfg) == pytest.approx(0.1) and train.get_lr(500, cfg) == 0.1
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
@@ -348,9 +346,8 @@ def test_ddp_two_processes_of_two_micro_steps_equal_one_process_of_four(
     # (2.4e-7 at 2.3), far below 1e-5
     assert metrics0 == metrics1 and metrics0 == pytest.approx(metrics, abs=1e-5)
     logs = [r for r in map(json.loads, open(tmp_path / "ddp" / "metrics.jsonl")) if "mfu" in r]
-    per_device = [
-        flops_per_token(single, 16) * r["tok/s"] / 2 / 1e15 for r in logs
-    ]  # block_size 16, 2 processes
+    # block_size 16, 2 processes
+    per_device = [flops_per_token(single, 16) * r["tok/s"] / 2 / 1e15 for r in logs]
     assert len(logs) == 3 and [r["mfu"] for r in logs] == pytest.approx(per_device, rel=1e-9)
 
 
@@ -408,9 +405,8 @@ def test_the_dtype_asked_for_is_saved_and_resolved_on_each_start(lm_dir, tmp_pat
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--dtype=auto"])
     assert state(tmp_path)["config"]["dtype"] == "auto"
     assert json.load(open(tmp_path / "train_config.json"))["dtype"] == "auto"
-    train.main(
-        [f"--out_dir={tmp_path}", "--max_iters=3", "--init_from=resume"]
-    )  # a bare resume: no TINY's dtype
+    # a bare resume: no TINY's dtype
+    train.main([f"--out_dir={tmp_path}", "--max_iters=3", "--init_from=resume"])
     assert state(tmp_path)["config"]["dtype"] == "auto" and state(tmp_path)["step"] == 3
 
 
@@ -423,9 +419,8 @@ def test_a_stop_signal_saves_before_a_due_evaluation(lm_dir, tmp_path, monkeypat
 
     def signalled(batch, device):
         batches.append(batch)
-        if (
-            len(batches) == 20
-        ):  # each step: its evaluation (2 batches of train, 2 of val), then 1 training batch
+        # each step: its evaluation (2 batches of train, 2 of val), then 1 training batch
+        if len(batches) == 20:
             os.kill(os.getpid(), signal.SIGTERM)  # during step 3, the 4th
         return to_device(batch, device)
 
@@ -592,9 +587,8 @@ def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
 
 
 def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_path):
-    script = (
-        tmp_path / "ddp_run.py"
-    )  # each rank writes its pid, so the test can signal rank 1 alone
+    # each rank writes its pid, so the test can signal rank 1 alone
+    script = tmp_path / "ddp_run.py"
     script.write_text(
         f"import os, sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
         f"open(os.path.join({str(tmp_path)!r}, 'pid%s' % os.environ['RANK']), 'w')"
@@ -662,13 +656,10 @@ def test_one_host_device_read_per_training_step(lm_dir, tmp_path, monkeypatch):
             "--eval_iters=4",
         ]
     )
-    evaluation, step = (
-        ["tolist"] * 2,
-        ["tolist"],
-    )  # one read per split evaluated (train, val), one per step
-    assert reads == evaluation + step * 3 + evaluation + step * 3 + evaluation, (
-        reads
-    )  # evaluated at 0, 3, 6
+    # one read per split evaluated (train, val), one per step
+    evaluation, step = ["tolist"] * 2, ["tolist"]
+    # evaluated at 0, 3, 6
+    assert reads == evaluation + step * 3 + evaluation + step * 3 + evaluation, reads
 
 
 def test_classifier_learns_a_separable_task(toy_classify_dir, tmp_path):
@@ -732,9 +723,8 @@ def test_bow_head_table_learns_at_its_multiple_of_the_scheduled_rate(toy_classif
 def test_wandb_offline_run_has_metrics(lm_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--wandb_log=True"])
-    for _ in range(
-        50
-    ):  # wandb's service process may still be writing after finish() (failed once in ~13 runs)
+    # wandb's service process may still be writing after finish() (failed once in ~13 runs)
+    for _ in range(50):
         runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
         if runs and b"val/loss" in runs[0].read_bytes():
             break
@@ -762,12 +752,10 @@ def test_bad_setups_fail_before_training(lm_dir, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "config"))))
 def test_every_config_file_parses_from_any_directory(name, monkeypatch):
-    monkeypatch.chdir(
-        "/"
-    )  # include() paths are relative to the config file, not to the working directory
-    assert (
-        settings([os.path.join(ROOT, "config", name)])["out_dir"] != DEFAULTS["out_dir"]
-    )  # each its own folder
+    # include() paths are relative to the config file, not to the working directory
+    monkeypatch.chdir("/")
+    # each its own folder
+    assert settings([os.path.join(ROOT, "config", name)])["out_dir"] != DEFAULTS["out_dir"]
 
 
 def readme_torchrun_commands():
@@ -853,11 +841,8 @@ def test_scaler_state_is_loaded_only_between_enabled_scalers():
         )
 
     scaler = enabled()
-    assert restore(scaler, {}) == (
-        3,
-        None,
-        0.0,
-    )  # a bf16 or fp32 run resumed with float16: its own initial scale
+    # a bf16 or fp32 run resumed with float16: its own initial scale
+    assert restore(scaler, {}) == (3, None, 0.0)
     assert scaler.get_scale() == 2.0**10
     saved = enabled().state_dict() | {"scale": 8.0}
     restore(scaler, saved)
@@ -899,12 +884,8 @@ def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(
     per_token = flops_per_token(model, 16)  # block_size 16
     assert all(r["mfu"] == pytest.approx(per_token * r["tok/s"] / peak, rel=1e-9) for r in logs)
     assert all({"train/step_loss", "lr", "tok/s", "grad_norm", "seconds"} <= set(r) for r in logs)
-    assert [r["step"] for r in evals] == [
-        0,
-        2,
-        4,
-        6,
-    ]  # the resumed run's own evaluation at 4 replaces the first
+    # the resumed run's own evaluation at 4 replaces the first
+    assert [r["step"] for r in evals] == [0, 2, 4, 6]
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(lines, lines[1:]))
     plot.main([str(tmp_path), f"--out={tmp_path}/loss.png"])  # the curves drawn from these records
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"

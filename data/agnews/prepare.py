@@ -71,9 +71,8 @@ def load_hub():
 
     try:
         ds = datasets.load_dataset(HUB_NAME)
-    except (
-        Exception
-    ) as e:  # offline it is a ConnectionError, but any failure here has the same way out
+    # offline it is a ConnectionError, but any failure here has the same way out
+    except Exception as e:
         reason = (str(e).splitlines() or [""])[0][:200]
         raise Error(
             f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): "
@@ -136,9 +135,8 @@ def main():
             [t for t, h in zip(texts, held) if not h],
             [y for y, h in zip(labels, held) if not h],
         )
-    splits = {
-        s: splits[s] for s in ("train", "val", "test") if s in splits
-    }  # in this order in meta.json too
+    # in this order in meta.json too
+    splits = {s: splits[s] for s in ("train", "val", "test") if s in splits}
     # a text given in two splits would score as held out while trained on: keep it in test, else
     # val, not train
     seen, done = set(), []
@@ -147,8 +145,8 @@ def main():
         keep = [t not in seen for t in texts]
         if not all(keep):
             print(
-                f"warning: {split}: dropped {keep.count(False):,} rows whose text is also in "
-                f"{'/'.join(done)}",
+                f"warning: {split}: dropped {keep.count(False):,} rows "
+                f"whose text is also in {'/'.join(done)}",
                 file=sys.stderr,
             )
             splits[split] = (
@@ -160,8 +158,9 @@ def main():
     for split, (texts, _) in splits.items():
         if not texts:
             raise Error(
-                f"the {split} split came out empty (train {len(splits['train'][0]):,} rows, val "
-                f"{len(splits['val'][0]):,}): pass more rows, a val file, or another --val_fraction"
+                f"the {split} split came out empty "
+                f"(train {len(splits['train'][0]):,} rows, val {len(splits['val'][0]):,}): "
+                "pass more rows, a val file, or another --val_fraction"
             )
 
     tok = BPETokenizer("r50k_base", lowercase=not args.cased)
@@ -176,13 +175,11 @@ def main():
                 bar.update(len(texts[i : i + 1000]))
 
     dtype = prepare.token_dtype(tok.vocab_size)
-    prepare.unpublish(
-        args.out_dir
-    )  # from here on the folder is being rewritten: no meta.json until it is whole
+    # from here on the folder is being rewritten: no meta.json until it is whole
+    prepare.unpublish(args.out_dir)
     for split in ("train", "val", "test"):
-        if (
-            split not in splits
-        ):  # a test split left over from an earlier run would no longer match meta.json
+        # a test split left over from an earlier run would no longer match meta.json
+        if split not in splits:
             for suffix in (".bin", ".offsets.npy", ".labels.npy"):
                 if os.path.exists(os.path.join(args.out_dir, split + suffix)):
                     os.remove(os.path.join(args.out_dir, split + suffix))
@@ -193,8 +190,9 @@ def main():
         lengths = np.array([len(r) for r in rows[split]])
         counts = Counter(splits[split][1])
         print(
-            f"{split}: {len(lengths):,} rows, {lengths.sum():,} tokens, mean {lengths.mean():.1f} "
-            f"tokens/row ({truncated[split]:,} cut to {args.max_length}); classes "
+            f"{split}: {len(lengths):,} rows, {lengths.sum():,} tokens, "
+            f"mean {lengths.mean():.1f} tokens/row "
+            f"({truncated[split]:,} cut to {args.max_length}); classes "
             + ", ".join(f"{name} {counts[i]:,}" for i, name in enumerate(LABEL_NAMES))
         )
     prepare.write_meta(

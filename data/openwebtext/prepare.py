@@ -32,9 +32,8 @@ tok = None  # the tokenizer, made once per process (map's workers make their own
 def process(example):
     global tok
     tok = tok or BPETokenizer("r50k_base")
-    ids = tok.encode(example["text"]) + [
-        tok.start_token
-    ]  # <|endoftext|> closes each document, as in GPT-2
+    # <|endoftext|> closes each document, as in GPT-2
+    ids = tok.encode(example["text"]) + [tok.start_token]
     return {"ids": ids, "len": len(ids)}
 
 
@@ -45,18 +44,16 @@ def load(source, num_proc):
     if source is None:
         try:
             return datasets.load_dataset(HUB_NAME, num_proc=num_proc, split="train")
-        except (
-            Exception
-        ) as e:  # offline it is a ConnectionError, but any failure here has the same way out
+        # offline it is a ConnectionError, but any failure here has the same way out
+        except Exception as e:
             reason = (str(e).splitlines() or [""])[0][:200]
             raise Error(
-                f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): pass "
-                f"--source PATH, a folder of .txt files or a .jsonl/.parquet with a text column"
+                f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): "
+                "pass --source PATH, a folder of .txt files or a .jsonl/.parquet with a text column"
             ) from None
     if os.path.isdir(source):
-        files = sorted(
-            glob.glob(os.path.join(source, "*.txt"))
-        )  # sorted: the same order, the same split, every run
+        # sorted: the same order, the same split, every run
+        files = sorted(glob.glob(os.path.join(source, "*.txt")))
         if not files:
             raise Error(
                 f"--source {source}: no .txt files in this folder; "
@@ -124,9 +121,8 @@ def main():
     }
 
     dtype = prepare.token_dtype(tok.vocab_size)
-    prepare.unpublish(
-        args.out_dir
-    )  # from here on the folder is being rewritten: no meta.json until it is whole
+    # from here on the folder is being rewritten: no meta.json until it is whole
+    prepare.unpublish(args.out_dir)
     counts = {}
     for name, d in tokenized.items():
         # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory
