@@ -152,15 +152,19 @@ class NextToken:
     in Options' order, then a draw from the softmax, or the argmax when greedy or temperature == 0
     (greedy skips temperature, top-k and top-p: they never change the argmax). generator: a
     torch.Generator for the draws, made on its device (a CPU one serves a model on a GPU), so a seed
-    gives the same tokens anywhere."""
+    gives the same tokens anywhere. vocab_size: the tokenizer's, when the model's vocabulary is
+    padded past it: ids beyond are never picked."""
 
-    def __init__(self, options, greedy=False, generator=None):
+    def __init__(self, options, greedy=False, generator=None, vocab_size=None):
         self.options = options
         self.greedy = greedy or options.temperature == 0
         self.generator = generator
+        self.vocab_size = vocab_size
 
     def stages(self, logits, context):
-        """Yields ("raw", logits), then (option, logits after it) for each option that is on."""
+        """Yields ("raw", logits within vocab_size), then (option, logits after it) for each option
+        that is on."""
+        logits = logits[:, : self.vocab_size]
         yield "raw", logits
         o = self.options
         if o.frequency_penalty:

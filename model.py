@@ -36,11 +36,6 @@ def init_module(module):
         nn.init.zeros_(module.bias)
 
 
-def greedy(logits, context):
-    """GPT.generate's default next_token: the most likely token of every row."""
-    return logits.argmax(dim=-1)
-
-
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304  # GPT-2's 50,257 padded up to a multiple of 64, which matmuls prefer
@@ -71,11 +66,15 @@ class EncoderConfig(GPTConfig):
     bow_buckets: int = 0
 
 
-def attention(q, k, v, mask=None, dropout_p=0.0):
+def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """The explicit math on [..., n, d_k] tensors; returns (output, weights before dropout).
     mask is boolean, True = may attend (F.scaled_dot_product_attention's convention),
-    broadcastable to the scores."""
+    broadcastable to the scores; causal: query i also sees only keys up to i (its is_causal)."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if causal:
+        T, S = scores.shape[-2:]
+        triangle = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        mask = triangle if mask is None else mask & triangle
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # every key masked: 0/0 -> zeros
@@ -83,13 +82,16 @@ def attention(q, k, v, mask=None, dropout_p=0.0):
     return F.dropout(weights, dropout_p) @ v, weights
 
 
-def rotation(start, T, d_k, device):
-    """(cos, sin) [T, d_k/2] of rotary position embedding at positions start ... start + T - 1:
-    channel pair (i, i + d_k/2) turns by the angle position * 10000^(-2i/d_k).
-    Computed once per forward, used by every layer."""
+def rotation(positions, d_k):
+    """(cos, sin) of rotary position embedding at positions [T] (-> [T, d_k/2]) or [B, T] (each
+    row at its own, -> [B, 1, T, d_k/2]): channel pair (i, i + d_k/2) turns by the angle
+    position * 10000^(-2i/d_k). Computed once per forward, used by every layer."""
     half = d_k // 2
-    inv_freq = 10000.0 ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
-    angles = torch.arange(start, start + T, device=device, dtype=torch.float32)[:, None] * inv_freq
+    steps = torch.arange(half, device=positions.device, dtype=torch.float32)
+    inv_freq = 10000.0 ** (-steps / half)
+    angles = positions.float()[..., None] * inv_freq
+    if angles.dim() == 3:
+        angles = angles[:, None]  # a head axis
     return angles.cos(), angles.sin()
 
 
@@ -104,46 +106,120 @@ def rotary(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+class KVCache:
+    """Keys and values of every layer, preallocated for rows x length positions and written in
+    place (gpt-fast's static cache), and each row's length: the position its next token takes.
+    step() hands one forward its rows; reset() and copy() manage rows between forwards."""
+
+    def __init__(self, config, rows, length, device, dtype=torch.float32):
+        d_k = config.n_embd // config.n_head
+        shape = (config.n_layer, rows, config.n_head, length, d_k)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.lengths = [0] * rows  # on the host: reading them costs no device sync
+
+    def step(self, rows, T):
+        """The CacheStep of one forward of T new tokens for rows (a list of row indices)."""
+        return CacheStep(self, rows, T)
+
+    def reset(self, row):
+        self.lengths[row] = 0
+
+    def copy(self, source, rows):
+        """Row source's keys, values and length into each of rows: a prompt prefilled once serves
+        every sample of it."""
+        n = self.lengths[source]
+        for row in rows:
+            self.k[:, row, :, :n] = self.k[:, source, :, :n]
+            self.v[:, row, :, :n] = self.v[:, source, :, :n]
+            self.lengths[row] = n
+
+
+class CacheStep:
+    """One forward's part of a KVCache: rows [B], each writing T new tokens at its own next
+    positions, which it takes; positions [B, T] and mask() follow from the rows' lengths."""
+
+    def __init__(self, cache, rows, T):
+        device = cache.k.device
+        start = torch.tensor([cache.lengths[row] for row in rows])
+        self.cache = cache
+        self.rows = torch.tensor(rows, device=device)
+        self.positions = (start[:, None] + torch.arange(T)).to(device)
+        self.keys = int(start.max()) + T  # how many of the rows' keys their queries may read
+        # every row in order: the cache's own views serve, no copies
+        self.every_row = rows == list(range(len(cache.lengths)))
+        for row in rows:
+            cache.lengths[row] += T
+
+    def mask(self):
+        """[B, 1, T, keys]: the query at position p sees its row's keys at positions <= p."""
+        keys = torch.arange(self.keys, device=self.positions.device)
+        return keys <= self.positions[:, None, :, None]
+
+    def layer(self, i):
+        return LayerStep(self, i)
+
+    def store(self, layer, k, v):
+        """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
+        [B, h, keys, d_k]."""
+        K = self.cache.k[layer]
+        V = self.cache.v[layer]
+        # [B, T, h, d_k] places: row b, every head, position positions[b, t]
+        K[self.rows[:, None], :, self.positions] = k.transpose(1, 2)
+        V[self.rows[:, None], :, self.positions] = v.transpose(1, 2)
+        if self.every_row:
+            return K[:, :, : self.keys], V[:, :, : self.keys]
+        return K[self.rows, :, : self.keys], V[self.rows, :, : self.keys]
+
+
+class LayerStep:
+    """A CacheStep as one layer's attention sees it."""
+
+    def __init__(self, step, layer):
+        self.step = step
+        self.layer = layer
+
+    def store(self, k, v):
+        return self.step.store(self.layer, k, v)
+
+
 class MultiHeadAttention(nn.Module):
     """h heads of size d_k = d/h from one fused Q/K/V projection (3d x d) plus W_O (d x d):
     4 d^2 weights for any h."""
 
-    def __init__(self, config):
+    def __init__(self, config, causal):
         super().__init__()
         if config.n_embd % config.n_head:
             raise Error(f"n_embd={config.n_embd} must be divisible by n_head={config.n_head}")
         self.config = config
+        self.causal = causal
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, causal=False, cache=None, need_weights=False, rope=None):
-        """x [B, T, d]; mask boolean, broadcastable to [B, h, T, keys]; cache: a dict holding this
-        layer's earlier keys and values (decoding), extended in place. need_weights also returns
-        the maps (the explicit path). rope: the (cos, sin) of rotation() for these positions, with
-        config.rope."""
+    def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
+        """x [B, T, d]. mask: boolean, True = may attend, broadcastable to [B, h, T, keys], made
+        once per forward by the model; a mask given is the whole mask (a causal one included),
+        and None on a causal model is the causal kernel (each token sees those before it in x).
+        rope: rotation()'s (cos, sin) for these positions. cache: this layer's part of a KVCache
+        step, which stores these keys and values and returns all of their rows'. need_weights
+        also returns the maps (the explicit path)."""
         B, T, C = x.shape
-        config, h = self.config, self.config.n_head
-        q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)  # 3 x [B, h, T, d_k]
-        if config.qk_norm:
-            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
-        start = cache["k"].size(2) if cache else 0  # the position of the first new token
-        if config.rope:
-            rope = rope or rotation(start, T, q.size(-1), x.device)
-            q, k = rotary(q, *rope), rotary(k, *rope)
+        h = self.config.n_head
+        # 3 x [B, h, T, d_k]
+        q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)
+        if self.config.qk_norm:
+            q = F.rms_norm(q, (q.size(-1),))
+            k = F.rms_norm(k, (k.size(-1),))
+        if rope is not None:
+            q = rotary(q, *rope)
+            k = rotary(k, *rope)
         if cache is not None:
-            if cache:
-                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
-        causal = causal and T > 1  # one new query may see every key before it
-        explicit = need_weights or config.attn_impl == "explicit"
-        if causal and (mask is not None or start or explicit):
-            # spell the triangle out: query i sits at position start + i and sees keys up to there
-            tri = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(start)
-            mask, causal = (tri if mask is None else mask & tri), False
-        dropout_p = config.dropout if self.training else 0.0
-        if explicit:
-            y, weights = attention(q, k, v, mask, dropout_p)
+            k, v = cache.store(k, v)
+        causal = self.causal and mask is None
+        dropout_p = self.config.dropout if self.training else 0.0
+        if need_weights or self.config.attn_impl == "explicit":
+            y, weights = attention(q, k, v, mask, causal, dropout_p)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
@@ -160,17 +236,16 @@ class Block(nn.Module):
     def __init__(self, config, causal):
         super().__init__()
         d = config.n_embd
-        self.causal = causal
         self.ln_1 = nn.LayerNorm(d, bias=config.bias)
-        self.attn = MultiHeadAttention(config)
+        self.attn = MultiHeadAttention(config, causal)
         self.ln_2 = nn.LayerNorm(d, bias=config.bias)
         fc = nn.Linear(d, 4 * d, bias=config.bias)
         proj = nn.Linear(4 * d, d, bias=config.bias)
         self.mlp = nn.ModuleDict(dict(fc=fc, proj=proj))
         self.mlp_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, cache=None, need_weights=False, rope=None):
-        attended, weights = self.attn(self.ln_1(x), mask, self.causal, cache, need_weights, rope)
+    def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
+        attended, weights = self.attn(self.ln_1(x), mask, rope, cache, need_weights)
         x = x + attended
         # GPT-2's GELU: its weights load exactly
         hidden = F.gelu(self.mlp.fc(self.ln_2(x)), approximate="tanh")
@@ -203,24 +278,29 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
-        """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones)."""
-        start = cache[0]["k"].size(2) if cache and cache[0] else 0
+        """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones).
+        Without a cache the tokens sit at positions 0 ... T - 1; with a KVCache step, each row at
+        its own positions, and the mask over the cached keys is made here, once for every layer."""
         T = idx.size(1)
-        if start + T > self.config.block_size:
-            raise Error(
-                f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}"
-            )
+        longest = T if cache is None else cache.keys  # known on the host: no device sync
+        if longest > self.config.block_size:
+            raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
+        if cache is None:
+            positions = torch.arange(T, device=idx.device)
+        else:
+            positions = cache.positions
+            mask = cache.mask()
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+            x = x + self.wpe(positions)
         rope = None
         if self.config.rope:
-            d_k = self.config.n_embd // self.config.n_head
-            rope = rotation(start, T, d_k, idx.device)
+            rope = rotation(positions, self.config.n_embd // self.config.n_head)
         x = self.drop(x)
         maps = []
         for i, block in enumerate(self.blocks):
-            x, weights = block(x, mask, None if cache is None else cache[i], need_weights, rope)
+            layer_cache = None if cache is None else cache.layer(i)
+            x, weights = block(x, mask, rope, layer_cache, need_weights)
             maps.append(weights)
         return self.ln_f(x), maps
 
@@ -333,14 +413,20 @@ class GPT(Transformer):
         top_k=1 would not be greedy."""
         x, _ = self.hidden_states(idx, cache=cache)
         if logits_to_keep:
-            with torch.autocast(x.device.type, enabled=False):
-                return self.lm_head(x[:, -logits_to_keep:].float()), None
+            return self.last_logits(x[:, -logits_to_keep:]), None
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
             flat = logits.view(-1, logits.size(-1)).float()
             loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
         return logits, loss
+
+    def last_logits(self, x):
+        """The head over the positions decoding samples from, fed float32 whatever autocast's
+        dtype (an engine's weight format keeps the head's input float32): in bfloat16 nearby logits
+        round to ties, and top_k=1 would not be greedy."""
+        with torch.autocast(x.device.type, enabled=False):
+            return self.lm_head(x.float())
 
     def load_weights(self, state, new=()):
         """The base's load, then the head tied again (assign gives the two modules a tensor each).
@@ -352,32 +438,6 @@ class GPT(Transformer):
         super().load_weights(state, new)
         self.lm_head.weight = self.wte.weight
         return self
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, next_token=None, use_cache=True):
-        """Yield the next token of every row, [B], max_new_tokens times; idx [B, T] is the prompt.
-        next_token(logits [B, vocab] in float32, context [B, t]) -> [B] picks a token;
-        greedy by default.
-        The model sees a window of the context that grows a token a step; once it would pass
-        block_size, it restarts from the last block_size // 2 tokens (positions are absolute, so a
-        full cache cannot just shift). With the cache the window runs once, then one token a step;
-        without it the whole window runs every step: the same logits, so the same tokens."""
-        next_token = next_token or greedy
-        block_size = self.config.block_size
-        start = max(0, idx.size(1) - block_size)
-        cache = None
-        for _ in range(max_new_tokens):
-            restart = idx.size(1) - start > block_size
-            start = idx.size(1) - max(1, block_size // 2) if restart else start
-            with sdpa_kernel(VARYING_LENGTHS):
-                if not use_cache or cache is None or restart:
-                    cache = [{} for _ in self.blocks] if use_cache else None
-                    logits, _ = self(idx[:, start:], cache=cache, logits_to_keep=1)
-                else:
-                    logits, _ = self(idx[:, -1:], cache=cache, logits_to_keep=1)
-            token = next_token(logits[:, -1, :], idx)
-            idx = torch.cat([idx, token[:, None]], dim=1)
-            yield token
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):

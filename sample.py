@@ -13,13 +13,12 @@ from dataclasses import fields
 import torch
 
 import decoding
+from engine import WEIGHTS, Engine, for_decoding, resolve_weights
 from lib.common import (
     ArgumentParser,
     Error,
     at_least,
-    autocast,
     pick_device,
-    resolve_dtype,
     run_script,
 )
 from lib.tokenizer import get_tokenizer
@@ -70,7 +69,8 @@ def parse_args(argv=None):
         "--seed",
         type=int,
         default=1337,
-        help="random seed; the same seed gives the same samples (default: %(default)s)",
+        help="random seed: sample i draws from a generator of its own seeded seed + i, so it is "
+        "the sample that --seed=seed+i --num_samples=1 gives (default: %(default)s)",
     )
     p.add_argument(
         "--device",
@@ -78,11 +78,12 @@ def parse_args(argv=None):
         help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu",
     )
     p.add_argument(
-        "--dtype",
+        "--weights",
         default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, "
-        "else float32 (as train.py)",
+        choices=WEIGHTS,
+        help="the format the weights decode in, stored once: auto is bfloat16 on GPUs that have "
+        "it and float32 elsewhere (the faster there, BENCHMARKS.md); int8: weight-only int8, "
+        "the fastest on CPUs (default: %(default)s)",
     )
     p.add_argument(
         "--stream",
@@ -123,10 +124,9 @@ def parse_args(argv=None):
         )
     except Error as e:
         p.error(f"--{e}")  # the messages start with the option's name
-    pick = decoding.NextToken(options, args.greedy)
     if args.start.startswith("FILE:"):
         args.start = read_prompt(p, args.start[5:])
-    return args, pick
+    return args, options
 
 
 def read_prompt(parser, path):
@@ -176,26 +176,27 @@ def printable(text, stops=()):
 
 
 def main(argv=None):
-    args, pick = parse_args(argv)
+    args, options = parse_args(argv)
     device = pick_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
     source = args.init_from or args.out_dir
     model, tokenizer, what = load(source, device, hub=bool(args.init_from))
+    model = for_decoding(model, device, args.weights)
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw
         raise Error(f"--start: {e}") from None
-    print(f"{what}; {device}, {dtype}", file=sys.stderr)
+    weights = resolve_weights(args.weights, device)
+    print(f"{what}; {device}, {weights} weights", file=sys.stderr)
     block_size = model.config.block_size
     if len(prompt) > block_size:
         print(
             f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}",
             file=sys.stderr,
         )
-    # seeded here, after loading: the draws do not depend on how the model was built
-    torch.manual_seed(args.seed)
-    with autocast(device, dtype):
-        texts, steps, seconds, interrupted = decode_samples(model, tokenizer, prompt, pick, args)
+    picks = make_picks(options, args.greedy, args.seed, args.num_samples, tokenizer.vocab_size)
+    engine = Engine(model, args.num_samples, use_cache=not args.no_cache)
+    request = engine.submit(prompt, picks, args.max_new_tokens)
+    texts, steps, seconds, interrupted = decode_samples(engine, request, tokenizer, args)
     rate = args.num_samples * steps / max(seconds, 1e-9)
     no_cache = " (no KV cache)" if args.no_cache else ""
     print(
@@ -213,40 +214,45 @@ def main(argv=None):
         raise SystemExit(130)
 
 
-def continuations(model, tokenizer, prompts, pick, max_new_tokens, stops=(), use_cache=True):
-    """Decode a continuation of each prompt (lists of token ids, of one length) as one batch, each
-    token chosen by pick (a decoding.NextToken); after every step yield (their texts so far, which
-    have stopped, the step's tokens [n]). A text ends right before the first of stops it holds (the
-    continuation is searched, not the prompt); the decoding ends once all have stopped."""
-    n = len(prompts)
-    idx = torch.tensor(prompts, dtype=torch.long, device=model.wte.weight.device)
-    # the model's vocabulary may be padded past the tokenizer's: never pick those ids
-    n_vocab = tokenizer.vocab_size
+def make_picks(options, greedy, seed, n, vocab_size):
+    """One decoding.NextToken per sample, each drawing from a generator of its own seeded
+    seed + i: a sample never depends on how many others are drawn beside it."""
+    picks = []
+    for i in range(n):
+        generator = torch.Generator().manual_seed(seed + i)
+        picks.append(decoding.NextToken(options, greedy, generator, vocab_size))
+    return picks
 
-    def next_token(logits, context):
-        return pick(logits[:, :n_vocab], context)
 
-    tokens = [[] for _ in range(n)]
-    texts = [""] * n
-    done = [False] * n
-    for token in model.generate(idx, max_new_tokens, next_token, use_cache):
-        for i, t in enumerate(token.tolist()):
-            if done[i]:
+def continuations(engine, request, tokenizer, stops=()):
+    """Step engine until request is done; after every step yield (the texts of its rows so far,
+    which have stopped). A text ends right before the first of stops it holds (the continuation
+    is searched, not the prompt), and its row stops decoding there."""
+    rows = request.rows
+    texts = [""] * len(rows)
+    stopped = [False] * len(rows)
+    while not request.done:
+        engine.step()
+        for i, row in enumerate(rows):
+            if stopped[i]:
                 continue
-            tokens[i].append(t)
             # the whole continuation decoded: bytes split over tokens join up
-            texts[i] = tokenizer.decode(tokens[i])
-            cuts = [texts[i].find(stop) for stop in stops]
-            cut = min([c for c in cuts if c >= 0], default=-1)
+            texts[i] = tokenizer.decode(row.generated)
+            cut = first_stop(texts[i], stops)
             if cut >= 0:
                 texts[i] = texts[i][:cut]
-                done[i] = True
-        yield texts, done, token
-        if all(done):
-            return
+                stopped[i] = True
+                row.finish()
+        yield texts, [row.done for row in rows]
 
 
-def decode_samples(model, tokenizer, prompt, pick, args):
+def first_stop(text, stops):
+    """Where the first of stops begins in text, or -1."""
+    found = [text.find(stop) for stop in stops]
+    return min([c for c in found if c >= 0], default=-1)
+
+
+def decode_samples(engine, request, tokenizer, args):
     """sample.py's decoding -> (the texts, steps run, seconds, interrupted); --stream prints the
     first sample as it grows."""
     texts = [""] * args.num_samples
@@ -255,14 +261,11 @@ def decode_samples(model, tokenizer, prompt, pick, args):
     if args.stream:
         print(args.start, end="", flush=True)
     stops = [args.stop] if args.stop else []
-    prompts = [prompt] * args.num_samples
-    decoding_steps = continuations(
-        model, tokenizer, prompts, pick, args.max_new_tokens, stops, not args.no_cache
-    )
     t0 = time.perf_counter()
     interrupted = False
     try:
-        for steps, (texts, done, _) in enumerate(decoding_steps, 1):  # noqa: B007 (read after)
+        for texts, done in continuations(engine, request, tokenizer, stops):
+            steps += 1
             if args.stream:
                 out = texts[0] if done[0] else printable(texts[0], stops)
                 print(out[shown:], end="", flush=True)

@@ -33,14 +33,13 @@ import torch
 import classify
 import decoding
 import sample
+from engine import WEIGHTS, Engine, for_decoding
 from lib.common import (
     ArgumentParser,
     Error,
     at_least,
-    autocast,
     pick_device,
     read_json,
-    resolve_dtype,
     run_script,
 )
 
@@ -48,7 +47,8 @@ PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
 MAX_BODY = 1 << 16  # bytes of one request's JSON
 MAX_TEXTS = 64  # texts in one classify request
 MAX_TRACE = 20  # candidates per filter in a trace
-MAX_ACTIVE = 16  # requests decoding at once; more get a 503
+MAX_ACTIVE = 16  # requests in flight at once; more get a 503
+MAX_ROWS = 32  # a GPT's KV cache rows: the most choices decoding at once (more wait their turn)
 # a field's accepted types and default; null means the default, as in OpenAI's API
 COMPLETION = dict(
     model=((str,), None),
@@ -111,19 +111,31 @@ class Playground:
     at a time."""
 
     def __init__(
-        self, out_dirs, device="cpu", dtype="auto", max_tokens=256, max_n=8, max_active=MAX_ACTIVE
+        self,
+        out_dirs,
+        device="cpu",
+        weights="auto",
+        max_tokens=256,
+        max_n=8,
+        max_active=MAX_ACTIVE,
+        rows=MAX_ROWS,
     ):
-        self.device, self.models = pick_device(device), {}
-        self.max_tokens, self.max_n = max_tokens, max_n
-        self.lock, self.slots = threading.Lock(), threading.BoundedSemaphore(max_active)
+        self.device = pick_device(device)
+        self.models = {}
+        self.max_tokens = max_tokens
+        self.max_n = min(max_n, rows)
+        self.rows = rows
+        # the classifiers' calls, one at a time (a GPT's run in its decoder's thread)
+        self.lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(max_active)
         self.tokens_generated = 0  # every request's, for the tests and the load benchmark
         for out_dir in out_dirs:
             name = os.path.basename(os.path.abspath(out_dir))
             if name in self.models:
                 raise Error(f"two checkpoints named {name!r}: serve folders with different names")
-            self.models[name] = self.load(out_dir, dtype)
+            self.models[name] = self.load(out_dir, weights)
 
-    def load(self, out_dir, dtype):
+    def load(self, out_dir, weights):
         """A checkpoint through sample.py's load (a GPT) or classify.py's (a classifier),
         by its config.json."""
         architecture = read_json(os.path.join(out_dir, "config.json"), "checkpoint config").get(
@@ -135,9 +147,9 @@ class Playground:
                 task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len
             )
         model, tokenizer, _ = sample.load(out_dir, self.device)
-        return dict(
-            task="lm", model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, self.device)
-        )
+        model = for_decoding(model, self.device, weights)
+        decoder = Decoder(Engine(model, self.rows))
+        return dict(task="lm", model=model, tokenizer=tokenizer, decoder=decoder)
 
     def describe(self):
         """GET /v1/models: OpenAI's list, each entry with what the page needs to draw it."""
@@ -224,23 +236,19 @@ class Playground:
                 f"prompt is {len(prompt)} tokens, past this model's block_size {block_size}",
                 "prompt",
             )
-        try:  # a generator of the request's own: interleaved requests draw as each would alone
-            generator = torch.Generator().manual_seed(
-                secrets.randbits(63) if req["seed"] is None else req["seed"]
-            )
-        except (RuntimeError, ValueError, OverflowError) as e:  # past the 64 bits a generator takes
-            raise RequestError(400, f"seed: {e}", "seed") from None
+        seed = secrets.randbits(63) if req["seed"] is None else req["seed"]
         names = [option.name for option in dataclasses.fields(decoding.Options)]
         try:
             options = decoding.Options(**{name: req[name] for name in names})
         except Error as e:  # its messages begin with the option's name
             raise RequestError(400, str(e), str(e).split()[0]) from None
-        pick = decoding.NextToken(options, generator=generator)
-        trace = []
+        try:  # generators of the request's own: a choice draws as it would alone
+            picks = sample.make_picks(options, False, seed, req["n"], tokenizer.vocab_size)
+        except (RuntimeError, ValueError, OverflowError) as e:  # past the 64 bits a generator takes
+            raise RequestError(400, f"seed: {e}", "seed") from None
+        traces = [[] for _ in picks]
         if req["trace"]:
-            pick = traced(pick, req["trace"], tokenizer, trace)
-        prompts = [prompt] * req["n"]
-        steps = sample.continuations(m["model"], tokenizer, prompts, pick, req["max_tokens"], stops)
+            picks = [traced(pick, req["trace"], tokenizer, t) for pick, t in zip(picks, traces)]
         head = {
             "id": f"cmpl-{secrets.token_hex(12)}",
             "object": "text_completion",
@@ -248,43 +256,50 @@ class Playground:
             "model": name,
         }
         counts = [0] * req["n"]
-        events = self.events(steps, counts, stops, trace, autocast(self.device, m["dtype"]))
+        decoder = m["decoder"]
+        request = decoder.submit(prompt, picks, req["max_tokens"])
+        events = self.events(decoder, request, tokenizer, stops, counts, traces)
         return dict(req=req, head=head, prompt_tokens=len(prompt), counts=counts, events=events)
 
-    def events(self, steps, counts, stops, trace, ctx):
-        """Per decoding step (its model call under the lock), what each choice adds: (its index, its
-        printable new text: never half a character nor a tail that may start a stop string, its
-        finish reason once it ends: "stop", or "length" at max_tokens, the trace of its new token
-        or None)."""
-        n = len(counts)
-        shown, finished = [0] * n, [False] * n
-        while True:
-            try:
-                with self.lock, ctx:
-                    item = next(steps, None)
-                    self.tokens_generated += 0 if item is None else finished.count(False)
-            except Error as e:  # no token left to draw: its message begins with the option to blame
-                raise RequestError(400, str(e), str(e).split()[0]) from None
-            if item is None:
-                break
-            texts, done, _ = item
-            events = []
-            for i in range(n):
-                if finished[i]:
-                    continue
-                counts[i] += 1
-                out = texts[i] if done[i] else sample.printable(texts[i], stops)
-                events.append(
-                    (
-                        i,
-                        out[shown[i] :],
-                        "stop" if done[i] else None,
-                        trace[-1][i] if trace else None,
-                    )
-                )
-                shown[i], finished[i] = max(shown[i], len(out)), done[i]
-            yield events
-        yield [(i, texts[i][shown[i] :], "length", None) for i in range(n) if not finished[i]]
+    def events(self, decoder, request, tokenizer, stops, counts, traces):
+        """Per generated token of each choice, what it adds: (its index, its printable new text:
+        never half a character nor a tail that may start a stop string, its finish reason once
+        it ends: "stop", or "length" at max_tokens, the trace of its new token or None). The
+        request's rows stop decoding when this generator is closed (the client gone)."""
+        n = len(request.rows)
+        shown = [0] * n
+        finished = [False] * n
+        texts = [""] * n
+        try:
+            for _ in decoder.progress(request):
+                events = []
+                for i, row in enumerate(request.rows):
+                    generated = row.generated
+                    while not finished[i] and counts[i] < len(generated):
+                        counts[i] += 1
+                        self.tokens_generated += 1
+                        texts[i] = tokenizer.decode(generated[: counts[i]])
+                        cut = sample.first_stop(texts[i], stops)
+                        if cut >= 0:
+                            texts[i] = texts[i][:cut]
+                            finished[i] = True
+                            row.finish()
+                        out = texts[i] if finished[i] else sample.printable(texts[i], stops)
+                        trace = traces[i][counts[i] - 1] if traces[i] else None
+                        reason = "stop" if finished[i] else None
+                        events.append((i, out[shown[i] :], reason, trace))
+                        shown[i] = max(shown[i], len(out))
+                yield events
+                for row in request.rows:
+                    if row.error:  # no token left to draw: the message names the option
+                        raise RequestError(400, row.error, row.error.split()[0])
+        finally:
+            request.finish()
+        ends = []
+        for i in range(n):
+            if not finished[i]:
+                ends.append((i, texts[i][shown[i] :], "length", None))
+        yield ends
 
     # ------------------------------------------------------------------------------------- classify
     def classify(self, body):
@@ -342,33 +357,67 @@ class Playground:
 
 
 def traced(pick, top, tokenizer, trace):
-    """pick, recording every step in trace: per row, the drawn token and the top candidates (token,
-    id, probability) of the raw logits and after each filter that runs."""
+    """pick, recording each token it draws in trace: the token and the top candidates (token, id,
+    probability) of the raw logits and after each filter that runs."""
 
     def next_token(logits, context):
         token = pick(logits, context)
-        stages = list(pick.stages(logits, context))
-        rows = []
-        for i, t in enumerate(token.tolist()):
-            entry = {"id": t, "token": tokenizer.decode([t]), "stages": []}
-            for name, x in stages:
-                p = torch.softmax(x[i].float(), -1)
-                values, ids = p.topk(min(top, p.numel()))
-                entry["stages"].append(
-                    {
-                        "name": name,
-                        "chosen": round(p[t].item(), 6),
-                        "top": [
-                            [tokenizer.decode([j]), j, round(v, 6)]
-                            for v, j in zip(values.tolist(), ids.tolist())
-                        ],
-                    }
-                )
-            rows.append(entry)
-        trace.append(rows)
+        t = int(token)
+        entry = {"id": t, "token": tokenizer.decode([t]), "stages": []}
+        for name, x in pick.stages(logits, context):
+            p = torch.softmax(x[0].float(), -1)
+            values, ids = p.topk(min(top, p.numel()))
+            top_tokens = []
+            for v, j in zip(values.tolist(), ids.tolist()):
+                top_tokens.append([tokenizer.decode([j]), j, round(v, 6)])
+            stage = {"name": name, "chosen": round(p[t].item(), 6), "top": top_tokens}
+            entry["stages"].append(stage)
+        trace.append(entry)
         return token
 
     return next_token
+
+
+class Decoder:
+    """A GPT's Engine, stepped by a thread of its own while it has work: every request's rows share
+    each model step (continuous batching), and a request's consumer wakes after each step."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.changed = threading.Condition()
+        self.steps = 0
+        threading.Thread(target=self.run, daemon=True, name="decoder").start()
+
+    def submit(self, prompt, picks, max_new_tokens):
+        with self.changed:
+            request = self.engine.submit(prompt, picks, max_new_tokens)
+            self.changed.notify_all()
+        return request
+
+    def run(self):
+        while True:
+            with self.changed:
+                while not self.engine.busy():
+                    self.changed.wait()
+                try:
+                    self.engine.step()
+                except Exception as e:  # a bug: every request in flight ends with it
+                    traceback.print_exc()
+                    self.engine.fail(f"{type(e).__name__}: {e}")
+                self.steps += 1
+                self.changed.notify_all()
+
+    def progress(self, request):
+        """Yields after each step of the engine, until request is done."""
+        seen = 0
+        while True:
+            with self.changed:
+                while self.steps == seen and not request.done:
+                    self.changed.wait()
+                seen = self.steps
+            yield
+            if request.done:
+                return
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -461,6 +510,7 @@ class Handler(BaseHTTPRequestHandler):
                     choices[i]["finish_reason"] = finish or choices[i]["finish_reason"]
                     if trace:
                         choices[i].setdefault("trace", []).append(trace)
+
             generated = sum(job["counts"])
             usage = {
                 "prompt_tokens": job["prompt_tokens"],
@@ -544,10 +594,17 @@ def main(argv=None):
         help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu",
     )
     p.add_argument(
-        "--dtype",
+        "--weights",
         default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="a GPT's autocast dtype, as sample.py's (default: %(default)s)",
+        choices=WEIGHTS,
+        help="the format a GPT's weights decode in, as sample.py's (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_rows",
+        type=at_least(1),
+        default=MAX_ROWS,
+        help="a GPT's KV cache rows: the most choices decoding at once, in one batch; more wait "
+        "their turn (default: %(default)s)",
     )
     p.add_argument(
         "--max_tokens",
@@ -562,7 +619,7 @@ def main(argv=None):
         help="the most completions a request may ask for (default: %(default)s)",
     )
     a = p.parse_args(argv)
-    playground = Playground(a.out_dir, a.device, a.dtype, a.max_tokens, a.max_n)
+    playground = Playground(a.out_dir, a.device, a.weights, a.max_tokens, a.max_n, rows=a.max_rows)
     server = make_server(playground, a.host, a.port)
     for name, m in playground.models.items():
         print(

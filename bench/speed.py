@@ -44,6 +44,8 @@ from tqdm import tqdm
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from decoding import NextToken, Options
+from engine import generate
 from lib.batches import read_meta
 from lib.common import (
     ArgumentParser,
@@ -93,9 +95,9 @@ class LoopAttention(nn.Module):
     def fused_copy(self):
         """A model.MultiHeadAttention with these weights: head i's Q, K, V are rows i*d/h... of each
         third of qkv."""
-        mha = MultiHeadAttention(GPTConfig(n_embd=self.d, n_head=self.h, bias=self.bias)).to(
-            self.o.weight.device
-        )
+        config = GPTConfig(n_embd=self.d, n_head=self.h, bias=self.bias)
+        # bidirectional, as the loop
+        mha = MultiHeadAttention(config, causal=False).to(self.o.weight.device)
         with torch.no_grad():
             for name in ("weight", "bias") if self.bias else ("weight",):
                 getattr(mha.qkv, name).copy_(
@@ -342,10 +344,10 @@ def bench_generate(device, new_tokens, use_cache, repeats):
         .to(device)
         .eval()
     )
-    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
+    greedy = NextToken(Options(), greedy=True)
 
     def run(n):
-        for _ in model.generate(idx, n, use_cache=use_cache):
+        for _ in generate(model, [[0]], n, [greedy], use_cache):
             pass
 
     r = timed(lambda: run(new_tokens), repeats, device, warm_fn=lambda: run(min(new_tokens, 20)))

@@ -51,13 +51,14 @@ def test_no_projections_symmetric_scores_asymmetric_weights():
 
 def test_permutation_equivariance_and_causal_breaks_it():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(GPTConfig(n_embd=8, n_head=2)).eval()
+    mha = MultiHeadAttention(GPTConfig(n_embd=8, n_head=2), causal=False).eval()
     x, perm = torch.randn(1, 5, 8), torch.tensor([3, 0, 4, 1, 2])
     y, _ = mha(x)
     y_perm, _ = mha(x[:, perm])
     assert torch.allclose(y_perm, y[:, perm], atol=1e-6)
-    y, _ = mha(x, causal=True)
-    y_perm, _ = mha(x[:, perm], causal=True)
+    mha.causal = True  # the same weights, a decoder's attention
+    y, _ = mha(x)
+    y_perm, _ = mha(x[:, perm])
     assert not torch.allclose(y_perm, y[:, perm], atol=1e-3)
 
 
@@ -89,7 +90,7 @@ def test_sqrt_dk_simulation():
 def test_parameter_count_is_4d2_for_any_h(d, h):
     n = sum(
         p.numel()
-        for p in MultiHeadAttention(GPTConfig(n_embd=d, n_head=h, bias=False)).parameters()
+        for p in MultiHeadAttention(GPTConfig(n_embd=d, n_head=h, bias=False), True).parameters()
     )
     assert n == 4 * d * d
     if d == 32:
@@ -100,14 +101,16 @@ def test_parameter_count_is_4d2_for_any_h(d, h):
 @pytest.mark.parametrize("padded", [False, True])
 def test_fused_and_explicit_paths_agree(causal, padded):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(GPTConfig(n_embd=32, n_head=4)).eval()
+    mha = MultiHeadAttention(GPTConfig(n_embd=32, n_head=4), causal).eval()
     x = torch.randn(3, 7, 32)
     mask = None
     if padded:  # row 0 real throughout, rows 1-2 end in padding
         attention_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])
         mask = attention_mask.bool()[:, None, None, :]
-    fused, none = mha(x, mask, causal)
-    explicit, weights = mha(x, mask, causal, need_weights=True)
+        if causal:  # a mask given is the whole mask: the triangle joins it
+            mask = mask & torch.ones(7, 7, dtype=torch.bool).tril()
+    fused, none = mha(x, mask)
+    explicit, weights = mha(x, mask, need_weights=True)
     assert none is None and weights.shape == (3, 4, 7, 7)
     assert torch.allclose(fused, explicit, atol=1e-5)
     assert torch.allclose(weights.sum(-1), torch.ones(3, 4, 7), atol=1e-6)

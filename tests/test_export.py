@@ -9,6 +9,8 @@ import pytest
 import torch
 from conftest import needs_shared
 
+from decoding import NextToken, Options
+from engine import generate
 from export import export
 from lib.common import Error
 from model import GPT, GPTConfig
@@ -74,7 +76,8 @@ def test_bpe_tokenizer_files_and_the_pipeline(tmp_path):
     ]:
         assert tokenizer.encode(text) == enc.encode_ordinary(text), text
     prompt = enc.encode_ordinary("ROMEO: what")
-    greedy = [t.item() for t in ours.generate(torch.tensor([prompt]), 8)]
+    pick = NextToken(Options(), greedy=True)
+    greedy = [step[0] for step in generate(ours, [prompt], 8, [pick])]
     pipe = transformers.pipeline("text-generation", model=str(tmp_path / "hf"))
     out = pipe("ROMEO: what", max_new_tokens=8, do_sample=False)[0]["generated_text"]
     assert out == "ROMEO: what" + enc.decode(greedy)

@@ -275,8 +275,8 @@ BAD_INPUTS = [
     ("sample.py", ["--out_dir={d}/gpt", "--start=xyz"], "not in this model's vocabulary"),
     (
         "sample.py",
-        ["--out_dir={d}/gpt", "--dtype=float16", "--device=cpu"],
-        "dtype=float16 needs a CUDA GPU",
+        ["--out_dir={d}/gpt", "--weights=float16"],
+        "argument --weights: invalid choice: 'float16'",
     ),
     ("sample.py", ["--init_from=gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
     ("sample.py", ["--out_dir={d}/gpt", "--bogus"], "unrecognized arguments: --bogus"),

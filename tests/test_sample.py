@@ -10,6 +10,8 @@ import pytest
 import torch
 from conftest import ROOT, needs_shared
 
+from decoding import NextToken, Options
+from engine import generate
 from lib.common import run_script
 from model import GPT, GPTConfig, from_checkpoint
 from sample import SEPARATOR, main, printable
@@ -65,12 +67,12 @@ def char_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def greedy_text(char_model):
     """'ROMEO:' + 26 greedy tokens (32 = block_size: cached and uncached forwards see the same
-    tokens), decoded here with GPT.generate, independently of sample.py."""
+    tokens), decoded here with engine.generate, independently of sample.py."""
     model, info = from_checkpoint(char_model)
-    prompt = torch.tensor([[CHARS.index(c) for c in "ROMEO:"]])
-    return "ROMEO:" + "".join(
-        CHARS[t] for t in torch.cat(list(model.generate(prompt, 26))).tolist()
-    )
+    prompt = [CHARS.index(c) for c in "ROMEO:"]
+    greedy = NextToken(Options(), greedy=True)
+    tokens = [step[0] for step in generate(model, [prompt], 26, [greedy])]
+    return "ROMEO:" + "".join(CHARS[t] for t in tokens)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,7 @@ def runs(char_model, greedy_text, tmp_path_factory):
         9:11
     ]  # two characters greedy decoding is known to produce, the 4th and 5th generated
     batch = ["--start", "ROMEO:", "--num_samples", "3", "--max_new_tokens", "20", "--seed", "7"]
-    # greedy text compared with GPT.generate's in float32: dtype=auto would be bfloat16 on CPUs that
-    # have it, and bfloat16 hidden states can turn a close call between two tokens the other way
+    # greedy text compared with engine.generate's in float32 weights
     greedy = [
         "--start",
         "ROMEO:",
@@ -92,7 +93,7 @@ def runs(char_model, greedy_text, tmp_path_factory):
         "--max_new_tokens",
         "26",
         "--greedy",
-        "--dtype",
+        "--weights",
         "float32",
     ]
     commands = {
@@ -135,7 +136,7 @@ def test_stdout_holds_only_the_samples_and_stream_does_not_change_it(runs):
 def test_greedy_is_identical_with_and_without_the_kv_cache(runs, greedy_text):
     (rc, out, _), (rc2, out2, err2) = runs["greedy"], runs["greedy_no_cache"]
     assert rc == rc2 == 0 and out == out2 and "no KV cache" in err2
-    assert split(out) == [greedy_text, greedy_text]  # both rows, and what GPT.generate gives
+    assert split(out) == [greedy_text, greedy_text]  # both rows, and what engine.generate gives
 
 
 def test_stop_cuts_the_sample_and_ends_generation(runs, greedy_text):
@@ -185,7 +186,7 @@ def test_errors_are_one_line_and_fail(runs):
         ),
         (["--start", "FILE:nope.txt"], "--start FILE:nope.txt: No such file or directory"),
         (["--device", "gpu"], "--device gpu: Expected one of"),
-        (["--dtype", "float16", "--device", "cpu"], "dtype=float16 needs a CUDA GPU"),
+        (["--weights", "float16"], "argument --weights: invalid choice: 'float16'"),
         (["--init_from", "gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
     ],
 )

@@ -169,7 +169,7 @@ def test_completions_are_sample_py_samples(server, checkpoints, options):
         "--max_new_tokens=40",
         "--seed=7",
         "--device=cpu",
-        "--dtype=float32",
+        "--weights=float32",
         *flags,
     )
     samples = [s.removeprefix("abc") for s in out[:-1].split(f"\n{'-' * 40}\n")]

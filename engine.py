@@ -1,0 +1,334 @@
+"""
+The generation engine: every GPT decode of the project (sample.py, the playground, the tests) runs
+here. One KVCache of `rows` slots; requests join a running batch at a step boundary (their prompt
+prefilled once and copied to each of their rows, as nanochat's engine does), every active row then
+takes one token a step in one batched forward (continuous batching, as vLLM's), and a row that
+finishes frees its slot. Each row keeps its own decoding (its pick, with its own generator), so
+its tokens never depend on what else is in the batch.
+  engine = Engine(model, rows=8)
+  request = engine.submit(prompt, picks, max_new_tokens=100)    one row per pick
+  while engine.busy(): engine.step()                            request.rows[i].tokens grow
+The window past block_size is the model's rule: once a row's context would pass it, it restarts
+from the last block_size // 2 tokens (positions are absolute, so a full cache cannot slide); the
+uncached path (use_cache=False, for comparison) runs each row's whole window every step instead.
+"""
+
+import time
+from collections import deque
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+from lib.common import Error, sync
+from model import VARYING_LENGTHS, KVCache
+
+WEIGHTS = ("auto", "float32", "bfloat16", "int8")
+
+
+class Row:
+    """One sequence: its tokens (prompt, then what was generated), how it picks the next token,
+    how many more it may make, its slot in the cache, and with logprobs the chosen tokens'
+    log-probabilities (and the top `logprobs` alternatives when > 0)."""
+
+    def __init__(self, prompt, pick, max_new_tokens, block_size, logprobs=None):
+        self.tokens = list(prompt)
+        self.prompt_length = len(prompt)
+        self.pick = pick
+        self.remaining = max_new_tokens
+        self.start = max(0, len(prompt) - block_size)  # the window: tokens[start:]
+        self.slot = None
+        self.done = max_new_tokens == 0
+        self.logprobs = logprobs
+        self.token_logprobs = []
+        self.top_logprobs = []
+        self.error = None  # why its decoding stopped short (decoding's Error), or None
+
+    @property
+    def generated(self):
+        return self.tokens[self.prompt_length :]
+
+    def finish(self):
+        """Stop at the next step boundary (the consumer saw a stop string, or left)."""
+        self.done = True
+
+
+class Request:
+    """The rows of one prompt, submitted together and prefilled once."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.submitted = time.perf_counter()
+        self.first_token = None  # when its first tokens came: time to first token
+
+    @property
+    def done(self):
+        return all(row.done for row in self.rows)
+
+    def finish(self):
+        for row in self.rows:
+            row.finish()
+
+
+class Engine:
+    """Continuous batching over one KVCache of `rows` slots (see the module's docstring)."""
+
+    def __init__(self, model, rows, use_cache=True):
+        self.model = model
+        self.block_size = model.config.block_size
+        self.use_cache = use_cache
+        weight = model.wte.weight
+        self.device = weight.device
+        self.cache = KVCache(model.config, rows, self.block_size, self.device, weight.dtype)
+        self.free = list(range(rows))
+        self.waiting = deque()
+        self.active = []
+
+    def submit(self, prompt, picks, max_new_tokens, logprobs=None):
+        """A Request of one row per pick, decoded from the next step on; prompt: token ids."""
+        if not prompt:
+            raise Error("the prompt is empty: give at least one token (a start token)")
+        if len(picks) > len(self.cache.lengths):
+            raise Error(f"{len(picks)} rows asked of an engine of {len(self.cache.lengths)}")
+        rows = []
+        for pick in picks:
+            row = Row(prompt, pick, max_new_tokens, self.block_size, logprobs)
+            rows.append(row)
+        request = Request(rows)
+        self.waiting.append(request)
+        return request
+
+    def busy(self):
+        return bool(self.waiting or self.active)
+
+    @torch.no_grad()
+    def step(self):
+        """One token for every active row, the waiting requests that fit joining first; returns
+        the rows that took one."""
+        self.release()
+        joined = self.admit()
+        decoding = [row for row in self.active if row not in joined]
+        with sdpa_kernel(VARYING_LENGTHS):
+            if self.use_cache:
+                self.decode(decoding)
+            else:
+                for row in decoding:
+                    self.take(row, self.window_logits(row))
+        self.release()
+        return joined + decoding
+
+    def admit(self):
+        """Requests join while their rows fit in the free slots: the prompt's window prefilled
+        once into the first row's slot, copied to the others, each row's first token picked."""
+        joined = []
+        while self.waiting and len(self.waiting[0].rows) <= len(self.free):
+            request = self.waiting.popleft()
+            rows = [row for row in request.rows if not row.done]
+            if not rows:
+                continue
+            for row in rows:
+                row.slot = self.free.pop()
+            if self.use_cache:
+                logits = self.prefill(rows[0])
+                self.cache.copy(rows[0].slot, [row.slot for row in rows[1:]])
+            else:
+                logits = self.window_logits(rows[0])
+            for row in rows:
+                self.take(row, logits)
+            request.first_token = time.perf_counter()
+            self.active.extend(rows)
+            joined.extend(rows)
+        return joined
+
+    def prefill(self, row):
+        """The row's window into its slot, afresh -> the logits [1, vocab] after it."""
+        self.cache.reset(row.slot)
+        window = row.tokens[row.start :]
+        idx = torch.tensor([window], device=self.device)
+        step = self.cache.step([row.slot], len(window))
+        logits, _ = self.model(idx, cache=step, logits_to_keep=1)
+        return logits[:, -1]
+
+    def window_logits(self, row):
+        """The uncached path: the row's whole window through the model -> logits [1, vocab]."""
+        self.slide(row)
+        idx = torch.tensor([row.tokens[row.start :]], device=self.device)
+        logits, _ = self.model(idx, logits_to_keep=1)
+        return logits[:, -1]
+
+    def decode(self, rows):
+        """Each row's last token through the model in one forward (a row whose window is full
+        restarts it with a prefill of its own), and each row's next token picked."""
+        batched = []
+        for row in rows:
+            if self.slide(row):
+                self.take(row, self.prefill(row))
+            else:
+                batched.append(row)
+        if not batched:
+            return
+        idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)
+        step = self.cache.step([row.slot for row in batched], 1)
+        logits, _ = self.model(idx, cache=step, logits_to_keep=1)
+        for i, row in enumerate(batched):
+            self.take(row, logits[i : i + 1, -1])
+
+    def slide(self, row):
+        """Whether the row's window must restart: its last token would take it past
+        block_size, so it becomes the last block_size // 2 tokens."""
+        if len(row.tokens) - row.start <= self.block_size:
+            return False
+        row.start = len(row.tokens) - max(1, self.block_size // 2)
+        return True
+
+    def take(self, row, logits):
+        """The row's next token from its logits [1, vocab], picked with its whole context."""
+        context = torch.tensor([row.tokens], device=self.device)
+        try:
+            token = row.pick(logits, context)
+        except Error as e:  # no token left to draw: this row's options, not the others'
+            row.error = str(e)
+            row.done = True
+            return
+        if row.logprobs is not None:
+            record_logprobs(row, logits[0].float(), int(token))
+        row.tokens.append(int(token))
+        row.remaining -= 1
+        if row.remaining == 0:
+            row.done = True
+
+    def fail(self, message):
+        """Every row in the engine ends with message as its error (a bug in a step)."""
+        for request in self.waiting:
+            for row in request.rows:
+                row.error = message
+                row.done = True
+        self.waiting.clear()
+        for row in self.active:
+            row.error = message
+            row.done = True
+        self.release()
+
+    def release(self):
+        """The slots of rows that are done go back to the free list."""
+        for row in [row for row in self.active if row.done]:
+            self.active.remove(row)
+            self.free.append(row.slot)
+
+
+def record_logprobs(row, logits, token):
+    """The chosen token's log-probability under the model (the raw logits, before any decoding
+    option) and, with logprobs > 0, the most likely alternatives as [(token, log-probability)]."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    row.token_logprobs.append(logprobs[token].item())
+    if row.logprobs:
+        values, ids = logprobs.topk(row.logprobs)
+        row.top_logprobs.append(list(zip(ids.tolist(), values.tolist())))
+
+
+def generate(model, prompts, max_new_tokens, picks, use_cache=True):
+    """Decode rows of prompts (token id lists) together, one engine request per distinct prompt
+    run: yields each step's tokens, [len(prompts)] (-1 once a row is done). picks: one per row."""
+    engine = Engine(model, len(prompts), use_cache)
+    requests = [
+        engine.submit(prompt, [pick], max_new_tokens) for prompt, pick in zip(prompts, picks)
+    ]
+    rows = [request.rows[0] for request in requests]
+    while engine.busy():
+        stepped = set(map(id, engine.step()))
+        yield [row.tokens[-1] if id(row) in stepped else -1 for row in rows]
+
+
+# ---------------------------------------------------------------------------- the weights' format
+
+
+def for_decoding(model, device, weights="auto"):
+    """The model in eval mode on device, its weights stored once in the format that decodes
+    fastest there: auto is bfloat16 on GPUs that have it (the head kept in float32, for float32
+    logits) and float32 elsewhere, each matrix laid out as the device's matrix-vector product
+    runs fastest; int8 (weight-only, per-output-channel scales) where asked."""
+    if weights not in WEIGHTS:
+        raise Error(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    model = model.to(device).eval()
+    weights = resolve_weights(weights, device)
+    if weights == "bfloat16":
+        head = model.lm_head.weight.detach().float()
+        model = model.to(torch.bfloat16)
+        model.lm_head.weight = nn.Parameter(head, requires_grad=False)
+    if weights == "int8":
+        quantize(model)
+    if weights == "float32" and transposed_is_faster(device):
+        transpose_storage(model)
+    return model
+
+
+def resolve_weights(weights, device):
+    """auto -> bfloat16 on GPUs that multiply it natively, float32 elsewhere (BENCHMARKS.md: on
+    CPUs float32 decodes faster than bfloat16); an explicit format as it is."""
+    if weights != "auto":
+        return weights
+    kind = torch.device(device).type
+    native = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    return "bfloat16" if native else "float32"
+
+
+def transposed_is_faster(device, d=768, repeats=20):
+    """Whether a batch-1 product x @ W.T runs faster with W stored transposed (MKL's gemv on
+    some CPUs reads [out, in] rows at half the speed of [in, out] ones): timed here, once."""
+    w = torch.randn(4 * d, d, device=device)
+    x = torch.randn(1, d, device=device)
+    w_transposed = w.t().contiguous().t()
+    return seconds(F.linear, x, w_transposed, repeats) < 0.9 * seconds(F.linear, x, w, repeats)
+
+
+def seconds(f, x, w, repeats):
+    """The best time of f(x, w) over repeats calls."""
+    best = float("inf")
+    for _ in range(repeats):
+        sync(x.device)
+        t0 = time.perf_counter()
+        f(x, w)
+        sync(x.device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def transpose_storage(model):
+    """Every Linear's weight kept as the same [out, in] tensor, stored [in, out] in memory."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.weight.data = module.weight.data.t().contiguous().t()
+
+
+class Int8Linear(nn.Module):
+    """A Linear with int8 weights and one bfloat16 scale per output channel (weight-only, as
+    gpt-fast's int8): activations in bfloat16 through torch's int8-weight kernel, the output in
+    the input's dtype."""
+
+    def __init__(self, linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127
+        quantized = torch.round(weight / scales[:, None]).clamp(-128, 127)
+        self.register_buffer("weight_int8", quantized.to(torch.int8))
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        self.bias = linear.bias
+        self.out_features = linear.out_features
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1)).to(torch.bfloat16)
+        y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)
+        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+def quantize(model):
+    """Every Linear of the blocks and the head replaced by an Int8Linear."""
+    for block in model.blocks:
+        attn = block.attn
+        attn.qkv = Int8Linear(attn.qkv)
+        attn.proj = Int8Linear(attn.proj)
+        block.mlp.fc = Int8Linear(block.mlp.fc)
+        block.mlp.proj = Int8Linear(block.mlp.proj)
+    model.lm_head = Int8Linear(model.lm_head)

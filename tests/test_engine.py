@@ -1,0 +1,272 @@
+"""The generation engine: the KV cache against full forwards, rows at their own positions in one
+batch, the window past block_size, the cached path against the uncached one for every decoding
+option, requests joining and leaving a running batch, one prefill for n samples, log-probabilities,
+and the weight formats."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from decoding import NextToken, Options
+from engine import Engine, Int8Linear, for_decoding, generate, transpose_storage
+from model import GPT, GPTConfig, KVCache
+
+TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+MODERN = dict(rope=True, qk_norm=True)
+# the defaults, and every option on
+OPTIONS = pytest.mark.parametrize("options", [{}, MODERN], ids=["gpt2", "modern"])
+# Every decoding option on its own and all together, each sampled (the seeded draws must match)
+DECODING = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=5),
+    dict(top_p=0.8),
+    dict(frequency_penalty=0.5, presence_penalty=0.3),
+    dict(repetition_penalty=1.5),
+    dict(no_repeat_ngram_size=2),
+    dict(temperature=0.9, top_k=10, top_p=0.9, frequency_penalty=0.2, repetition_penalty=1.2),
+]
+# Float32 logits of one row computed in a batch of other rows, against alone: the same sums in
+# another blocking order. Each logit sums d = 16 products per matmul through two layers and the
+# head; the weights are N(0, 0.3), so the terms are O(1) and a reordered sum of 16 moves by a few
+# float32 ulps of its magnitude (2^-23 ~ 1.2e-7 relative): 1e-5 is two orders above what a
+# reordering can do, and far below the 0.1-sized gaps a leak across rows would open.
+ATOL = 1e-5
+
+
+def tiny_gpt(**kw):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY, **kw}))
+    with torch.no_grad():  # larger than the init's 0.02: a leak through the cache shows
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def picks(options, seeds):
+    """One NextToken per seed, each with its own generator."""
+    made = []
+    for seed in seeds:
+        generator = torch.Generator().manual_seed(seed)
+        made.append(NextToken(Options(**options), generator=generator))
+    return made
+
+
+def greedy():
+    return NextToken(Options(), greedy=True)
+
+
+def lone(model, prompt, pick, n, use_cache=True):
+    """The tokens one row gets alone in an engine of one row."""
+    return [step[0] for step in generate(model, [prompt], n, [pick], use_cache)]
+
+
+@OPTIONS
+def test_cache_steps_give_the_full_forwards_logits(options):
+    model = tiny_gpt(**options)
+    idx = torch.randint(0, 50, (3, 10))
+    full, _ = model(idx)
+    cache = KVCache(model.config, 3, 16, "cpu")
+    prefill, _ = model(idx[:, :4], cache=cache.step([0, 1, 2], 4))
+    steps = [prefill]
+    for t in range(4, 10):
+        logits, _ = model(idx[:, t : t + 1], cache=cache.step([0, 1, 2], 1))
+        steps.append(logits)
+    assert torch.allclose(torch.cat(steps, 1), full, atol=ATOL)
+    assert cache.lengths == [10, 10, 10]
+
+
+@OPTIONS
+def test_rows_at_different_lengths_get_the_logits_they_get_alone(options):
+    """Three rows prefilled to lengths 3, 7 and 5 in slots 2, 0 and 1, then one batched step:
+    each row's logits equal a full forward of its own tokens, positions and rotary per row."""
+    model = tiny_gpt(**options)
+    cache = KVCache(model.config, 3, 16, "cpu")
+    rows = {2: torch.randint(0, 50, (1, 4)), 0: torch.randint(0, 50, (1, 8))}
+    rows[1] = torch.randint(0, 50, (1, 6))
+    for slot, tokens in rows.items():
+        model(tokens[:, :-1], cache=cache.step([slot], tokens.size(1) - 1))
+    order = [2, 0, 1]
+    last = torch.cat([rows[slot][:, -1:] for slot in order])
+    batched, _ = model(last, cache=cache.step(order, 1), logits_to_keep=1)
+    for i, slot in enumerate(order):
+        alone, _ = model(rows[slot])
+        assert torch.allclose(batched[i, -1], alone[0, -1], atol=ATOL), slot
+
+
+@OPTIONS
+def test_greedy_tokens_are_the_same_with_and_without_the_cache(options):
+    model = tiny_gpt(**options)
+    prompt = torch.randint(0, 50, (5,)).tolist()
+    assert lone(model, prompt, greedy(), 40) == lone(model, prompt, greedy(), 40, use_cache=False)
+
+
+def test_past_block_size_each_step_sees_the_window_it_keeps():
+    """Past block_size the window restarts from the last block_size // 2 tokens; each step's
+    logits equal a full forward over exactly the tokens the window holds."""
+    model = tiny_gpt()
+    seen = []
+
+    def record(logits, context):
+        seen.append((logits, context.clone()))
+        return logits.argmax(-1)
+
+    lone(model, torch.randint(0, 50, (5,)).tolist(), record, 30)
+    window = None
+    for step, (logits, context) in enumerate(seen):
+        n = context.size(1)
+        # refilled with the last 8, then grows
+        window = n if n <= 16 else 8 if window == 16 else window + 1
+        expected, _ = model(context[:, -window:])
+        assert torch.allclose(logits, expected[:, -1], atol=ATOL), step
+
+
+@OPTIONS
+@pytest.mark.parametrize("decoding", DECODING, ids=lambda d: ",".join(d))
+def test_every_decoding_option_is_the_same_with_and_without_the_cache(options, decoding):
+    """60 tokens of a 16-token block: several restarts of the window, seeded draws token for
+    token."""
+    model = tiny_gpt(**options)
+    prompt = torch.randint(0, 50, (3,)).tolist()
+    cached = lone(model, prompt, picks(decoding, [7])[0], 60)
+    uncached = lone(model, prompt, picks(decoding, [7])[0], 60, use_cache=False)
+    assert cached == uncached
+
+
+def test_requests_joining_and_leaving_a_running_batch_get_their_lone_answers():
+    """Four requests of different prompts, lengths, options and seeds, in an engine of 3 rows:
+    the fourth waits for a slot, two join mid-way, one leaves early; each row's tokens equal what
+    it gets alone."""
+    model = tiny_gpt(**MODERN)
+    specs = [
+        ([1, 2, 3], dict(temperature=1.0), 11, 20),
+        ([4, 5, 6, 7, 8, 9, 10], dict(top_k=5), 12, 9),
+        ([11], dict(), 13, 25),
+        ([12, 13], dict(top_p=0.9, repetition_penalty=1.3), 14, 12),
+    ]
+    alone = []
+    for prompt, options, seed, n in specs:
+        alone.append(lone(model, prompt, picks(options, [seed])[0], n))
+    engine = Engine(model, rows=3)
+    requests = []
+    for step in range(60):
+        if step in (0, 3, 5):  # the second joins at step 3, the third and fourth at step 5
+            for prompt, options, seed, n in specs[len(requests) : len(requests) + 1 + (step == 5)]:
+                requests.append(engine.submit(prompt, picks(options, [seed]), n))
+        if not engine.busy():
+            break
+        engine.step()
+    assert not engine.busy() and len(requests) == 4
+    assert [request.rows[0].generated for request in requests] == alone
+
+
+def test_n_samples_from_one_prefill_equal_n_separate_runs():
+    model = tiny_gpt()
+    prompt = [5, 6, 7, 8]
+    options = dict(temperature=1.0, top_k=20)
+    engine = Engine(model, rows=4)
+    request = engine.submit(prompt, picks(options, [1, 2, 3, 4]), 30)
+    while engine.busy():
+        engine.step()
+    separate = [lone(model, prompt, picks(options, [seed])[0], 30) for seed in (1, 2, 3, 4)]
+    assert [row.generated for row in request.rows] == separate
+    assert len(set(map(tuple, separate))) == 4
+
+
+def test_a_finished_row_frees_its_slot_and_zero_tokens_is_no_row():
+    engine = Engine(tiny_gpt(), rows=2)
+    first = engine.submit([1, 2], [greedy(), greedy()], 3)
+    nothing = engine.submit([3], [greedy()], 0)
+    engine.step()
+    first.rows[1].finish()  # a consumer that stops early
+    engine.step()
+    assert engine.free == [first.rows[1].slot] and nothing.done
+    while engine.busy():
+        engine.step()
+    assert [len(row.generated) for row in first.rows] == [3, 1] and sorted(engine.free) == [0, 1]
+
+
+def test_a_row_whose_decoding_fails_ends_alone_with_its_error():
+    model = tiny_gpt()
+    engine = Engine(model, rows=2)
+    blocked = engine.submit([1, 1, 1], [NextToken(Options(no_repeat_ngram_size=1))], 60)
+    fine = engine.submit([1, 2, 3], [greedy()], 60)
+    while engine.busy():
+        engine.step()
+    assert "no_repeat_ngram_size blocks every token" in blocked.rows[0].error
+    assert fine.rows[0].error is None and len(fine.rows[0].generated) == 60
+
+
+def test_logprobs_are_the_models_own():
+    """The chosen token's log-probability and the top alternatives are log_softmax of the raw
+    logits of a full forward over the tokens before it, whatever the decoding options."""
+    model = tiny_gpt()
+    engine = Engine(model, rows=1)
+    request = engine.submit([3, 4], picks(dict(temperature=2.0, top_k=4), [5]), 6, logprobs=3)
+    while engine.busy():
+        engine.step()
+    row = request.rows[0]
+    for i, token in enumerate(row.generated):
+        logits, _ = model(torch.tensor([row.tokens[: 2 + i]]))
+        expected = torch.log_softmax(logits[0, -1], -1)
+        assert row.token_logprobs[i] == pytest.approx(expected[token].item(), abs=ATOL)
+        values, ids = expected.topk(3)
+        assert [t for t, _ in row.top_logprobs[i]] == ids.tolist()
+
+
+def tied_top_two():
+    """A GPT whose every next-token logit is 0 but for token 3 (1.0) and token 5 (1.001): its final
+    norm (weight 0, bias e) sends every position to e, and the tied head's rows 3 and 5 point along
+    e. bfloat16 rounds both logits to 1.0 (its spacing there is 2^-7); float32 keeps token 5
+    ahead."""
+    model = GPT(GPTConfig(**{**TINY, "bias": True})).eval()
+    e = torch.zeros(16)
+    e[0] = 1.0
+    with torch.no_grad():
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.copy_(e)
+        model.wte.weight.zero_()
+        model.wte.weight[3] = e
+        model.wte.weight[5] = 1.001 * e
+    return model
+
+
+@pytest.mark.parametrize(
+    "pick",
+    [dict(greedy=True), dict(top_k=1), dict(temperature=0.0), dict(top_p=1e-6)],
+    ids=["greedy", "top_k=1", "temperature=0", "tiny top_p"],
+)
+def test_bfloat16_weights_decode_from_float32_logits(pick):
+    """With the body in bfloat16 the head stays float32: token 5 wins every step, whichever of
+    the rules that mean "the most likely token" picks it."""
+    model = for_decoding(tied_top_two(), "cpu", "bfloat16")
+    assert model.blocks[0].attn.qkv.weight.dtype == torch.bfloat16
+    greedy_pick = pick.pop("greedy", False)
+    next_token = NextToken(Options(**pick), greedy_pick, torch.Generator().manual_seed(0))
+    assert lone(model, [1, 2, 3], next_token, 20) == [5] * 20
+
+
+def test_transposed_storage_keeps_the_logits():
+    """The same [out, in] weights stored [in, out]: another kernel sums in another order."""
+    model = tiny_gpt()
+    idx = torch.randint(0, 50, (2, 9))
+    before, _ = model(idx)
+    transpose_storage(model)
+    assert not model.blocks[0].mlp.fc.weight.is_contiguous()
+    after, _ = model(idx)
+    assert torch.allclose(before, after, atol=ATOL)
+
+
+def test_int8_weights_stay_within_their_rounding():
+    """Per-channel int8: each weight moves by at most half a step, scale / 2 = max|w| / 254, so a
+    row's output moves by at most sum |x_j| max|w| / 254 (plus bfloat16's rounding of x and y,
+    2^-8 relative each)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32)
+    x = torch.randn(5, 64)
+    exact = linear(x)
+    bound = x.abs().sum(-1, keepdim=True) * linear.weight.abs().amax(1) / 254
+    bound = bound + 2 * 2**-8 * (x.abs() @ linear.weight.abs().t() + exact.abs())
+    assert ((Int8Linear(linear)(x) - exact).abs() <= bound).all()
+    model = for_decoding(tiny_gpt(), "cpu", "int8")
+    assert isinstance(model.lm_head, Int8Linear)
+    assert len(lone(model, [1, 2], greedy(), 20)) == 20
