@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from lib.common import Error, sync
+from lib.common import Error
 from model import VARYING_LENGTHS, KVCache
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
@@ -258,8 +258,8 @@ def for_decoding(model, device, weights="auto"):
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
     if weights == "int8":
         quantize(model)
-    if weights == "float32" and transposed_is_faster(device):
-        transpose_storage(model)
+    if weights == "float32" and torch.device(device).type == "cpu":
+        lay_out(model, fastest_product())
     return model
 
 
@@ -273,25 +273,34 @@ def resolve_weights(weights, device):
     return "bfloat16" if native else "float32"
 
 
-def transposed_is_faster(device, d=768, repeats=20):
-    """Whether a batch-1 product x @ W.T runs faster with W stored transposed (MKL's gemv on
-    some CPUs reads [out, in] rows at half the speed of [in, out] ones): timed here, once."""
-    w = torch.randn(4 * d, d, device=device)
-    x = torch.randn(1, d, device=device)
-    w_transposed = w.t().contiguous().t()
-    return seconds(F.linear, x, w_transposed, repeats) < 0.9 * seconds(F.linear, x, w, repeats)
+def fastest_product(d=768, matrices=16, repeats=3):
+    """How this CPU multiplies a vector by float32 weights fastest, timed over matrices too large
+    for its caches (as a model's are): "rows" (the [out, in] storage as trained) or "columns" (the
+    same weights stored [in, out]). MKL's gemv reads [out, in] rows at half the speed of [in, out]
+    ones on some CPUs (BENCHMARKS.md)."""
+    x = torch.ones(1, d)
+    rows = [torch.ones(4 * d, d) for _ in range(matrices)]
+    columns = [w.t().contiguous().t() for w in rows]  # the same [out, in], stored [in, out]
+    by_rows = best_time(x, rows, repeats)
+    by_columns = best_time(x, columns, repeats)
+    return "columns" if by_columns < by_rows else "rows"
 
 
-def seconds(f, x, w, repeats):
-    """The best time of f(x, w) over repeats calls."""
+def best_time(x, weights, repeats):
+    """The best time of F.linear(x, w) over every w of weights, of repeats passes."""
     best = float("inf")
     for _ in range(repeats):
-        sync(x.device)
         t0 = time.perf_counter()
-        f(x, w)
-        sync(x.device)
+        for w in weights:
+            F.linear(x, w)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def lay_out(model, product):
+    """The model's weights stored for product (one of fastest_product's answers)."""
+    if product == "columns":
+        transpose_storage(model)
 
 
 def transpose_storage(model):

@@ -245,15 +245,18 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
     assert lone(model, [1, 2, 3], next_token, 20) == [5] * 20
 
 
-def test_transposed_storage_keeps_the_logits():
-    """The same [out, in] weights stored [in, out]: another kernel sums in another order."""
+def test_weights_stored_transposed_keep_the_logits():
+    """The same [out, in] weights stored [in, out]: another kernel sums in another order, and the
+    head stays tied to the token table."""
     model = tiny_gpt()
     idx = torch.randint(0, 50, (2, 9))
     before, _ = model(idx)
     transpose_storage(model)
     assert not model.blocks[0].mlp.fc.weight.is_contiguous()
+    assert model.lm_head.weight is model.wte.weight
     after, _ = model(idx)
     assert torch.allclose(before, after, atol=ATOL)
+    assert lone(model, [1, 2], greedy(), 30) == lone(tiny_gpt(), [1, 2], greedy(), 30)
 
 
 def test_int8_weights_stay_within_their_rounding():

@@ -387,9 +387,12 @@ def test_a_bounded_load_answers_every_request_correctly_with_flat_memory(server)
     ]
     alone = [post(server, "/v1/completions", b)["choices"] for b in bodies]
     rounds = []
+    decoder = server[1].models["gpt"]["decoder"]
     with ThreadPoolExecutor(8) as pool:
         for _ in range(2):
             start = time.perf_counter()
+            steps = decoder.steps
+            tokens = server[1].tokens_generated
             answers = list(
                 pool.map(
                     lambda i: post(server, "/v1/completions", bodies[i % 20])["choices"], range(200)
@@ -397,6 +400,8 @@ def test_a_bounded_load_answers_every_request_correctly_with_flat_memory(server)
             )
             rounds.append((time.perf_counter() - start, rss_mb()))
             assert answers == [alone[i % 20] for i in range(200)]
+            # continuous batching: concurrent requests share the model's steps
+            assert decoder.steps - steps < (server[1].tokens_generated - tokens) / 2
     (_, warm), (seconds, after) = rounds
     assert seconds < 60 and after - warm < 10, rounds  # MB: a leak of ~50 KB a request would show
 

@@ -1,0 +1,207 @@
+"""
+Generation speed, side by side in one run, on one device:
+  1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
+     weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with its
+     defaults and with --weights=int8, against the bound bandwidth / bytes read per token, and
+     Hugging Face's generate on the same weights in float32 and bfloat16;
+  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here and, with --old, the
+     sample.py of another checkout (a commit before) on the same checkpoint;
+  3. the engine at batch 1, 8 and 32 on that shape: time to first token and tokens/s;
+  4. with --val_model, int8's change in validation loss on a trained checkpoint.
+  python bench/generate.py --old /tmp/old --val_model out-shakespeare-char --json gen.json
+Run from anywhere; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE offline.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+# run from anywhere: the repository root
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from decoding import NextToken, Options  # noqa: E402
+from engine import Engine, for_decoding  # noqa: E402
+from lib.batches import load_split  # noqa: E402
+from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from model import GPT, GPTConfig, from_checkpoint  # noqa: E402
+
+PROMPT = "The meaning of life is"
+SHAKESPEARE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
+CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def bandwidth(megabytes=256, repeats=5):
+    """Bytes per second a sum reads: the best of repeats sums over megabytes of float32."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def bytes_per_token(model, context):
+    """What one decoding step reads: every weight a token multiplies (the blocks' matrices and the
+    head, in their stored format; norms and biases too) and the KV cache of context positions."""
+    total = 0
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if not name.startswith(("wte.", "wpe.")) or name == "lm_head.weight":
+            total += tensor.numel() * tensor.element_size()
+    head = model.lm_head
+    if hasattr(head, "weight") and head.weight is model.wte.weight:  # tied: the head reads wte
+        total += head.weight.numel() * head.weight.element_size()
+    config = model.config
+    total += 2 * config.n_layer * context * config.n_embd * 4
+    return total
+
+
+def sample_py(root, args):
+    """tokens/s that sample.py in root prints for args."""
+    command = [sys.executable, os.path.join(root, "sample.py"), *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=1800)
+    if result.returncode:
+        raise Error(f"{' '.join(command)} failed: {result.stderr[-500:]}")
+    found = re.search(r"([\d.]+) tokens/s", result.stderr)
+    return float(found.group(1))
+
+
+def hugging_face(hf_dir, dtype, new_tokens):
+    """transformers' generate on the folder's weights, greedy, batch 1: tokens/s."""
+    import tiktoken
+    import transformers
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, dtype=dtype).eval()
+    ids = torch.tensor([tiktoken.get_encoding("r50k_base").encode(PROMPT)])
+    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=5, do_sample=False)  # warm-up
+        t0 = time.perf_counter()
+        model.generate(ids, **settings, pad_token_id=0)
+    return new_tokens / (time.perf_counter() - t0)
+
+
+def gpt2_shape(out, new_tokens):
+    """Section 1: the bound, sample.py's two formats, Hugging Face's two dtypes."""
+    import transformers
+
+    hf_dir = os.path.join(out, "gpt2-random")
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config()).save_pretrained(hf_dir)
+    speed = bandwidth()
+    flags = ["--init_from", hf_dir, "--start", PROMPT, "--greedy"]
+    flags += ["--max_new_tokens", str(new_tokens)]
+    model = GPT.from_pretrained(hf_dir)
+    context = len(PROMPT) // 4 + new_tokens // 2  # the mean position, roughly
+    results = {"bandwidth_GB_s": speed / 1e9}
+    for weights in ("auto", "int8"):
+        rate = sample_py(ROOT, flags + ["--weights", weights])
+        read = bytes_per_token(for_decoding(model, "cpu", weights), context)
+        bound = speed / read
+        results[weights] = dict(tokens_s=rate, bytes=read, bound=bound, of_bound=rate / bound)
+        model = GPT.from_pretrained(hf_dir)  # for_decoding changed the weights in place
+    for dtype in ("float32", "bfloat16"):
+        rate = hugging_face(hf_dir, getattr(torch, dtype), new_tokens)
+        results[f"hf_{dtype}"] = dict(tokens_s=rate)
+    best_hf = max(results["hf_float32"]["tokens_s"], results["hf_bfloat16"]["tokens_s"])
+    results["int8_over_hf"] = results["int8"]["tokens_s"] / best_hf
+    return results
+
+
+def shakespeare_checkpoint(out):
+    """A 6 x 384 character model with random weights, saved as train.py saves one."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SHAKESPEARE, bias=False))
+    path = os.path.join(out, "shakespeare-random")
+    model.save_pretrained(path, task="lm", tokenizer={"type": "char", "chars": CHARS})
+    return path
+
+
+def small_shape(out, old, new_tokens):
+    """Section 2: sample.py here against an older checkout's, on one checkpoint."""
+    path = shakespeare_checkpoint(out)
+    flags = ["--out_dir", path, "--start", "ROMEO:", "--max_new_tokens", str(new_tokens)]
+    results = {"here": sample_py(ROOT, flags)}
+    if old:
+        # the older sample.py names its autocast dtype; float32 is what ours runs
+        results["old"] = sample_py(old, flags + ["--dtype", "float32"])
+        results["speedup"] = results["here"] / results["old"]
+    return results
+
+
+def batches(out, new_tokens, sizes=(1, 8, 32)):
+    """Section 3: B requests of one row each at once: time to first token and tokens/s."""
+    model, _ = from_checkpoint(shakespeare_checkpoint(out))
+    model = for_decoding(model, "cpu")
+    results = {}
+    for size in sizes:
+        engine = Engine(model, rows=size)
+        t0 = time.perf_counter()
+        requests = []
+        for i in range(size):
+            pick = NextToken(Options(top_k=200), generator=torch.Generator().manual_seed(i))
+            requests.append(engine.submit([i + 1] * 8, [pick], new_tokens))
+        while engine.busy():
+            engine.step()
+        seconds = time.perf_counter() - t0
+        first = [request.first_token - t0 for request in requests]
+        results[size] = dict(
+            ttft_ms=1e3 * sum(first) / size,
+            tokens_s=size * new_tokens / seconds,
+        )
+    return results
+
+
+def validation_loss(path, weights, windows=40):
+    """Mean loss over the same windows of data/shakespeare_char's val split."""
+    model, _ = from_checkpoint(path)
+    model = for_decoding(model, "cpu", weights)
+    data = load_split(os.path.join(ROOT, "data", "shakespeare_char"), "val", 256)
+    rows = data.eval_rows(windows)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(rows), 8):
+            batch = data.batch(rows[i : i + 8])
+            logits, _ = model(batch["idx"])
+            flat = logits.view(-1, logits.size(-1)).float()
+            loss = torch.nn.functional.cross_entropy(flat, batch["targets"].view(-1))
+            total += loss.item() * len(batch["idx"])
+    return total / len(rows)
+
+
+def int8_loss(path):
+    """Section 4: validation loss with float32 and with int8 weights."""
+    exact = validation_loss(path, "float32")
+    quantized = validation_loss(path, "int8")
+    return dict(float32=exact, int8=quantized, change=quantized / exact - 1)
+
+
+def main(argv=None):
+    p = ArgumentParser(prog="bench/generate.py", description=__doc__)
+    p.add_argument("--old", help="another checkout (a commit before): its sample.py beside ours")
+    p.add_argument("--val_model", help="a trained 6 x 384 char checkpoint: int8's loss change")
+    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--quick", action="store_true", help="fewer tokens: a smoke test")
+    args = p.parse_args(argv)
+    scale = 10 if args.quick else 1
+    results = {}
+    with tempfile.TemporaryDirectory() as out:
+        results["gpt2"] = gpt2_shape(out, 200 // scale)
+        results["shakespeare"] = small_shape(out, args.old, 500 // scale)
+        results["batches"] = batches(out, 200 // scale)
+    if args.val_model:
+        results["int8_loss"] = int8_loss(args.val_model)
+    print(json.dumps(results, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    run_script(main, "bench/generate.py")
