@@ -566,3 +566,26 @@ def test_resume_refuses_another_optimizer(files, tmp_path):
         Error, match="different model or optimizer: optimizer='adamw' there, 'muon' here"
     ):
         run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=4", "--optimizer=muon"])
+
+
+def test_resume_drops_a_torn_last_metrics_line(files, tmp_path, capsys):
+    """A crash mid-write leaves half a line at the end of metrics.jsonl: the resume and plot.py
+    drop it with a warning; a damaged line before the last is an Error naming the file and line."""
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path}", "--max_iters=2"])
+    metrics = tmp_path / "metrics.jsonl"
+    torn = '{"step": 31, "ti'
+    metrics.write_text(metrics.read_text() + torn)
+    capsys.readouterr()
+    run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=4"])
+    assert "metrics.jsonl:" in capsys.readouterr().err
+    steps = [r["step"] for r in map(json.loads, metrics.read_text().splitlines())]
+    assert steps == sorted(steps) and 31 not in steps and max(steps) == 4
+    metrics.write_text(metrics.read_text() + torn)
+    code, _, err = cli("plot.py", tmp_path, f"--out={tmp_path / 'loss.png'}")
+    assert code == 0 and "dropped a torn last line" in err, err
+    metrics.write_text(torn + "\n" + metrics.read_text())
+    code, _, err = cli("plot.py", tmp_path, f"--out={tmp_path / 'loss.png'}")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "metrics.jsonl:1: not a record with an integer 'step'" in last, err
+    with pytest.raises(Error, match=r"metrics.jsonl:1: not a record"):
+        run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=6"])
