@@ -132,7 +132,26 @@ def model_card(info, config):
     )
 
 
-def export(out_dir, hf_dir):
+# files whose presence makes a folder a model: ours (train.py, export.py) or anyone's
+MODEL_FILES = ("model.safetensors", "config.json")
+
+
+def check_target(out_dir, hf_dir, overwrite):
+    """hf_dir is a folder this export may write into: never the checkpoint it reads, and one that
+    holds no model unless overwrite says to replace it."""
+    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
+        raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
+    if os.path.isdir(hf_dir) and os.path.samefile(out_dir, hf_dir):
+        raise Error(f"--hf_dir {hf_dir} is the checkpoint being exported: pass another folder")
+    held = [name for name in MODEL_FILES if os.path.exists(os.path.join(hf_dir, name))]
+    if held and not overwrite:
+        raise Error(
+            f"--hf_dir {hf_dir} already holds a model ({', '.join(held)}): "
+            "pass another folder, or --overwrite to replace it"
+        )
+
+
+def export(out_dir, hf_dir, overwrite=False):
     model, info = from_checkpoint(out_dir)
     if info["architecture"] != "GPT":
         raise Error(
@@ -146,8 +165,7 @@ def export(out_dir, hf_dir):
                 f"(it needs {option}={value!r}); "
                 "such a model loads with this project's from_checkpoint only"
             )
-    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
+    check_target(out_dir, hf_dir, overwrite)
     os.makedirs(hf_dir, exist_ok=True)
     with atomic_path(os.path.join(hf_dir, "model.safetensors")) as tmp:
         save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
@@ -224,8 +242,13 @@ def main(argv=None):
     parser.add_argument(
         "--hf_dir", required=True, help="the folder to write the Hugging Face model into"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the model that --hf_dir holds (refused without it)",
+    )
     args = parser.parse_args(argv)
-    export(args.out_dir, args.hf_dir)
+    export(args.out_dir, args.hf_dir, args.overwrite)
 
 
 if __name__ == "__main__":

@@ -90,3 +90,20 @@ def test_options_gpt2_lacks_are_refused(tmp_path, option):
     with pytest.raises(Error, match=f"{name}=.* has no place in GPT-2's layout"):
         export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
     assert not os.path.exists(tmp_path / "hf")
+
+
+def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
+    """The checkpoint being exported is never the target; an earlier export (or any folder with
+    model.safetensors or config.json) is replaced only with overwrite."""
+    checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
+    saved = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    with pytest.raises(Error, match="is the checkpoint being exported: pass another folder"):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "ckpt"), overwrite=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == saved
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"an earlier export")
+    with pytest.raises(Error, match=r"already holds a model \(model.safetensors, config.json\)"):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == b"an earlier export"
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"), overwrite=True)
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() != b"an earlier export"

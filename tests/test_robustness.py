@@ -351,6 +351,8 @@ BAD_INPUTS = [
     ),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/a_file"], "is a file"),
     ("export.py", ["--out_dir={d}/gpt"], "required: --hf_dir"),
+    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/gpt"], "is the checkpoint being exported"),
+    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/clf"], "already holds a model"),
     ("serve.py", ["--out_dir={d}/nothing"], "no such checkpoint config"),
     ("serve.py", ["--out_dir={d}/gpt", "--out_dir={d}/gpt/"], "two checkpoints named 'gpt'"),
     ("serve.py", ["--out_dir={d}/gpt", "--port=-1"], "must be >= 0, got -1"),
