@@ -190,6 +190,8 @@ def export(out_dir, hf_dir, overwrite=False):
             "bos_token_id": eos,
             "eos_token_id": eos,
             "torch_dtype": "float32",
+            # this project's tokenizer (characters or a tiktoken encoding), which sample.py reads
+            "tokenizer": info["tokenizer"],
         },
     )
     write_json(

@@ -373,6 +373,9 @@ class Transformer(nn.Module):
             module.to_empty(device="cpu")
             init_module(module)
             state = {**state, **{f"{name}.{k}": v for k, v in module.state_dict().items()}}
+        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's own
+        expected = self.state_dict()
+        state = {k: cast_like(v, expected.get(k)) for k, v in state.items()}
         missing, unexpected = self.load_state_dict(state, strict=False, assign=True)
         if missing or unexpected:
             raise Error(
@@ -573,6 +576,13 @@ class EncoderClassifier(Transformer):
 ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}
 
 
+def cast_like(tensor, target):
+    """tensor in target's floating dtype (the one the model runs in); anything else as it is."""
+    if target is None or not tensor.is_floating_point() or not target.is_floating_point():
+        return tensor
+    return tensor.to(target.dtype)
+
+
 def build_model(task, settings):
     """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching
     keys of settings."""
@@ -616,5 +626,9 @@ def load_pretrained(name_or_dir, device="cpu"):
     config = os.path.join(name_or_dir, "config.json")
     if os.path.isfile(config) and "architecture" in read_json(config):
         return from_checkpoint(name_or_dir, device)
-    info = {"architecture": "GPT", "tokenizer": {"type": "bpe", "encoding": "r50k_base"}}
-    return GPT.from_pretrained(name_or_dir).to(device).eval(), info
+    model = GPT.from_pretrained(name_or_dir).to(device).eval()
+    # export.py names this project's tokenizer in config.json; GPT-2's folders have none
+    tokenizer = {"type": "bpe", "encoding": "r50k_base"}
+    if os.path.isfile(config):
+        tokenizer = read_json(config, "Hugging Face config").get("tokenizer", tokenizer)
+    return model, {"architecture": "GPT", "tokenizer": tokenizer}

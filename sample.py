@@ -21,7 +21,7 @@ from lib.common import (
     pick_device,
     run_script,
 )
-from lib.tokenizer import get_tokenizer
+from lib.tokenizer import check_vocabulary, get_tokenizer
 from model import GPT2_NAMES, load_pretrained
 
 SEPARATOR = "-" * 40
@@ -155,7 +155,9 @@ def load(source, device, hub=False):
             f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): "
             "sample.py needs a GPT; classify.py runs a classifier"
         )
-    tokenizer = get_tokenizer(info.get("tokenizer"), os.path.join(source, "config.json"))
+    where = os.path.join(source, "config.json")
+    tokenizer = get_tokenizer(info.get("tokenizer"), where)
+    check_vocabulary(tokenizer, model.config.vocab_size, where)
     millions = model.num_params() / 1e6
     kind = info["tokenizer"]["type"]
     what = f"loaded {source}: {millions:.2f}M parameters, {kind} tokenizer"

@@ -107,3 +107,30 @@ def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() == b"an earlier export"
     export(str(tmp_path / "ckpt"), str(tmp_path / "hf"), overwrite=True)
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() != b"an earlier export"
+
+
+def test_a_half_precision_char_export_samples_with_its_own_tokenizer(tmp_path):
+    """The hub's folders hold float16 or bfloat16 weights: they load as float32, the dtype the
+    model runs in; a character model's export is sampled with its characters, not GPT-2's BPE."""
+    from safetensors.torch import load_file, save_file
+
+    from model import load_pretrained
+    from sample import load
+
+    ours = checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    weights = tmp_path / "hf" / "model.safetensors"
+    for dtype in (torch.float16, torch.bfloat16):
+        save_file({k: v.to(dtype) for k, v in load_file(weights).items()}, weights)
+        model, info = load_pretrained(str(tmp_path / "hf"))
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        idx = torch.randint(0, 8, (2, 20))
+        with torch.no_grad():
+            assert torch.allclose(model(idx)[0], ours(idx)[0], atol=0.05)
+    model, tokenizer, _ = load(str(tmp_path / "hf"), "cpu", hub=True)
+    assert tokenizer.decode(tokenizer.encode("hgfabc")) == "hgfabc" and tokenizer.vocab_size == 8
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["tokenizer"]["chars"] = "abcdefghij"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Error, match="config.json: the tokenizer has 10 tokens, the model's vocab"):
+        load(str(tmp_path / "hf"), "cpu", hub=True)
