@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
+from lib.tokenizer import check_vocabulary, get_tokenizer
 from model import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
@@ -153,6 +154,10 @@ def check_target(out_dir, hf_dir, overwrite):
 
 def export(out_dir, hf_dir, overwrite=False):
     model, info = from_checkpoint(out_dir)
+    config_path = os.path.join(out_dir, "config.json")
+    check_vocabulary(
+        get_tokenizer(info["tokenizer"], config_path), model.config.vocab_size, config_path
+    )
     if info["architecture"] != "GPT":
         raise Error(
             f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT"
@@ -198,9 +203,7 @@ def export(out_dir, hf_dir, overwrite=False):
         os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos}
     )
     if bpe:
-        import tiktoken
-
-        vocab, merges = bpe_files(tiktoken.get_encoding(info["tokenizer"]["encoding"]))
+        vocab, merges = bpe_files(get_tokenizer(info["tokenizer"], config_path).enc)
         write_json(os.path.join(hf_dir, "vocab.json"), vocab)
         with (
             atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp,

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lib.common import Error, atomic_path, read_json, write_json
+from lib.schema import check_card
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -583,6 +584,13 @@ def cast_like(tensor, target):
     return tensor.to(target.dtype)
 
 
+# each architecture's config fields and their kinds, which check_card holds config.json's to
+CONFIG_KINDS = {
+    name: {f.name: f.type for f in fields(config_cls)}
+    for name, (_, config_cls) in ARCHITECTURES.items()
+}
+
+
 def build_model(task, settings):
     """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching
     keys of settings."""
@@ -599,12 +607,7 @@ def from_checkpoint(out_dir, device="cpu"):
             f"no checkpoint in {str(out_dir)!r} (config.json missing): "
             f"train one with train.py first"
         )
-    info = read_json(path, "checkpoint config")
-    missing = [key for key in ("architecture", "model") if key not in info]
-    if missing:
-        raise Error(
-            f"{path}: no {missing[0]!r} key: not a checkpoint config.json that train.py wrote"
-        )
+    info = check_card(read_json(path, "checkpoint config"), path, CONFIG_KINDS)
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         cls, config_cls = ARCHITECTURES[info["architecture"]]
         known = {f.name for f in fields(config_cls)}
@@ -624,7 +627,8 @@ def load_pretrained(name_or_dir, device="cpu"):
     (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info names
     its BPE tokenizer)."""
     config = os.path.join(name_or_dir, "config.json")
-    if os.path.isfile(config) and "architecture" in read_json(config):
+    # a Hugging Face config names its model_type; anything else is checked as this project's
+    if os.path.isfile(config) and not is_hf_config(read_json(config)):
         return from_checkpoint(name_or_dir, device)
     model = GPT.from_pretrained(name_or_dir).to(device).eval()
     # export.py names this project's tokenizer in config.json; GPT-2's folders have none
@@ -632,3 +636,8 @@ def load_pretrained(name_or_dir, device="cpu"):
     if os.path.isfile(config):
         tokenizer = read_json(config, "Hugging Face config").get("tokenizer", tokenizer)
     return model, {"architecture": "GPT", "tokenizer": tokenizer}
+
+
+def is_hf_config(config):
+    """Whether a config.json is a Hugging Face one (it names a model_type), not this project's."""
+    return isinstance(config, dict) and "model_type" in config and "architecture" not in config

@@ -285,12 +285,12 @@ BAD_INPUTS = [
     (
         "classify.py",
         ["--out_dir={d}/clf_no_tokenizer", "abc"],
-        "config.json: no tokenizer this project knows",
+        "config.json: no 'tokenizer' key",
     ),
     (
         "sample.py",
         ["--out_dir={d}/gpt_no_tokenizer"],
-        "config.json: no tokenizer this project knows",
+        "config.json: no 'tokenizer' key",
     ),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/missing.csv"], "cannot read it"),
     (
@@ -591,3 +591,102 @@ def test_resume_drops_a_torn_last_metrics_line(files, tmp_path, capsys):
     assert code == 2 and "metrics.jsonl:1: not a record with an integer 'step'" in last, err
     with pytest.raises(Error, match=r"metrics.jsonl:1: not a record"):
         run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=6"])
+
+
+DELETE = object()  # a damage that removes the key
+
+
+def damaged_copy(source, dest, file, key, value):
+    """dest: a copy of the folder source whose file has key (dotted; None: the whole file) set to
+    value, removed (DELETE), or, for an int key of None, the file's text cut to that length."""
+    dest.mkdir()
+    for path in source.iterdir():
+        (dest / path.name).write_bytes(path.read_bytes())
+    text = (source / file).read_text()
+    if key is None and isinstance(value, int):
+        (dest / file).write_text(text[:value])
+        return dest
+    data = json.loads(text)
+    if key is None:
+        data = value
+    else:
+        *parents, last = key.split(".")
+        inner = data
+        for parent in parents:
+            inner = inner[parent]
+        if value is DELETE:
+            del inner[last]
+        else:
+            inner[last] = value
+    (dest / file).write_text(json.dumps(data))
+    return dest
+
+
+# (folder of the files fixture, file, key, value, the words of the line); truncations: key None
+DAMAGED_FILES = [
+    ("lm", "meta.json", None, 1, "not a readable JSON"),
+    ("lm", "meta.json", None, 40, "not a readable JSON"),
+    ("lm", "meta.json", None, [], "holds list [], not a JSON object"),
+    ("lm", "meta.json", "vocab_size", "65", "'vocab_size' must be an integer, got '65'"),
+    ("lm", "meta.json", "vocab_size", 10**30, "has ids past what uint16 holds"),
+    ("lm", "meta.json", "splits.train", "3000", "'splits.train' must be an integer"),
+    ("lm", "meta.json", "tokenizer.chars", 5, "'tokenizer.chars' must be a string, got 5"),
+    ("lm", "meta.json", "tokenizer", DELETE, "no 'tokenizer' key"),
+    ("cls", "meta.json", "max_length", "16", "'max_length' must be an integer"),
+    ("cls", "meta.json", "label_names", ["a", "a"], "'label_names' must be a list of distinct"),
+    ("cls", "meta.json", "pad_token_id", 99, "'pad_token_id' 99 is past vocab_size 10"),
+    ("gpt", "config.json", None, 1, "not a readable JSON"),
+    ("gpt", "config.json", None, 60, "not a readable JSON"),
+    ("gpt", "config.json", None, [1], "holds list [1], not a JSON object"),
+    ("gpt", "config.json", "architecture", DELETE, "no 'architecture' key"),
+    ("gpt", "config.json", "model.vocab_size", "65", "'model.vocab_size' must be an integer"),
+    ("gpt", "config.json", "model.bias", "yes", "'model.bias' must be true or false"),
+    ("gpt", "config.json", "tokenizer.chars", 5, "'tokenizer.chars' must be a string, got 5"),
+    ("gpt", "config.json", "tokenizer.chars", "abcdefghijk", "holds 11 tokens, vocab_size 10"),
+    ("clf", "config.json", "max_length", "128", "'max_length' must be an integer, got '128'"),
+    ("clf", "config.json", "label_names", ["a"], "'label_names' names 1 classes, the model has 2"),
+    ("clf", "config.json", "label_names", ["a", "a"], "must be a list of distinct strings"),
+    ("clf", "config.json", "tokenizer", DELETE, "no 'tokenizer' key"),
+]
+# the scripts that read each kind of folder, and their arguments
+READERS = {
+    "lm": [("train.py", [*TINY, "--dataset={x}", "--out_dir={x}/out"])],
+    "cls": [("train.py", [*TINY, "--dataset={x}", "--out_dir={x}/out"])],
+    "gpt": [
+        ("sample.py", ["--out_dir={x}", "--max_new_tokens=2"]),
+        ("sample.py", ["--init_from={x}", "--max_new_tokens=2"]),
+        ("export.py", ["--out_dir={x}", "--hf_dir={x}-hf"]),
+        ("serve.py", ["--out_dir={x}", "--port=0"]),
+    ],
+    "clf": [
+        ("classify.py", ["--out_dir={x}", "abc"]),
+        ("serve.py", ["--out_dir={x}", "--port=0"]),
+    ],
+}
+
+
+@pytest.mark.parametrize("source, file, key, value, words", DAMAGED_FILES)
+def test_a_damaged_file_is_one_line_from_every_script_that_reads_it(
+    files, tmp_path, source, file, key, value, words
+):
+    folder = damaged_copy(files / source, tmp_path / source, file, key, value)
+    for script, args in READERS[source]:
+        code, _, err = cli(script, *[a.replace("{x}", str(folder)) for a in args])
+        assert code == 2 and "Traceback" not in err, (script, err[-3000:])
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"{script}: error: {folder / file}") and words in last, (
+            script,
+            last,
+        )
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [np.zeros(50, dtype=np.float32), np.zeros((50, 1), dtype=np.int64)],
+    ids=["float", "2-D"],
+)
+def test_labels_of_the_wrong_dtype_or_shape_are_one_line(files, tmp_path, labels):
+    folder = damaged_copy(files / "cls", tmp_path / "cls", "meta.json", "task", "classify")
+    np.save(folder / "train.labels.npy", labels)
+    with pytest.raises(Error, match=r"train.labels.npy: .* labels of shape .* one integer per row"):
+        run(TINY + [f"--dataset={folder}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1"])
