@@ -690,3 +690,18 @@ def test_labels_of_the_wrong_dtype_or_shape_are_one_line(files, tmp_path, labels
     np.save(folder / "train.labels.npy", labels)
     with pytest.raises(Error, match=r"train.labels.npy: .* labels of shape .* one integer per row"):
         run(TINY + [f"--dataset={folder}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1"])
+
+
+def test_labels_that_look_like_numbers_but_are_not_are_skipped_rows(files, tmp_path):
+    """'--1', '²', '١' and a 400-digit label are no class: classify.py --eval and
+    data/agnews/prepare.py (one reader) skip them with the rows warning, not a ValueError."""
+    rows = "text,label\nabc,0\nbca,1\ncab,--1\nacb,\u00b2\nbac,\u0661\ncba," + "9" * 400 + "\n"
+    (tmp_path / "odd.csv").write_text(rows)
+    code, out, err = cli("classify.py", f"--out_dir={files}/clf", f"--eval={tmp_path / 'odd.csv'}")
+    assert code == 0 and "skipped 4 of 6 rows (0 with no text, 4 with a label" in err, err[-2000:]
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "train.csv").write_text(rows)
+    code, _, err = cli(
+        "data/agnews/prepare.py", f"--source={tmp_path / 'source'}", f"--out_dir={tmp_path / 'o'}"
+    )
+    assert "Traceback" not in err and "skipped 4 of 6 rows" in err, err[-2000:]
