@@ -118,6 +118,13 @@ def parse_args(argv=None):
         help = f"{f.metadata['help']} (default: {default})"
         g.add_argument(f"--{f.name}", type=f.type, default=default, help=help)
     args = p.parse_args(argv)
+    # sample i is seeded seed + i, and torch's generators take seeds in [-2**63, 2**64)
+    last_seed = args.seed + args.num_samples - 1
+    if args.seed < -(2**63) or last_seed >= 2**64:
+        p.error(
+            f"--seed {args.seed}: must be in [-2**63, 2**64 - num_samples] "
+            "(sample i is seeded seed + i)"
+        )
     try:
         options = decoding.Options(
             **{f.name: getattr(args, f.name) for f in fields(decoding.Options)}

@@ -5,6 +5,7 @@ exits."""
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
 from contextlib import contextmanager, nullcontext
@@ -37,8 +38,18 @@ def run_script(main, prog):
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
-        """One line through run_script, not argparse's usage block and exit."""
-        raise Error(f"{message} (see --help)")
+        """One line through run_script, not argparse's usage block and exit; a long value it
+        quotes (a number of 5,000 digits) is cut to its start."""
+        raise Error(f"{LONG_QUOTE.sub(shorten_quote, message)} (see --help)")
+
+
+# a quoted value too long for a one-line message
+LONG_QUOTE = re.compile(r"'([^']{61,})'")
+
+
+def shorten_quote(match):
+    text = match.group(1)
+    return f"'{text[:40]}...' ({len(text):,} characters)"
 
 
 def at_least(low, kind=int):

@@ -267,6 +267,18 @@ BAD_INPUTS = [
         "frequency_penalty must be a finite number",
     ),
     ("sample.py", ["--out_dir={d}/gpt", "--top_k=-3"], "top_k must be >= 0"),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--seed=18446744073709551616"],
+        "--seed 18446744073709551616: must be",
+    ),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--seed=18446744073709551615", "--num_samples=2"],
+        "must be in [-2**63, 2**64 - num_samples]",
+    ),
+    ("sample.py", ["--out_dir={d}/gpt", "--seed=-9223372036854775809"], "must be in [-2**63"),
+    ("sample.py", ["--out_dir={d}/gpt", f"--top_k={'9' * 5000}"], "...' (5,000 characters)"),
     ("sample.py", ["--out_dir={d}/gpt", "--num_samples=0"], "--num_samples: must be >= 1"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=-1"], "--max_new_tokens: must be >= 0"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=ten"], "invalid int value: 'ten'"),
@@ -705,3 +717,17 @@ def test_labels_that_look_like_numbers_but_are_not_are_skipped_rows(files, tmp_p
         "data/agnews/prepare.py", f"--source={tmp_path / 'source'}", f"--out_dir={tmp_path / 'o'}"
     )
     assert "Traceback" not in err and "skipped 4 of 6 rows" in err, err[-2000:]
+
+
+def test_seeds_and_top_k_at_their_limits(files):
+    """The largest seed torch takes samples; a top_k past the vocabulary, even of 400 digits, keeps
+    every token (the same text as top_k=0); a value too long to quote is cut in the message."""
+    common = [f"--out_dir={files}/gpt", "--start=abc", "--max_new_tokens=20"]
+    code, out, err = cli("sample.py", *common, f"--seed={2**64 - 1}")
+    assert code == 0 and out.startswith("abc"), err[-2000:]
+    code, everything, err = cli("sample.py", *common, "--top_k=0")
+    assert code == 0, err[-2000:]
+    code, huge, err = cli("sample.py", *common, f"--top_k={'9' * 400}")
+    assert code == 0 and huge == everything, err[-2000:]
+    code, _, err = cli("sample.py", *common, f"--top_k={'9' * 5000}")
+    assert code == 2 and len(err.strip()) < 200, err[-300:]
