@@ -156,7 +156,7 @@ def export(out_dir, hf_dir, overwrite=False):
     model, info = from_checkpoint(out_dir)
     config_path = os.path.join(out_dir, "config.json")
     check_vocabulary(
-        get_tokenizer(info["tokenizer"], config_path), model.config.vocab_size, config_path
+        get_tokenizer(info.get("tokenizer"), config_path), model.config.vocab_size, config_path
     )
     if info["architecture"] != "GPT":
         raise Error(

@@ -627,7 +627,7 @@ def load_pretrained(name_or_dir, device="cpu"):
     (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info names
     its BPE tokenizer)."""
     config = os.path.join(name_or_dir, "config.json")
-    # a Hugging Face config names its model_type; anything else is checked as this project's
+    # this project's card has an architecture and a model; anything else is a Hugging Face config
     if os.path.isfile(config) and not is_hf_config(read_json(config)):
         return from_checkpoint(name_or_dir, device)
     model = GPT.from_pretrained(name_or_dir).to(device).eval()
@@ -639,5 +639,6 @@ def load_pretrained(name_or_dir, device="cpu"):
 
 
 def is_hf_config(config):
-    """Whether a config.json is a Hugging Face one (it names a model_type), not this project's."""
-    return isinstance(config, dict) and "model_type" in config and "architecture" not in config
+    """Whether a config.json is a Hugging Face one: an object with neither of this project's card
+    keys (a card that lost one of them is still checked as a card)."""
+    return isinstance(config, dict) and not {"architecture", "model"} & config.keys()

@@ -297,12 +297,12 @@ BAD_INPUTS = [
     (
         "classify.py",
         ["--out_dir={d}/clf_no_tokenizer", "abc"],
-        "config.json: no 'tokenizer' key",
+        "config.json: no tokenizer this project knows",
     ),
     (
         "sample.py",
         ["--out_dir={d}/gpt_no_tokenizer"],
-        "config.json: no 'tokenizer' key",
+        "config.json: no tokenizer this project knows",
     ),
     ("classify.py", ["--out_dir={d}/clf", "--eval={d}/missing.csv"], "cannot read it"),
     (
@@ -658,7 +658,8 @@ DAMAGED_FILES = [
     ("clf", "config.json", "max_length", "128", "'max_length' must be an integer, got '128'"),
     ("clf", "config.json", "label_names", ["a"], "'label_names' names 1 classes, the model has 2"),
     ("clf", "config.json", "label_names", ["a", "a"], "must be a list of distinct strings"),
-    ("clf", "config.json", "tokenizer", DELETE, "no 'tokenizer' key"),
+    ("clf", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
+    ("gpt", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
 ]
 # the scripts that read each kind of folder, and their arguments
 READERS = {
