@@ -10,17 +10,20 @@ then runs. Rotary positions and QK-norm, from later models, are off by default: 
 GPT-2's, and load its weights exactly.
 """
 
+import json
 import math
 import os
+import secrets
 from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lib.common import Error, atomic_path, read_json, write_json
+from lib.common import Error, atomic_path, read_json
 from lib.schema import check_card
 
 # OpenAI's weights on the Hugging Face hub
@@ -354,16 +357,20 @@ class Transformer(nn.Module):
         return optimizers
 
     def save_pretrained(self, out_dir, **extra):
-        """model.safetensors + config.json, as on the Hugging Face hub; each written to a temporary
-        file, then os.replace'd, so a crash mid-save never leaves a broken checkpoint.
+        """model.safetensors + config.json, as on the Hugging Face hub. Both are written whole to
+        temporary files first, then renamed, the weights before the card; the card names the
+        weights' id (stored in the weights' header), so a crash between the two renames is a
+        mismatch that from_checkpoint reports, never a new model paired with an old card.
         extra: task, tokenizer, label names."""
         os.makedirs(out_dir, exist_ok=True)
-        with atomic_path(os.path.join(out_dir, "model.safetensors")) as tmp:
-            save_model(self, tmp)  # drops a tied head's duplicate tensor
-        write_json(
-            os.path.join(out_dir, "config.json"),
-            {"architecture": type(self).__name__, "model": asdict(self.config), **extra},
-        )
+        token = secrets.token_hex(8)
+        card = {"architecture": type(self).__name__, "model": asdict(self.config), **extra}
+        with atomic_path(os.path.join(out_dir, "config.json")) as card_tmp:
+            with atomic_path(os.path.join(out_dir, "model.safetensors")) as weights_tmp:
+                # drops a tied head's duplicate tensor
+                save_model(self, weights_tmp, metadata={"format": "pt", "weights_id": token})
+                with open(card_tmp, "w") as f:
+                    json.dump({**card, "weights_id": token}, f, indent=2)
 
     def load_weights(self, state, new=()):
         """Load a state dict in place of the current tensors (assign: a model built on the meta
@@ -608,6 +615,7 @@ def from_checkpoint(out_dir, device="cpu"):
             f"train one with train.py first"
         )
     info = check_card(read_json(path, "checkpoint config"), path, CONFIG_KINDS)
+    check_weights_id(out_dir, info)
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         cls, config_cls = ARCHITECTURES[info["architecture"]]
         known = {f.name for f in fields(config_cls)}
@@ -620,6 +628,26 @@ def from_checkpoint(out_dir, device="cpu"):
             f"{str(e).splitlines()[0] if str(e) else ''})"
         ) from None
     return model.to(device).eval(), info
+
+
+def check_weights_id(out_dir, info):
+    """The weights are the ones config.json was saved with (a card without an id predates the id:
+    unchecked; a header that cannot be read is the load's error to report)."""
+    expected = info.get("weights_id")
+    path = os.path.join(out_dir, "model.safetensors")
+    if expected is None or not os.path.isfile(path):
+        return
+    try:
+        with safe_open(path, "pt") as f:
+            found = (f.metadata() or {}).get("weights_id")
+    except Exception:
+        return
+    if found != expected:
+        raise Error(
+            f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
+            f"(weights_id {found!r} there, {expected!r} in config.json): a save was cut short "
+            "between the two; resume from trainer_state.pt or train again"
+        )
 
 
 def load_pretrained(name_or_dir, device="cpu"):

@@ -169,14 +169,30 @@ def sync(device):
 def atomic_path(path):
     """Yields a unique temporary name beside path (two writers never share one); on success it
     replaces path in one step (os.replace), on failure it is deleted: a crash never leaves half a
-    file under the real name."""
+    file under the real name. The file reaches the disk before the rename and the rename before
+    the return (fsync of the file, then of its folder), so a power loss leaves the old file or
+    the new one whole."""
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
         yield tmp
+        fsync(tmp)
         os.replace(tmp, path)
+        fsync(os.path.dirname(os.path.abspath(path)))
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def fsync(path):
+    """Flush a file's or a folder's contents to the disk (folders: on POSIX; Windows cannot open
+    one, and its renames need no flush of the folder)."""
+    if os.path.isdir(path) and os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path, obj):

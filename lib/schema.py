@@ -136,6 +136,7 @@ def check_card(info, path, config_fields):
     model = c.object(c.key(info, "model", dict), "'model'")
     for name, kind in config_fields[architecture].items():
         c.key(model, name, kind, optional=True, where="model.")
+    c.key(info, "weights_id", str, optional=True)
     vocab_size = c.key(model, "vocab_size", int, low=1, where="model.")
     # a card without a tokenizer loads; the scripts that encode text refuse it (get_tokenizer)
     if "tokenizer" in info:

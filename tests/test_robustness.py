@@ -732,3 +732,45 @@ def test_seeds_and_top_k_at_their_limits(files):
     assert code == 0 and huge == everything, err[-2000:]
     code, _, err = cli("sample.py", *common, f"--top_k={'9' * 5000}")
     assert code == 2 and len(err.strip()) < 200, err[-300:]
+
+
+def test_atomic_writes_reach_the_disk_before_and_after_the_rename(tmp_path, monkeypatch):
+    """The file is fsynced before it replaces the old one (a power loss then leaves one of the two
+    whole), its folder after (the rename itself is on the disk when the call returns)."""
+    import lib.common
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.path.basename(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    lib.common.write_json(str(tmp_path / "a.json"), {"x": 1})
+    assert events == [("fsync", False), ("replace", "a.json"), ("fsync", True)]
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
+
+
+def test_a_model_with_another_saves_card_is_refused(tmp_path):
+    """A crash between the weights' rename and the card's pairs new weights with an old card: the
+    card names its weights' id, and the pair is refused in one line naming both files."""
+    from model import from_checkpoint
+
+    tiny = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    tokenizer = {"type": "char", "chars": CHARS}
+    for name in ("old", "new"):
+        GPT(tiny).save_pretrained(tmp_path / name, task="lm", tokenizer=tokenizer)
+    from_checkpoint(tmp_path / "old")
+    (tmp_path / "old" / "model.safetensors").write_bytes(
+        (tmp_path / "new" / "model.safetensors").read_bytes()
+    )
+    with pytest.raises(Error, match=r"old/model.safetensors is not the model .*old/config.json"):
+        from_checkpoint(tmp_path / "old")
+    code, _, err = cli("sample.py", f"--out_dir={tmp_path / 'old'}", "--max_new_tokens=2")
+    assert code == 2 and "a save was cut short between the two" in err.splitlines()[-1], err
