@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
+from lib.tokenizer import check_vocabulary, get_tokenizer
 from model import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
@@ -132,8 +133,31 @@ def model_card(info, config):
     )
 
 
-def export(out_dir, hf_dir):
+# files whose presence makes a folder a model: ours (train.py, export.py) or anyone's
+MODEL_FILES = ("model.safetensors", "config.json")
+
+
+def check_target(out_dir, hf_dir, overwrite):
+    """hf_dir is a folder this export may write into: never the checkpoint it reads, and one that
+    holds no model unless overwrite says to replace it."""
+    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
+        raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
+    if os.path.isdir(hf_dir) and os.path.samefile(out_dir, hf_dir):
+        raise Error(f"--hf_dir {hf_dir} is the checkpoint being exported: pass another folder")
+    held = [name for name in MODEL_FILES if os.path.exists(os.path.join(hf_dir, name))]
+    if held and not overwrite:
+        raise Error(
+            f"--hf_dir {hf_dir} already holds a model ({', '.join(held)}): "
+            "pass another folder, or --overwrite to replace it"
+        )
+
+
+def export(out_dir, hf_dir, overwrite=False):
     model, info = from_checkpoint(out_dir)
+    config_path = os.path.join(out_dir, "config.json")
+    check_vocabulary(
+        get_tokenizer(info.get("tokenizer"), config_path), model.config.vocab_size, config_path
+    )
     if info["architecture"] != "GPT":
         raise Error(
             f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT"
@@ -146,8 +170,7 @@ def export(out_dir, hf_dir):
                 f"(it needs {option}={value!r}); "
                 "such a model loads with this project's from_checkpoint only"
             )
-    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
+    check_target(out_dir, hf_dir, overwrite)
     os.makedirs(hf_dir, exist_ok=True)
     with atomic_path(os.path.join(hf_dir, "model.safetensors")) as tmp:
         save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
@@ -172,15 +195,15 @@ def export(out_dir, hf_dir):
             "bos_token_id": eos,
             "eos_token_id": eos,
             "torch_dtype": "float32",
+            # this project's tokenizer (characters or a tiktoken encoding), which sample.py reads
+            "tokenizer": info["tokenizer"],
         },
     )
     write_json(
         os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos}
     )
     if bpe:
-        import tiktoken
-
-        vocab, merges = bpe_files(tiktoken.get_encoding(info["tokenizer"]["encoding"]))
+        vocab, merges = bpe_files(get_tokenizer(info["tokenizer"], config_path).enc)
         write_json(os.path.join(hf_dir, "vocab.json"), vocab)
         with (
             atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp,
@@ -224,8 +247,13 @@ def main(argv=None):
     parser.add_argument(
         "--hf_dir", required=True, help="the folder to write the Hugging Face model into"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the model that --hf_dir holds (refused without it)",
+    )
     args = parser.parse_args(argv)
-    export(args.out_dir, args.hf_dir)
+    export(args.out_dir, args.hf_dir, args.overwrite)
 
 
 if __name__ == "__main__":

@@ -10,17 +10,21 @@ then runs. Rotary positions and QK-norm, from later models, are off by default: 
 GPT-2's, and load its weights exactly.
 """
 
+import json
 import math
 import os
+import secrets
 from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lib.common import Error, atomic_path, read_json, write_json
+from lib.common import Error, atomic_path, read_json
+from lib.schema import check_card
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -353,16 +357,20 @@ class Transformer(nn.Module):
         return optimizers
 
     def save_pretrained(self, out_dir, **extra):
-        """model.safetensors + config.json, as on the Hugging Face hub; each written to a temporary
-        file, then os.replace'd, so a crash mid-save never leaves a broken checkpoint.
+        """model.safetensors + config.json, as on the Hugging Face hub. Both are written whole to
+        temporary files first, then renamed, the weights before the card; the card names the
+        weights' id (stored in the weights' header), so a crash between the two renames is a
+        mismatch that from_checkpoint reports, never a new model paired with an old card.
         extra: task, tokenizer, label names."""
         os.makedirs(out_dir, exist_ok=True)
-        with atomic_path(os.path.join(out_dir, "model.safetensors")) as tmp:
-            save_model(self, tmp)  # drops a tied head's duplicate tensor
-        write_json(
-            os.path.join(out_dir, "config.json"),
-            {"architecture": type(self).__name__, "model": asdict(self.config), **extra},
-        )
+        token = secrets.token_hex(8)
+        card = {"architecture": type(self).__name__, "model": asdict(self.config), **extra}
+        with atomic_path(os.path.join(out_dir, "config.json")) as card_tmp:
+            with atomic_path(os.path.join(out_dir, "model.safetensors")) as weights_tmp:
+                # drops a tied head's duplicate tensor
+                save_model(self, weights_tmp, metadata={"format": "pt", "weights_id": token})
+                with open(card_tmp, "w") as f:
+                    json.dump({**card, "weights_id": token}, f, indent=2)
 
     def load_weights(self, state, new=()):
         """Load a state dict in place of the current tensors (assign: a model built on the meta
@@ -373,6 +381,9 @@ class Transformer(nn.Module):
             module.to_empty(device="cpu")
             init_module(module)
             state = {**state, **{f"{name}.{k}": v for k, v in module.state_dict().items()}}
+        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's own
+        expected = self.state_dict()
+        state = {k: cast_like(v, expected.get(k)) for k, v in state.items()}
         missing, unexpected = self.load_state_dict(state, strict=False, assign=True)
         if missing or unexpected:
             raise Error(
@@ -573,6 +584,20 @@ class EncoderClassifier(Transformer):
 ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}
 
 
+def cast_like(tensor, target):
+    """tensor in target's floating dtype (the one the model runs in); anything else as it is."""
+    if target is None or not tensor.is_floating_point() or not target.is_floating_point():
+        return tensor
+    return tensor.to(target.dtype)
+
+
+# each architecture's config fields and their kinds, which check_card holds config.json's to
+CONFIG_KINDS = {
+    name: {f.name: f.type for f in fields(config_cls)}
+    for name, (_, config_cls) in ARCHITECTURES.items()
+}
+
+
 def build_model(task, settings):
     """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching
     keys of settings."""
@@ -589,12 +614,8 @@ def from_checkpoint(out_dir, device="cpu"):
             f"no checkpoint in {str(out_dir)!r} (config.json missing): "
             f"train one with train.py first"
         )
-    info = read_json(path, "checkpoint config")
-    missing = [key for key in ("architecture", "model") if key not in info]
-    if missing:
-        raise Error(
-            f"{path}: no {missing[0]!r} key: not a checkpoint config.json that train.py wrote"
-        )
+    info = check_card(read_json(path, "checkpoint config"), path, CONFIG_KINDS)
+    check_weights_id(out_dir, info)
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         cls, config_cls = ARCHITECTURES[info["architecture"]]
         known = {f.name for f in fields(config_cls)}
@@ -609,12 +630,43 @@ def from_checkpoint(out_dir, device="cpu"):
     return model.to(device).eval(), info
 
 
+def check_weights_id(out_dir, info):
+    """The weights are the ones config.json was saved with (a card without an id predates the id:
+    unchecked; a header that cannot be read is the load's error to report)."""
+    expected = info.get("weights_id")
+    path = os.path.join(out_dir, "model.safetensors")
+    if expected is None or not os.path.isfile(path):
+        return
+    try:
+        with safe_open(path, "pt") as f:
+            found = (f.metadata() or {}).get("weights_id")
+    except Exception:
+        return
+    if found != expected:
+        raise Error(
+            f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
+            f"(weights_id {found!r} there, {expected!r} in config.json): a save was cut short "
+            "between the two; resume from trainer_state.pt or train again"
+        )
+
+
 def load_pretrained(name_or_dir, device="cpu"):
     """A checkpoint of this project (its config.json names an architecture) or GPT-2's weights
     (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info names
     its BPE tokenizer)."""
     config = os.path.join(name_or_dir, "config.json")
-    if os.path.isfile(config) and "architecture" in read_json(config):
+    # this project's card has an architecture and a model; anything else is a Hugging Face config
+    if os.path.isfile(config) and not is_hf_config(read_json(config)):
         return from_checkpoint(name_or_dir, device)
-    info = {"architecture": "GPT", "tokenizer": {"type": "bpe", "encoding": "r50k_base"}}
-    return GPT.from_pretrained(name_or_dir).to(device).eval(), info
+    model = GPT.from_pretrained(name_or_dir).to(device).eval()
+    # export.py names this project's tokenizer in config.json; GPT-2's folders have none
+    tokenizer = {"type": "bpe", "encoding": "r50k_base"}
+    if os.path.isfile(config):
+        tokenizer = read_json(config, "Hugging Face config").get("tokenizer", tokenizer)
+    return model, {"architecture": "GPT", "tokenizer": tokenizer}
+
+
+def is_hf_config(config):
+    """Whether a config.json is a Hugging Face one: an object with neither of this project's card
+    keys (a card that lost one of them is still checked as a card)."""
+    return isinstance(config, dict) and not {"architecture", "model"} & config.keys()

@@ -21,7 +21,7 @@ from lib.common import (
     pick_device,
     run_script,
 )
-from lib.tokenizer import get_tokenizer
+from lib.tokenizer import check_vocabulary, get_tokenizer
 from model import GPT2_NAMES, load_pretrained
 
 SEPARATOR = "-" * 40
@@ -118,6 +118,13 @@ def parse_args(argv=None):
         help = f"{f.metadata['help']} (default: {default})"
         g.add_argument(f"--{f.name}", type=f.type, default=default, help=help)
     args = p.parse_args(argv)
+    # sample i is seeded seed + i, and torch's generators take seeds in [-2**63, 2**64)
+    last_seed = args.seed + args.num_samples - 1
+    if args.seed < -(2**63) or last_seed >= 2**64:
+        p.error(
+            f"--seed {args.seed}: must be in [-2**63, 2**64 - num_samples] "
+            "(sample i is seeded seed + i)"
+        )
     try:
         options = decoding.Options(
             **{f.name: getattr(args, f.name) for f in fields(decoding.Options)}
@@ -155,7 +162,9 @@ def load(source, device, hub=False):
             f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): "
             "sample.py needs a GPT; classify.py runs a classifier"
         )
-    tokenizer = get_tokenizer(info.get("tokenizer"), os.path.join(source, "config.json"))
+    where = os.path.join(source, "config.json")
+    tokenizer = get_tokenizer(info.get("tokenizer"), where)
+    check_vocabulary(tokenizer, model.config.vocab_size, where)
     millions = model.num_params() / 1e6
     kind = info["tokenizer"]["type"]
     what = f"loaded {source}: {millions:.2f}M parameters, {kind} tokenizer"

@@ -138,10 +138,10 @@ class Playground:
     def load(self, out_dir, weights):
         """A checkpoint through sample.py's load (a GPT) or classify.py's (a classifier),
         by its config.json."""
-        architecture = read_json(os.path.join(out_dir, "config.json"), "checkpoint config").get(
-            "architecture"
-        )
-        if architecture == "EncoderClassifier":
+        info = read_json(os.path.join(out_dir, "config.json"), "checkpoint config")
+        # anything but a classifier's goes to sample.py's load, whose checks name what is wrong
+        classifier = isinstance(info, dict) and info.get("architecture") == "EncoderClassifier"
+        if classifier:
             model, tokenizer, names, max_len = classify.load(out_dir, self.device)
             return dict(
                 task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from lib.common import Error, read_json
+from lib.schema import check_meta
 
 # what each task's meta.json must hold (data/README.md)
 META_KEYS = {
@@ -26,17 +27,11 @@ META_KEYS = {
 
 
 def read_meta(data_dir):
-    """A prepared dataset's meta.json, checked: a task this project knows, every key it needs,
-    a known dtype."""
+    """A prepared dataset's meta.json, checked (lib/schema.check_meta): a task this project knows,
+    every key it needs, each of its type."""
     path = os.path.join(data_dir, "meta.json")
     meta = read_json(path, "dataset description (meta.json)")
-    task = meta.get("task")
-    check(task in META_KEYS, path, f"task {task!r} is neither lm nor classify")
-    missing = [key for key in META_KEYS[meta["task"]] if key not in meta]
-    check(not missing, path, f"no {missing[0]!r} key" if missing else "")
-    dtype = meta["dtype"]
-    check(dtype in ("uint16", "uint32"), path, f"dtype {dtype!r} is neither uint16 nor uint32")
-    return meta
+    return check_meta(meta, path, META_KEYS)
 
 
 def check(ok, path, what):
@@ -132,6 +127,11 @@ class ClassificationData:
         self.tokens = load_array(path + ".bin", dtype=meta["dtype"])
         self.offsets = load_array(path + ".offsets.npy")
         self.labels = load_array(path + ".labels.npy")
+        check(
+            self.labels.ndim == 1 and np.issubdtype(self.labels.dtype, np.integer),
+            path + ".labels.npy",
+            f"{self.labels.dtype} labels of shape {self.labels.shape}, not one integer per row",
+        )
         n = meta["splits"][split]
         check(
             len(self.labels) == n,

@@ -5,6 +5,7 @@ exits."""
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
 from contextlib import contextmanager, nullcontext
@@ -37,8 +38,18 @@ def run_script(main, prog):
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
-        """One line through run_script, not argparse's usage block and exit."""
-        raise Error(f"{message} (see --help)")
+        """One line through run_script, not argparse's usage block and exit; a long value it
+        quotes (a number of 5,000 digits) is cut to its start."""
+        raise Error(f"{LONG_QUOTE.sub(shorten_quote, message)} (see --help)")
+
+
+# a quoted value too long for a one-line message
+LONG_QUOTE = re.compile(r"'([^']{61,})'")
+
+
+def shorten_quote(match):
+    text = match.group(1)
+    return f"'{text[:40]}...' ({len(text):,} characters)"
 
 
 def at_least(low, kind=int):
@@ -158,14 +169,30 @@ def sync(device):
 def atomic_path(path):
     """Yields a unique temporary name beside path (two writers never share one); on success it
     replaces path in one step (os.replace), on failure it is deleted: a crash never leaves half a
-    file under the real name."""
+    file under the real name. The file reaches the disk before the rename and the rename before
+    the return (fsync of the file, then of its folder), so a power loss leaves the old file or
+    the new one whole."""
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
         yield tmp
+        fsync(tmp)
         os.replace(tmp, path)
+        fsync(os.path.dirname(os.path.abspath(path)))
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def fsync(path):
+    """Flush a file's or a folder's contents to the disk (folders: on POSIX; Windows cannot open
+    one, and its renames need no flush of the folder)."""
+    if os.path.isdir(path) and os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path, obj):

@@ -1,24 +1,10 @@
 """Drawing, for the tools (plot.py, classify.py, bench/): the loss curves of runs from their
 metrics.jsonl, and matplotlib set up to draw into files."""
 
-import json
 import os
 
 from lib.common import Error
-
-
-def read_metrics(out_dir):
-    """The lines of out_dir/metrics.jsonl, in order."""
-    path = os.path.join(out_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise Error(f"{path}: no such file: point at an out_dir that train.py wrote")
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as e:
-        raise Error(
-            f"{path}: not a readable metrics file ({type(e).__name__}): was it cut short?"
-        ) from None
+from lib.records import read_metrics
 
 
 def plot_runs(out_dirs, path, x="step"):

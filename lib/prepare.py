@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import time
 import urllib.request
 
@@ -20,6 +21,8 @@ import numpy as np
 from lib.common import ArgumentParser, Error, atomic_path, write_json
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
+# a label written as an integer: ASCII digits ("²" and "--1" are no class), short enough for int()
+INTEGER = re.compile(r"-?[0-9]{1,18}")
 
 
 def fraction(text):
@@ -88,7 +91,7 @@ def label_ids(values, names):
             value = value.strip()
             if value in names:
                 return names.index(value), False
-            value = int(value) if value.lstrip("-").isdigit() else None
+            value = int(value) if INTEGER.fullmatch(value) else None
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         number = isinstance(value, (int, np.integer)) and not isinstance(value, bool)

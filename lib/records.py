@@ -3,9 +3,55 @@ wandb when asked (plot.py draws the loss curves from those files)."""
 
 import json
 import os
+import sys
 import time
 
-from lib.common import atomic_path
+from lib.common import Error, atomic_path
+
+
+def read_metrics(out_dir):
+    """The records of out_dir/metrics.jsonl, in order. A last line that is not a whole record (a
+    crash or a full disk cut the write short) is dropped with a one-line warning on stderr; a
+    damaged line before it is an Error naming the file and the line."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise Error(f"{path}: no such file: point at an out_dir that train.py wrote")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise Error(f"{path}: not a readable metrics file ({type(e).__name__})") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record = parse_record(line)
+        if record is not None:
+            records.append(record)
+        elif number == len(lines):
+            sys.stderr.write(
+                f"warning: {path}:{number}: dropped a torn last line (a cut-short write)\n"
+            )
+        else:
+            raise Error(
+                f"{path}:{number}: not a record with an integer 'step': repair or delete that line"
+            )
+    return records
+
+
+def parse_record(line):
+    """The JSON object of one metrics line, or None when the line is not one with an integer
+    step."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    return record
 
 
 class RunRecord:
@@ -22,9 +68,9 @@ class RunRecord:
         self.t0 = time.perf_counter() - resumed_seconds
         kept = []
         if resumed_step is not None and os.path.isfile(self.path):
-            for line in open(self.path):
-                if line.strip() and self.before(json.loads(line), resumed_step):
-                    kept.append(line)
+            for record in read_metrics(out_dir):
+                if self.before(record, resumed_step):
+                    kept.append(json.dumps(record) + "\n")
         with atomic_path(self.path) as tmp, open(tmp, "w") as f:
             f.writelines(kept)
 

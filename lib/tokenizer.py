@@ -22,6 +22,15 @@ def get_tokenizer(spec, where="tokenizer"):
     return BPETokenizer(spec["encoding"], spec.get("lowercase", False))
 
 
+def check_vocabulary(tokenizer, vocab_size, where):
+    """The tokenizer's ids all index the model's embedding table of vocab_size rows."""
+    if tokenizer.vocab_size > vocab_size:
+        raise Error(
+            f"{where}: the tokenizer has {tokenizer.vocab_size:,} tokens, the model's vocabulary "
+            f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
+        )
+
+
 class CharTokenizer:
     def __init__(self, chars):
         self.chars = chars

@@ -90,3 +90,47 @@ def test_options_gpt2_lacks_are_refused(tmp_path, option):
     with pytest.raises(Error, match=f"{name}=.* has no place in GPT-2's layout"):
         export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
     assert not os.path.exists(tmp_path / "hf")
+
+
+def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
+    """The checkpoint being exported is never the target; an earlier export (or any folder with
+    model.safetensors or config.json) is replaced only with overwrite."""
+    checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
+    saved = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    with pytest.raises(Error, match="is the checkpoint being exported: pass another folder"):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "ckpt"), overwrite=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == saved
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"an earlier export")
+    with pytest.raises(Error, match=r"already holds a model \(model.safetensors, config.json\)"):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == b"an earlier export"
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"), overwrite=True)
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() != b"an earlier export"
+
+
+def test_a_half_precision_char_export_samples_with_its_own_tokenizer(tmp_path):
+    """The hub's folders hold float16 or bfloat16 weights: they load as float32, the dtype the
+    model runs in; a character model's export is sampled with its characters, not GPT-2's BPE."""
+    from safetensors.torch import load_file, save_file
+
+    from model import load_pretrained
+    from sample import load
+
+    ours = checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    weights = tmp_path / "hf" / "model.safetensors"
+    for dtype in (torch.float16, torch.bfloat16):
+        save_file({k: v.to(dtype) for k, v in load_file(weights).items()}, weights)
+        model, info = load_pretrained(str(tmp_path / "hf"))
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        idx = torch.randint(0, 8, (2, 20))
+        with torch.no_grad():
+            assert torch.allclose(model(idx)[0], ours(idx)[0], atol=0.05)
+    model, tokenizer, _ = load(str(tmp_path / "hf"), "cpu", hub=True)
+    assert tokenizer.decode(tokenizer.encode("hgfabc")) == "hgfabc" and tokenizer.vocab_size == 8
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["tokenizer"]["chars"] = "abcdefghij"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Error, match="config.json: the tokenizer has 10 tokens, the model's vocab"):
+        load(str(tmp_path / "hf"), "cpu", hub=True)

@@ -267,6 +267,18 @@ BAD_INPUTS = [
         "frequency_penalty must be a finite number",
     ),
     ("sample.py", ["--out_dir={d}/gpt", "--top_k=-3"], "top_k must be >= 0"),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--seed=18446744073709551616"],
+        "--seed 18446744073709551616: must be",
+    ),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--seed=18446744073709551615", "--num_samples=2"],
+        "must be in [-2**63, 2**64 - num_samples]",
+    ),
+    ("sample.py", ["--out_dir={d}/gpt", "--seed=-9223372036854775809"], "must be in [-2**63"),
+    ("sample.py", ["--out_dir={d}/gpt", f"--top_k={'9' * 5000}"], "...' (5,000 characters)"),
     ("sample.py", ["--out_dir={d}/gpt", "--num_samples=0"], "--num_samples: must be >= 1"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=-1"], "--max_new_tokens: must be >= 0"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=ten"], "invalid int value: 'ten'"),
@@ -351,6 +363,8 @@ BAD_INPUTS = [
     ),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/a_file"], "is a file"),
     ("export.py", ["--out_dir={d}/gpt"], "required: --hf_dir"),
+    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/gpt"], "is the checkpoint being exported"),
+    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/clf"], "already holds a model"),
     ("serve.py", ["--out_dir={d}/nothing"], "no such checkpoint config"),
     ("serve.py", ["--out_dir={d}/gpt", "--out_dir={d}/gpt/"], "two checkpoints named 'gpt'"),
     ("serve.py", ["--out_dir={d}/gpt", "--port=-1"], "must be >= 0, got -1"),
@@ -566,3 +580,197 @@ def test_resume_refuses_another_optimizer(files, tmp_path):
         Error, match="different model or optimizer: optimizer='adamw' there, 'muon' here"
     ):
         run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=4", "--optimizer=muon"])
+
+
+def test_resume_drops_a_torn_last_metrics_line(files, tmp_path, capsys):
+    """A crash mid-write leaves half a line at the end of metrics.jsonl: the resume and plot.py
+    drop it with a warning; a damaged line before the last is an Error naming the file and line."""
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path}", "--max_iters=2"])
+    metrics = tmp_path / "metrics.jsonl"
+    torn = '{"step": 31, "ti'
+    metrics.write_text(metrics.read_text() + torn)
+    capsys.readouterr()
+    run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=4"])
+    assert "metrics.jsonl:" in capsys.readouterr().err
+    steps = [r["step"] for r in map(json.loads, metrics.read_text().splitlines())]
+    assert steps == sorted(steps) and 31 not in steps and max(steps) == 4
+    metrics.write_text(metrics.read_text() + torn)
+    code, _, err = cli("plot.py", tmp_path, f"--out={tmp_path / 'loss.png'}")
+    assert code == 0 and "dropped a torn last line" in err, err
+    metrics.write_text(torn + "\n" + metrics.read_text())
+    code, _, err = cli("plot.py", tmp_path, f"--out={tmp_path / 'loss.png'}")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "metrics.jsonl:1: not a record with an integer 'step'" in last, err
+    with pytest.raises(Error, match=r"metrics.jsonl:1: not a record"):
+        run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=6"])
+
+
+DELETE = object()  # a damage that removes the key
+
+
+def damaged_copy(source, dest, file, key, value):
+    """dest: a copy of the folder source whose file has key (dotted; None: the whole file) set to
+    value, removed (DELETE), or, for an int key of None, the file's text cut to that length."""
+    dest.mkdir()
+    for path in source.iterdir():
+        (dest / path.name).write_bytes(path.read_bytes())
+    text = (source / file).read_text()
+    if key is None and isinstance(value, int):
+        (dest / file).write_text(text[:value])
+        return dest
+    data = json.loads(text)
+    if key is None:
+        data = value
+    else:
+        *parents, last = key.split(".")
+        inner = data
+        for parent in parents:
+            inner = inner[parent]
+        if value is DELETE:
+            del inner[last]
+        else:
+            inner[last] = value
+    (dest / file).write_text(json.dumps(data))
+    return dest
+
+
+# (folder of the files fixture, file, key, value, the words of the line); truncations: key None
+DAMAGED_FILES = [
+    ("lm", "meta.json", None, 1, "not a readable JSON"),
+    ("lm", "meta.json", None, 40, "not a readable JSON"),
+    ("lm", "meta.json", None, [], "holds list [], not a JSON object"),
+    ("lm", "meta.json", "vocab_size", "65", "'vocab_size' must be an integer, got '65'"),
+    ("lm", "meta.json", "vocab_size", 10**30, "has ids past what uint16 holds"),
+    ("lm", "meta.json", "splits.train", "3000", "'splits.train' must be an integer"),
+    ("lm", "meta.json", "tokenizer.chars", 5, "'tokenizer.chars' must be a string, got 5"),
+    ("lm", "meta.json", "tokenizer", DELETE, "no 'tokenizer' key"),
+    ("cls", "meta.json", "max_length", "16", "'max_length' must be an integer"),
+    ("cls", "meta.json", "label_names", ["a", "a"], "'label_names' must be a list of distinct"),
+    ("cls", "meta.json", "pad_token_id", 99, "'pad_token_id' 99 is past vocab_size 10"),
+    ("gpt", "config.json", None, 1, "not a readable JSON"),
+    ("gpt", "config.json", None, 60, "not a readable JSON"),
+    ("gpt", "config.json", None, [1], "holds list [1], not a JSON object"),
+    ("gpt", "config.json", "architecture", DELETE, "no 'architecture' key"),
+    ("gpt", "config.json", "model.vocab_size", "65", "'model.vocab_size' must be an integer"),
+    ("gpt", "config.json", "model.bias", "yes", "'model.bias' must be true or false"),
+    ("gpt", "config.json", "tokenizer.chars", 5, "'tokenizer.chars' must be a string, got 5"),
+    ("gpt", "config.json", "tokenizer.chars", "abcdefghijk", "holds 11 tokens, vocab_size 10"),
+    ("clf", "config.json", "max_length", "128", "'max_length' must be an integer, got '128'"),
+    ("clf", "config.json", "label_names", ["a"], "'label_names' names 1 classes, the model has 2"),
+    ("clf", "config.json", "label_names", ["a", "a"], "must be a list of distinct strings"),
+    ("clf", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
+    ("gpt", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
+]
+# the scripts that read each kind of folder, and their arguments
+READERS = {
+    "lm": [("train.py", [*TINY, "--dataset={x}", "--out_dir={x}/out"])],
+    "cls": [("train.py", [*TINY, "--dataset={x}", "--out_dir={x}/out"])],
+    "gpt": [
+        ("sample.py", ["--out_dir={x}", "--max_new_tokens=2"]),
+        ("sample.py", ["--init_from={x}", "--max_new_tokens=2"]),
+        ("export.py", ["--out_dir={x}", "--hf_dir={x}-hf"]),
+        ("serve.py", ["--out_dir={x}", "--port=0"]),
+    ],
+    "clf": [
+        ("classify.py", ["--out_dir={x}", "abc"]),
+        ("serve.py", ["--out_dir={x}", "--port=0"]),
+    ],
+}
+
+
+@pytest.mark.parametrize("source, file, key, value, words", DAMAGED_FILES)
+def test_a_damaged_file_is_one_line_from_every_script_that_reads_it(
+    files, tmp_path, source, file, key, value, words
+):
+    folder = damaged_copy(files / source, tmp_path / source, file, key, value)
+    for script, args in READERS[source]:
+        code, _, err = cli(script, *[a.replace("{x}", str(folder)) for a in args])
+        assert code == 2 and "Traceback" not in err, (script, err[-3000:])
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"{script}: error: {folder / file}") and words in last, (
+            script,
+            last,
+        )
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [np.zeros(50, dtype=np.float32), np.zeros((50, 1), dtype=np.int64)],
+    ids=["float", "2-D"],
+)
+def test_labels_of_the_wrong_dtype_or_shape_are_one_line(files, tmp_path, labels):
+    folder = damaged_copy(files / "cls", tmp_path / "cls", "meta.json", "task", "classify")
+    np.save(folder / "train.labels.npy", labels)
+    with pytest.raises(Error, match=r"train.labels.npy: .* labels of shape .* one integer per row"):
+        run(TINY + [f"--dataset={folder}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1"])
+
+
+def test_labels_that_look_like_numbers_but_are_not_are_skipped_rows(files, tmp_path):
+    """'--1', '²', '١' and a 400-digit label are no class: classify.py --eval and
+    data/agnews/prepare.py (one reader) skip them with the rows warning, not a ValueError."""
+    rows = "text,label\nabc,0\nbca,1\ncab,--1\nacb,\u00b2\nbac,\u0661\ncba," + "9" * 400 + "\n"
+    (tmp_path / "odd.csv").write_text(rows)
+    code, out, err = cli("classify.py", f"--out_dir={files}/clf", f"--eval={tmp_path / 'odd.csv'}")
+    assert code == 0 and "skipped 4 of 6 rows (0 with no text, 4 with a label" in err, err[-2000:]
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "train.csv").write_text(rows)
+    code, _, err = cli(
+        "data/agnews/prepare.py", f"--source={tmp_path / 'source'}", f"--out_dir={tmp_path / 'o'}"
+    )
+    assert "Traceback" not in err and "skipped 4 of 6 rows" in err, err[-2000:]
+
+
+def test_seeds_and_top_k_at_their_limits(files):
+    """The largest seed torch takes samples; a top_k past the vocabulary, even of 400 digits, keeps
+    every token (the same text as top_k=0); a value too long to quote is cut in the message."""
+    common = [f"--out_dir={files}/gpt", "--start=abc", "--max_new_tokens=20"]
+    code, out, err = cli("sample.py", *common, f"--seed={2**64 - 1}")
+    assert code == 0 and out.startswith("abc"), err[-2000:]
+    code, everything, err = cli("sample.py", *common, "--top_k=0")
+    assert code == 0, err[-2000:]
+    code, huge, err = cli("sample.py", *common, f"--top_k={'9' * 400}")
+    assert code == 0 and huge == everything, err[-2000:]
+    code, _, err = cli("sample.py", *common, f"--top_k={'9' * 5000}")
+    assert code == 2 and len(err.strip()) < 200, err[-300:]
+
+
+def test_atomic_writes_reach_the_disk_before_and_after_the_rename(tmp_path, monkeypatch):
+    """The file is fsynced before it replaces the old one (a power loss then leaves one of the two
+    whole), its folder after (the rename itself is on the disk when the call returns)."""
+    import lib.common
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.path.basename(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    lib.common.write_json(str(tmp_path / "a.json"), {"x": 1})
+    assert events == [("fsync", False), ("replace", "a.json"), ("fsync", True)]
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
+
+
+def test_a_model_with_another_saves_card_is_refused(tmp_path):
+    """A crash between the weights' rename and the card's pairs new weights with an old card: the
+    card names its weights' id, and the pair is refused in one line naming both files."""
+    from model import from_checkpoint
+
+    tiny = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    tokenizer = {"type": "char", "chars": CHARS}
+    for name in ("old", "new"):
+        GPT(tiny).save_pretrained(tmp_path / name, task="lm", tokenizer=tokenizer)
+    from_checkpoint(tmp_path / "old")
+    (tmp_path / "old" / "model.safetensors").write_bytes(
+        (tmp_path / "new" / "model.safetensors").read_bytes()
+    )
+    with pytest.raises(Error, match=r"old/model.safetensors is not the model .*old/config.json"):
+        from_checkpoint(tmp_path / "old")
+    code, _, err = cli("sample.py", f"--out_dir={tmp_path / 'old'}", "--max_new_tokens=2")
+    assert code == 2 and "a save was cut short between the two" in err.splitlines()[-1], err
