@@ -59,7 +59,6 @@ class Request:
 
     def __init__(self, rows):
         self.rows = rows
-        self.submitted = time.perf_counter()
         self.first_token = None  # when its first tokens came: time to first token
 
     @property
@@ -128,7 +127,9 @@ class Engine:
             if not rows:
                 continue
             for row in rows:
-                row.slot = self.free.pop()
+                # the lowest free slots: one request's rows in order, views of the cache
+                row.slot = min(self.free)
+                self.free.remove(row.slot)
             if self.use_cache:
                 logits = self.prefill(rows[0])
                 self.cache.copy(rows[0].slot, [row.slot for row in rows[1:]])

@@ -183,12 +183,16 @@ def int8_loss(path):
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="bench/generate.py", description=__doc__)
+    p = ArgumentParser(prog="generate.py", description=__doc__)
     p.add_argument("--old", help="another checkout (a commit before): its sample.py beside ours")
     p.add_argument("--val_model", help="a trained 6 x 384 char checkpoint: int8's loss change")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quick", action="store_true", help="fewer tokens: a smoke test")
     args = p.parse_args(argv)
+    if args.old and not os.path.isfile(os.path.join(args.old, "sample.py")):
+        p.error(f"--old {args.old}: no sample.py there (a checkout of this repository)")
+    if args.val_model and not os.path.isfile(os.path.join(args.val_model, "config.json")):
+        p.error(f"--val_model {args.val_model}: no checkpoint there (config.json)")
     scale = 10 if args.quick else 1
     results = {}
     with tempfile.TemporaryDirectory() as out:
@@ -204,4 +208,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_script(main, "bench/generate.py")
+    run_script(main, "generate.py")

@@ -400,6 +400,8 @@ BAD_INPUTS = [
     ("data/shakespeare/prepare.py", ["--source={d}/nope.txt"], "no such file"),
     ("data/openwebtext/prepare.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("bench/generate.py", ["--old={d}"], "no sample.py there"),
+    ("bench/generate.py", ["--val_model={d}/missing"], "no checkpoint there"),
     ("bench/serve_load.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
     (
         "bench/serve_load.py",
