@@ -68,8 +68,8 @@ class Checker:
         kind = self.key(spec, "type", str, where="tokenizer.")
         if kind == "char":
             chars = self.key(spec, "chars", str, where="tokenizer.")
-            if not chars or len(set(chars)) != len(chars):
-                self.fail("'tokenizer.chars' must be a string of distinct characters")
+            if not chars:
+                self.fail("'tokenizer.chars' is empty: it holds the vocabulary's characters")
             if vocab_size is not None and len(chars) > vocab_size:
                 self.fail(
                     f"'tokenizer.chars' holds {len(chars):,} tokens, vocab_size {vocab_size:,}"
