@@ -2,7 +2,6 @@
 process and against DDP, a sharded run stopped and resumed under FSDP, DDP and one process, the
 bytes each process holds, and recomputed Blocks against stored activations."""
 
-import contextlib
 import copy
 import io
 import json
@@ -10,7 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
-from contextlib import nullcontext
+from contextlib import nullcontext, redirect_stderr
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -61,7 +60,8 @@ def torchrun(tmp_path, argv, processes=2):
     script = tmp_path / "fsdp_run.py"
     script.write_text(
         f"import sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
-        "train.peak_flops = lambda device, dtype: (1e15, 'a test peak')\n"
+        "def peak(device, dtype):\n    return 1e15, 'a test peak'\n"
+        "train.peak_flops = peak\n"
         "train.main(sys.argv[1:])\n"
     )
     command = [
@@ -83,7 +83,7 @@ def in_one_thread(argv):
     measured = train.peak_flops
     train.peak_flops = fixed_peak
     try:
-        with contextlib.redirect_stderr(stderr):
+        with redirect_stderr(stderr):
             model, _ = run_in_one_thread(argv[len(TINY) :])
     finally:
         train.peak_flops = measured
@@ -160,7 +160,6 @@ def assert_close(a, b, atol):
     for i, moments in moments_a.items():
         for key, v in moments.items():
             w = moments_b[i][key]
-            # the second moment, a square, is smaller still
             assert torch.allclose(v, w, rtol=0, atol=atol), (i, key, (v - w).abs().max().item())
 
 
@@ -307,6 +306,17 @@ def test_a_process_out_of_evaluation_rows_runs_as_many_forward_passes_as_rank_0(
     assert calls == [4, 1]
     assert metrics == train.evaluate(model, data, cfg, unsharded, nullcontext())
     assert calls == [4, 1, 4]
+
+
+def test_one_process_with_strategy_fsdp_runs_as_today(lm_dir, tmp_path):  # noqa: F811
+    """Sharding needs torchrun's processes: one process trains as with the default, bit for bit."""
+    argv = TINY + [f"--dataset={lm_dir}", "--max_iters=4", "--log_interval=1"]
+    default, _ = in_one_thread(argv + [f"--out_dir={tmp_path / 'ddp'}"])
+    fsdp, stderr = in_one_thread(argv + [f"--out_dir={tmp_path / 'fsdp'}", "--strategy=fsdp"])
+    assert logged(tmp_path / "ddp") == logged(tmp_path / "fsdp")
+    for (name, p), q in zip(default.state_dict().items(), fsdp.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert "process 0 of 1 holds" in stderr and "whole tensors" in stderr
 
 
 def test_muon_under_fsdp_is_refused_with_the_fix():
