@@ -5,6 +5,8 @@ One training loop for both tasks: a GPT language model (task=lm) or an encoder c
   python train.py config/agnews.py --print_config          the resolved settings as JSON, then exit
   python train.py --out_dir=out-agnews --init_from=resume  continue a run exactly where it stopped
   torchrun --standalone --nproc_per_node=4 train.py config/gpt2.py      DDP on one machine
+  torchrun --standalone --nproc_per_node=4 train.py config/finetune_shakespeare.py \
+      --init_from=gpt2-xl --strategy=fsdp --activation_checkpointing=True  past one GPU's memory
   python train.py --help                                   every key, its default and what it does
 out_dir receives model.safetensors + config.json (the best model: what sample.py and classify.py
 load), trainer_state.pt (the latest state, which init_from=resume continues) and metrics.jsonl (the
@@ -18,18 +20,26 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict, replace
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from lib import checkpoint, config
 from lib.batches import load_split
 from lib.common import Error, autocast, run_script, write_json
 from lib.config import Key
-from lib.distributed import StepGuard, agreed, started
+from lib.distributed import (
+    StepGuard,
+    agreed,
+    clip_gradients,
+    grad_scaler,
+    held_bytes,
+    micro_step,
+    parallel,
+    started,
+)
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord
 from model import GPT2_NAMES, build_model, load_pretrained
@@ -69,6 +79,17 @@ KEYS = dict(
     deterministic=Key(
         False,
         "deterministic GPU kernels (slower): identical reruns, resumes and DDP on GPUs as well",
+    ),
+    strategy=Key(
+        "ddp",
+        "under torchrun: ddp, a whole copy of the model on each process; fsdp, parameters, "
+        "gradients and AdamW's moments sharded over the processes (one process: no difference)",
+        choices=("ddp", "fsdp"),
+    ),
+    activation_checkpointing=Key(
+        False,
+        "recompute each Block's activations in the backward pass: only the Blocks' inputs are "
+        "kept, for a second forward pass (about a third more compute)",
     ),
     # evaluation, logging, checkpoints
     eval_interval=Key(250, "steps between evaluations (and checkpoints)", at_least=1),
@@ -160,6 +181,12 @@ def check_rules(cfg, resuming):
         raise broken(
             cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
         )
+    if cfg.strategy == "fsdp" and cfg.optimizer == "muon":
+        whole = (
+            "adamw with strategy=fsdp (Muon orthogonalises each whole matrix, FSDP gives each "
+            "process a slice of its rows): train Muon with strategy=ddp"
+        )
+        raise broken(cfg, "optimizer", whole)
     if cfg.gradient_accumulation_steps % processes:
         share = f"a multiple of the {processes} processes: each takes an equal share"
         raise broken(cfg, "gradient_accumulation_steps", share)
@@ -201,7 +228,7 @@ def main(argv):
 
         # a refusal on any rank is every rank's one line
         state, settings = agreed(run, open_run)
-        run = run.resolved(settings.dtype)
+        run = run.resolved(settings.dtype, settings.strategy)
         with StepGuard(run) as guard:
             return train(settings, run, guard, state)
 
@@ -213,17 +240,19 @@ def train(cfg, run, guard, state):
     source = load_source(cfg, state)
     # the settings' last values: the dataset's vocabulary, a pretrained model's shape
     cfg = model_settings(cfg, train_data.meta, source)
-    raw_model = make_model(cfg, train_data.meta, state, source).to(run.device)
+    raw_model = make_model(cfg, train_data.meta, state, source)
+    # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
+    model = parallel(raw_model, run, cfg.activation_checkpointing)
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
-    model = DDP(raw_model, device_ids=run.device_ids) if run.ddp else raw_model
     if cfg.compile:
         model = torch.compile(model)
     betas = (cfg.beta1, cfg.beta2)
     optimizers = raw_model.configure_optimizers(
         cfg.weight_decay, cfg.learning_rate, betas, run.device_type, cfg.optimizer
     )
-    scaler = torch.amp.GradScaler(run.device_type, enabled=run.dtype == "float16")
-    step, best, seconds = checkpoint.restore(state, optimizers, scaler)
+    scaler = grad_scaler(run)
+    sharded_model = raw_model if run.sharded else None
+    step, best, seconds = checkpoint.restore(state, optimizers, scaler, sharded_model)
     resumed_step = None if state is None else step
     record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, resumed_step)
     card = checkpoint.model_card(cfg, train_data.meta)
@@ -231,9 +260,11 @@ def train(cfg, run, guard, state):
     metric, goal = train_data.best
 
     def save(step, best):
-        """trainer_state.pt: the model, the optimizers and where the run stands."""
-        progress = dict(step=step, best=best, seconds=record.seconds(), config=asdict(cfg))
-        checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress)
+        """trainer_state.pt: the model, the optimizers and where the run stands. Called on every
+        rank (FSDP's shards are gathered); rank 0 writes."""
+        seconds = record.seconds() if run.master else None
+        progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
+        checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
 
     micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
     rows_per_step = cfg.batch_size * cfg.gradient_accumulation_steps
@@ -252,8 +283,7 @@ def train(cfg, run, guard, state):
         if guard.stop_now():
             bar.close()
             with guard.stopping(step, cfg.out_dir):
-                if run.master:
-                    save(step, best)
+                save(step, best)
         lr = get_lr(step, cfg)
         for optimizer in optimizers:
             for group in optimizer.param_groups:
@@ -266,15 +296,16 @@ def train(cfg, run, guard, state):
                 line = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
                 bar.write(f"step {step}: {line}", file=sys.stderr)
                 record.log(step, **metrics, lr=lr)
-                # nothing new to save at a run's first evaluation
-                if step > first_step and not cfg.eval_only:
-                    if improves(metrics[metric], best, goal):
-                        best = metrics[metric]
-                        best_step = step
-                        scores = {"step": step, **metrics}
-                        raw_model.save_pretrained(cfg.out_dir, **card, metrics=scores)
-                    if best_step == step or cfg.always_save_checkpoint:
-                        save(step, best)
+            # nothing new to save at a run's first evaluation; every rank decides alike (the
+            # metrics are all-reduced) and takes part in the saves, rank 0 writes
+            if step > first_step and not cfg.eval_only:
+                if improves(metrics[metric], best, goal):
+                    best = metrics[metric]
+                    best_step = step
+                    scores = {"step": step, **metrics}
+                    checkpoint.save_model(raw_model, cfg.out_dir, run, **card, metrics=scores)
+                if best_step == step or cfg.always_save_checkpoint:
+                    save(step, best)
             # the bar's rate and the logged speed count training steps, not evaluations
             bar.unpause()
             speed.skip(time.perf_counter() - eval_start)
@@ -290,10 +321,9 @@ def train(cfg, run, guard, state):
             first = (run.rank * micro_steps + micro) * cfg.batch_size
             batch = train_data.batch(rows[first : first + cfg.batch_size])
             batch = to_device(batch, run.device)
-            # without no_sync DDP would all-reduce on every micro-step; it must wrap the forward
-            # as well as the backward
+            # the gradients reduced over the processes once, in the step's last micro-step
             last = micro == micro_steps - 1
-            with model.no_sync() if run.ddp and not last else nullcontext():
+            with micro_step(model, run, last):
                 with ctx:
                     _, loss = model(**batch)
                     loss = loss / micro_steps
@@ -303,11 +333,16 @@ def train(cfg, run, guard, state):
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
         max_norm = cfg.grad_clip or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
+        norm = clip_gradients(raw_model, max_norm, run)
         loss_value, norm_value = guard.gather(loss_sum, norm)  # the step's one sync
         check_finite(loss_value, norm_value, step, scaler, cfg.out_dir)
         for optimizer in optimizers:
             scaler.step(optimizer)
+        if step == first_step:  # every gradient and optimizer state exists now, until zero_grad
+            held = held_bytes(raw_model, optimizers, run)
+            if run.master:
+                bar.write(memory_lines(held, run.sharded), file=sys.stderr)
+        for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         scaler.update()
         step += 1
@@ -436,6 +471,22 @@ def start_records(cfg, run, model, seconds, resumed_step):
     return record, wandb_run, speed
 
 
+def memory_lines(held, sharded):
+    """Among the run's first lines, one for each process: the bytes of parameters, gradients and
+    optimizer state it holds (held_bytes: measured from the tensors; under FSDP its shards)."""
+    how = "its shards" if sharded else "whole tensors"
+    lines = []
+    for rank, sizes in enumerate(held):
+        parameters, gradients, states = sizes.values()
+        total = sum(sizes.values()) / 2**30
+        lines.append(
+            f"process {rank} of {len(held)} holds {parameters:,} bytes of parameters, "
+            f"{gradients:,} of gradients and {states:,} of optimizer state "
+            f"({total:.2f} GiB, {how})"
+        )
+    return "\n".join(lines)
+
+
 def get_lr(step, cfg):
     """Linear warmup for warmup_iters steps, then cosine decay to min_lr at lr_decay_iters, then
     min_lr."""
@@ -493,19 +544,28 @@ def evaluate_splits(model, splits, cfg, run, ctx):
 def evaluate(model, data, cfg, run, ctx):
     """Mean loss (and accuracy for labelled data) over the same eval_iters batches every time,
     shared out across the processes. The sums stay on the device until the end: one host-device
-    sync per evaluation."""
+    sync per evaluation. Under FSDP every forward pass gathers parameters from all processes, so
+    each process runs as many as rank 0 (which holds the most rows): one out of rows runs a
+    stand-in batch and counts nothing of it."""
     model.eval()
-    rows = data.eval_rows(cfg.eval_iters * cfg.batch_size)[run.rank :: run.world_size]
+    every_row = data.eval_rows(cfg.eval_iters * cfg.batch_size)
+    rows = every_row[run.rank :: run.world_size]
+    # the rows to run through: under FSDP as many as rank 0's
+    span = len(every_row[:: run.world_size]) if run.sharded else len(rows)
     sums = torch.zeros(3, device=run.device)  # loss x rows, correct predictions, rows
     sums[2] = len(rows)
-    for i in range(0, len(rows), cfg.batch_size):
-        batch = to_device(data.batch(rows[i : i + cfg.batch_size]), run.device)
+    for i in range(0, span, cfg.batch_size):
+        stand_in = i >= len(rows)
+        part = every_row[:1] if stand_in else rows[i : i + cfg.batch_size]
+        batch = to_device(data.batch(part), run.device)
         with ctx:
             logits, loss = model(**batch)
+        if stand_in:
+            continue
         sums[0] += loss.float() * len(batch["idx"])
         if data.labelled:
             sums[1] += (logits.argmax(-1) == batch["labels"]).sum()
-    if run.ddp:
+    if run.distributed:
         torch.distributed.all_reduce(sums)
     loss_sum, correct, n = sums.tolist()
     model.train()

@@ -1,6 +1,9 @@
 """What a run keeps in out_dir besides records: the lock that gives one run the folder,
 trainer_state.pt (model, optimizers, step, best metric, settings) that init_from=resume continues
-exactly, and config.json beside the model."""
+exactly, and config.json beside the model. A sharded model's (FSDP's) state is gathered whole onto
+rank 0 and saved in the layout of one process's: the same trainer_state.pt resumes under any
+strategy and number of processes (torch.distributed.checkpoint's functions, imported when a run
+shards: the import adds about a second to every start)."""
 
 import os
 import socket
@@ -11,6 +14,7 @@ from dataclasses import asdict, replace
 import torch
 
 from lib.common import Error, atomic_path
+from lib.distributed import plain_class
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
 SHAPE = (
@@ -114,12 +118,15 @@ def resume(settings, user_keys):
     return state, replace(settings, **kept)
 
 
-def save_state(out_dir, model, optimizers, scaler, progress):
-    """The whole trainer state in one file, atomically; progress: step, best, seconds and settings
-    (config)."""
+def save_state(out_dir, model, optimizers, scaler, progress, run):
+    """The whole trainer state in one file, atomically, written by rank 0; progress: step, best,
+    seconds and settings (config). Under FSDP every rank takes part in gathering it."""
+    model_state, optimizer_states = gathered(model, optimizers, run.sharded)
+    if not run.master:
+        return
     state = {
-        "model": model.state_dict(),
-        "optimizers": [o.state_dict() for o in optimizers],
+        "model": model_state,
+        "optimizers": optimizer_states,
         "scaler": scaler.state_dict(),
         **progress,
     }
@@ -127,18 +134,124 @@ def save_state(out_dir, model, optimizers, scaler, progress):
         torch.save(state, tmp)
 
 
-def restore(state, optimizers, scaler):
+def save_model(model, out_dir, run, **extra):
+    """model.safetensors + config.json (save_pretrained), written by rank 0. A sharded model's
+    tensors are gathered first, every rank taking part, into a plain copy of the model on rank 0's
+    CPU."""
+    if not run.sharded:
+        if run.master:
+            model.save_pretrained(out_dir, **extra)
+        return
+    state = gathered_model(model)
+    if not run.master:
+        return
+    with torch.device("meta"):
+        copy = plain_class(model)(model.config)
+    copy.load_weights(state).save_pretrained(out_dir, **extra)
+
+
+def gathered(model, optimizers, sharded):
+    """(the model's state dict, the optimizers' state dicts) with whole tensors, in the layout of
+    model.state_dict() and optimizer.state_dict(): the saved format of every strategy. A sharded
+    model's through torch.distributed.checkpoint's full state dicts, on rank 0 (empty elsewhere)."""
+    if not sharded:
+        return model.state_dict(), [o.state_dict() for o in optimizers]
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    optimizer_states = []
+    for optimizer in optimizers:
+        named = get_optimizer_state_dict(model, optimizer, options=whole_onto_rank_0())
+        optimizer_states.append(by_index(named))
+    return gathered_model(model), optimizer_states
+
+
+def whole_onto_rank_0():
+    """The options of a sharded state gathered whole into rank 0's CPU memory; the other ranks
+    receive empty dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def gathered_model(model):
+    """A sharded model's state dict gathered whole onto rank 0, as model.state_dict() gives it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return retied(model, get_model_state_dict(model, options=whole_onto_rank_0()))
+
+
+def retied(model, state):
+    """A gathered state as model.state_dict() gives it: each tensor in memory of its own size (the
+    gather leaves some as views into a padded buffer, which torch.save would write whole and
+    safetensors refuses), and the names of one shared parameter (GPT's head and token table)
+    pointing at one tensor, which torch.save then writes once (the gather copies it per name)."""
+    for name, tensor in state.items():
+        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            state[name] = tensor.clone()
+    first = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        kept = first.setdefault(id(p), name)
+        if kept != name and name in state:
+            state[name] = state[kept]
+    return state
+
+
+def by_index(named):
+    """An optimizer state dict keyed by parameter names (torch.distributed.checkpoint's) keyed by
+    index instead, as optimizer.state_dict() numbers the parameters: in order through the groups.
+    An empty dict (a rank other than 0) stays empty."""
+    if not named:
+        return {}
+    index = {}
+    groups = []
+    for group in named["param_groups"]:
+        for name in group["params"]:
+            index[name] = len(index)
+        settings = {k: v for k, v in group.items() if k != "params"}
+        groups.append({**settings, "params": [index[name] for name in group["params"]]})
+    state = {index[name]: s for name, s in named["state"].items()}
+    return {"state": state, "param_groups": groups}
+
+
+def by_name(saved, model, optimizer):
+    """by_index's inverse for this model and optimizer: the saved numbers are the optimizer's
+    parameters in order through its groups, each named as model.named_parameters() names it."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    groups = []
+    for group in saved["param_groups"]:
+        settings = {k: v for k, v in group.items() if k != "params"}
+        groups.append({**settings, "params": [ordered[i] for i in group["params"]]})
+    state = {ordered[i]: s for i, s in saved["state"].items()}
+    return {"state": state, "param_groups": groups}
+
+
+def restore(state, optimizers, scaler, sharded_model=None):
     """(step, best metric or None, seconds so far) of a resumed state, its optimizer states loaded;
-    from scratch (0, None, 0.0). fp16's loss scale carries over; a disabled scaler (bf16 and fp32
-    runs) saved an empty state, which an enabled one cannot load: it keeps its initial scale then
-    (and a disabled one ignores a saved scale)."""
+    from scratch (0, None, 0.0). sharded_model: the FSDP model the optimizers update, whose
+    processes each take their shards' slices of the saved whole tensors. fp16's loss scale carries
+    over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which an enabled one cannot
+    load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
     if state is None:
         return 0, None, 0.0
     for optimizer, saved in zip(optimizers, state["optimizers"]):
-        optimizer.load_state_dict(saved)
+        if sharded_model is None:
+            optimizer.load_state_dict(saved)
+        else:
+            load_sharded(sharded_model, optimizer, saved)
     if scaler.is_enabled() and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     return state["step"], state["best"], state.get("seconds", 0.0)
+
+
+def load_sharded(model, optimizer, saved):
+    """A saved optimizer state (whole tensors, by index) into the optimizer of a sharded model:
+    every process holds the whole state (mmapped) and takes its shards' slices of it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    named = by_name(saved, model, optimizer)
+    set_optimizer_state_dict(model, optimizer, named, options=options)
 
 
 def model_card(settings, meta):

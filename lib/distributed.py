@@ -1,16 +1,21 @@
-"""What a run's processes are (Run, from started(): device, dtype, rank) and what may stop them
-between steps (StepGuard): a signal, or another rank's stop. One process or torchrun's group (DDP:
-NCCL on CUDA, gloo on CPUs)."""
+"""What a run's processes are (Run, from started(): device, dtype, rank), how the model is spread
+over them (parallel(): DDP's copies or FSDP's shards, activation checkpointing) and what may stop
+them between steps (StepGuard): a signal, or another rank's stop. One process or torchrun's group
+(NCCL on CUDA, gloo on CPUs). torch's FSDP and DTensor modules are imported by the functions that
+use them, when a run shards: importing them adds about a second to every start."""
 
+import functools
 import os
 import signal
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 
 from lib.common import Error, pick_device, resolve_dtype
 
@@ -22,9 +27,10 @@ class Run:
 
     device: str  # cpu, cuda:3, mps
     dtype: str  # float32, bfloat16 or float16: the autocast dtype
-    ddp: bool = False  # one of torchrun's processes
+    distributed: bool = False  # one of torchrun's processes
     rank: int = 0
     world_size: int = 1
+    sharded: bool = False  # the model sharded over the processes (strategy=fsdp under torchrun)
 
     @property
     def master(self):
@@ -42,10 +48,11 @@ class Run:
             return None
         return [torch.device(self.device).index]
 
-    def resolved(self, dtype):
+    def resolved(self, dtype, strategy="ddp"):
         """This Run with dtype as the settings ask for it (auto: the hardware's rule), checked for
-        its device."""
-        return replace(self, dtype=resolve_dtype(dtype, self.device))
+        its device, and sharded if strategy is fsdp under torchrun (one process runs unsharded)."""
+        sharded = self.distributed and strategy == "fsdp"
+        return replace(self, dtype=resolve_dtype(dtype, self.device), sharded=sharded)
 
 
 @contextmanager
@@ -88,7 +95,7 @@ def agreed(run, attempt):
         result = attempt()
     except Error as e:
         error = str(e)
-    if run.ddp:
+    if run.distributed:
         errors = [None] * run.world_size
         dist.all_gather_object(errors, error)
         error = next((e for e in errors if e), None)
@@ -97,12 +104,157 @@ def agreed(run, attempt):
     return result
 
 
+# ------------------------------------------------------------------- the model over the processes
+def parallel(model, run, checkpointing=False):
+    """The model as the training loop calls it, on run's device: the model itself in one process,
+    DDP's wrapper around it under torchrun, or the model itself sharded in place (run.sharded:
+    FSDP; it then holds this process's shards). checkpointing: each Block recomputes its
+    activations in the backward pass (recompute_blocks)."""
+    if checkpointing:
+        recompute_blocks(model)
+    if run.sharded:
+        shard(model, run)
+        return model
+    model.to(run.device)
+    if not run.distributed:
+        return model
+    return DDP(model, device_ids=run.device_ids)
+
+
+def shard(model, run):
+    """FSDP2: each Block, then the whole model (the embeddings, the tied head and the final norm
+    that remain), split by rows over the processes. A Block's parameters are all-gathered just
+    before its forward and again before its backward, and freed after each: a process holds its
+    own shards of every parameter, gradient and AdamW moment, and the whole of one Block at a time.
+    fully_shard moves the parameters to the device group by group, so the whole model never sits on
+    one GPU. GPT's head and token table stay one parameter: both belong to the outermost group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(run.device_type, (run.world_size,))
+    policy = mixed_precision(run.dtype)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def mixed_precision(dtype):
+    """FSDP's precision for an autocast dtype: in bfloat16 or float16 the parameters are
+    all-gathered in it (what autocast casts each matmul's weights to; half the bytes sent and
+    held), and the gradients reduced in float32, as DDP reduces them; the shards that the optimizer
+    updates stay float32. Autocast still runs around the forward pass, so the operations it keeps
+    in float32 (on CUDA the norms, softmax, the loss) stay there. What differs from DDP's autocast:
+    the residual stream between those operations is carried in the low precision (the embedding
+    tables are gathered in it, and each Block's input is cast to it), and the norms' gains are
+    rounded to it. float32: no casts."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if dtype == "float32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
+
+
+def recompute_blocks(model):
+    """Activation checkpointing: each Block keeps only its input through the forward pass and runs
+    again in the backward pass to rebuild the rest (torch.utils.checkpoint, non-reentrant, which
+    restores the random state: dropout draws the same masks). Each Block's forward is replaced on
+    the instance, so the modules, and the state dict's names, stay as they are (checkpoint_wrapper
+    would add a level to every name)."""
+    for block in model.blocks:
+        block.forward = functools.partial(recomputed, block, block.forward)
+
+
+def recomputed(block, forward, *args, **kwargs):
+    """forward(*args, **kwargs) checkpointed while block trains with gradients; evaluation and
+    decoding run the plain forward."""
+    if not block.training or not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def micro_step(model, run, last):
+    """The context of one micro-step's forward and backward: the gradients are reduced over the
+    processes only in the last micro-step of an optimizer step. DDP: no_sync() on the others (it
+    must wrap the forward as well as the backward); FSDP: each process keeps the unsharded
+    gradients until then (the memory of DDP's gradients, for one reduce-scatter a step)."""
+    if run.sharded:
+        model.set_requires_gradient_sync(last)
+    if run.distributed and not run.sharded and not last:
+        return model.no_sync()
+    return nullcontext()
+
+
+def clip_gradients(model, max_norm, run):
+    """Clip the gradient to max_norm by the norm of the whole gradient, returned. Under FSDP each
+    process holds a shard of every gradient: the norm is gathered from the shards' squares over
+    the processes, and every process scales its shards alike."""
+    if not run.sharded:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    parameters = list(model.parameters())
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads).full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    return norm
+
+
+def grad_scaler(run):
+    """float16's loss scaler (disabled in the other dtypes). Under FSDP each process checks only
+    its own shards for an overflow: ShardedGradScaler all-reduces the verdict, so every process
+    skips the same steps."""
+    enabled = run.dtype == "float16"
+    if run.sharded:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(run.device_type, enabled=enabled)
+    return torch.amp.GradScaler(run.device_type, enabled=enabled)
+
+
+def held_bytes(model, optimizers, run):
+    """[{"parameters", "gradients", "optimizer state"}] of every process, in rank order: the bytes
+    of those tensors that it holds, measured from them (under FSDP its local shards; a tensor
+    shared by two modules counted once). Every rank takes part (an all-gather under torchrun)."""
+    parameters = list(model.parameters())
+    grads = [p.grad for p in parameters if p.grad is not None]
+    states = []
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            states.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    held = {
+        "parameters": local_bytes(parameters, run.sharded),
+        "gradients": local_bytes(grads, run.sharded),
+        "optimizer state": local_bytes(states, run.sharded),
+    }
+    if not run.distributed:
+        return [held]
+    every = [None] * run.world_size
+    dist.all_gather_object(every, held)
+    return every
+
+
+def local_bytes(tensors, sharded):
+    """The bytes of the tensors' data on this process: under FSDP (sharded) a DTensor's local
+    shard."""
+    if sharded:
+        from torch.distributed.tensor import DTensor
+
+        tensors = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def plain_class(model):
+    """The model's own class: fully_shard makes a sharded module an instance of a subclass
+    (FSDPGPT of GPT)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+
+
 class StepGuard:
     """What may stop a run between steps; a context manager, the run's only signal handlers.
     Ctrl-C or SIGTERM asks for a stop at the next step boundary, after saving; a second Ctrl-C
     stops at once, except during the save (torchrun's agent signals every rank again when one
-    exits: a save must not be cut short by that). Under DDP the signal is all-reduced, so every
-    rank stops at the same step: one alone would leave the others waiting in an all-reduce."""
+    exits: a save must not be cut short by that). Under torchrun the signal is all-reduced, so
+    every rank stops at the same step: one alone would leave the others waiting in an all-reduce."""
 
     def __init__(self, run):
         self.run = run
@@ -130,7 +282,7 @@ class StepGuard:
         the stop signal of any rank agreed on by every rank."""
         flag = torch.full((), float(self.signum), device=self.run.device)
         loss_sum = loss_sum.float()
-        if self.run.ddp:
+        if self.run.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             dist.all_reduce(loss_sum)
             loss_sum /= self.run.world_size
@@ -139,9 +291,9 @@ class StepGuard:
         return loss, norm
 
     def stop_now(self):
-        """The signal to stop with now, or 0: under DDP the one all ranks agreed on at the last
+        """The signal to stop with now, or 0: under torchrun the one all ranks agreed on at the last
         gather; one process's own otherwise."""
-        return self.agreed_signum if self.run.ddp else self.signum
+        return self.agreed_signum if self.run.distributed else self.signum
 
     @contextmanager
     def stopping(self, step, out_dir):
@@ -150,7 +302,7 @@ class StepGuard:
         signal, as a process killed by it would."""
         self.saving = True
         yield
-        if self.run.ddp:
+        if self.run.distributed:
             dist.barrier()
         signum = self.stop_now()
         # one write: every rank prints this line at once, and print() writes text and newline apart
