@@ -389,21 +389,24 @@ class Decoder:
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
     def submit(self, prompt, picks, max_new_tokens):
+        request = self.engine.submit(prompt, picks, max_new_tokens)  # a deque: thread-safe
         with self.changed:
-            request = self.engine.submit(prompt, picks, max_new_tokens)
             self.changed.notify_all()
         return request
 
     def run(self):
+        """Steps while there is work, outside the lock: the consumers turn the last step's tokens
+        into text while the model computes the next (torch's kernels release the GIL)."""
         while True:
             with self.changed:
                 while not self.engine.busy():
                     self.changed.wait()
-                try:
-                    self.engine.step()
-                except Exception as e:  # a bug: every request in flight ends with it
-                    traceback.print_exc()
-                    self.engine.fail(f"{type(e).__name__}: {e}")
+            try:
+                self.engine.step()
+            except Exception as e:  # a bug: every request in flight ends with it
+                traceback.print_exc()
+                self.engine.fail(f"{type(e).__name__}: {e}")
+            with self.changed:
                 self.steps += 1
                 self.changed.notify_all()
 
