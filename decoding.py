@@ -148,7 +148,7 @@ def describe(ge, gt, le, help):
 
 
 class NextToken:
-    """next_token(logits [B, V], context [B, t]) -> [B] for GPT.generate: the options that are on,
+    """next_token(logits [B, V], context [B, t]) -> [B] for the engine: the options that are on,
     in Options' order, then a draw from the softmax, or the argmax when greedy or temperature == 0
     (greedy skips temperature, top-k and top-p: they never change the argmax). generator: a
     torch.Generator for the draws, made on its device (a CPU one serves a model on a GPU), so a seed

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from lib.common import Error
+from lib.common import Error, native_bf16_gpu
 from model import VARYING_LENGTHS, KVCache
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
@@ -270,7 +270,7 @@ def resolve_weights(weights, device):
     if weights != "auto":
         return weights
     kind = torch.device(device).type
-    native = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    native = kind == "cuda" and native_bf16_gpu()
     return "bfloat16" if native else "float32"
 
 

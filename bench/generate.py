@@ -4,7 +4,7 @@ Generation speed, side by side in one run, on one device:
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with its
      defaults and with --weights=int8, against the bound bandwidth / bytes read per token, and
      Hugging Face's generate on the same weights in float32 and bfloat16;
-  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here and, with --old, the
+  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (defaults, int8) and, with --old, the
      sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape: time to first token and tokens/s;
   4. with --val_model, int8's change in validation loss on a trained checkpoint.
@@ -51,14 +51,15 @@ def bytes_per_token(model, context):
     """What one decoding step reads: every weight a token multiplies (the blocks' matrices and the
     head, in their stored format; norms and biases too) and the KV cache of context positions."""
     total = 0
+    # the tables are looked up, one row a token; named_parameters lists a tied head as wte
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        if not name.startswith(("wte.", "wpe.")) or name == "lm_head.weight":
+        if not name.startswith(("wte.", "wpe.")):
             total += tensor.numel() * tensor.element_size()
-    head = model.lm_head
-    if hasattr(head, "weight") and head.weight is model.wte.weight:  # tied: the head reads wte
-        total += head.weight.numel() * head.weight.element_size()
+    table = model.wte.weight
+    if getattr(model.lm_head, "weight", None) is table:  # tied: the head multiplies wte
+        total += table.numel() * table.element_size()
     config = model.config
-    total += 2 * config.n_layer * context * config.n_embd * 4
+    total += 2 * config.n_layer * context * config.n_embd * table.element_size()
     return total
 
 
@@ -128,10 +129,12 @@ def small_shape(out, old, new_tokens):
     path = shakespeare_checkpoint(out)
     flags = ["--out_dir", path, "--start", "ROMEO:", "--max_new_tokens", str(new_tokens)]
     results = {"here": sample_py(ROOT, flags)}
+    results["here_int8"] = sample_py(ROOT, flags + ["--weights", "int8"])
     if old:
         # the older sample.py names its autocast dtype; float32 is what ours runs
         results["old"] = sample_py(old, flags + ["--dtype", "float32"])
         results["speedup"] = results["here"] / results["old"]
+        results["speedup_int8"] = results["here_int8"] / results["old"]
     return results
 
 
