@@ -4,8 +4,8 @@ Generation speed, side by side in one run, on one device:
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with its
      defaults and with --weights=int8, against the bound bandwidth / bytes read per token, and
      Hugging Face's generate on the same weights in float32 and bfloat16;
-  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (defaults, int8) and, with --old, the
-     sample.py of another checkout (a commit before) on the same checkpoint;
+  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (defaults, int8) and, with
+     --old, the sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape: time to first token and tokens/s;
   4. with --val_model, int8's change in validation loss on a trained checkpoint.
   python bench/generate.py --old /tmp/old --val_model out-shakespeare-char --json gen.json
