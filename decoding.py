@@ -196,30 +196,32 @@ class NextToken:
         name, last = list(self.stages(logits, context))[-1]
         return last
 
+    def no_distribution(self, logits, context):
+        """Why the processed logits have no softmax to draw from, naming the first stage after
+        which they have none: a row all -inf, or a logit at +inf."""
+        stages = self.stages(logits, context)
+        broken = [(n, x) for n, x in stages if not torch.isfinite(torch.softmax(x, -1)).all()]
+        name, x = broken[0]
+        if name == "raw":
+            return "the model's logits are not finite numbers"
+        if (x == NEG_INF).all(-1).any():
+            return (
+                f"{name} blocks every token (it bans each token that would repeat an "
+                "n-gram; with a small vocabulary and a small n that can be all of them)"
+            )
+        return f"{name} overflows the logits (try a value nearer its off value)"
+
     def __call__(self, logits, context):
-        logits = self.process(logits, context)
-        probs = torch.softmax(logits, dim=-1)
+        processed = self.process(logits, context)
+        probs = torch.softmax(processed, dim=-1)
         if not torch.isfinite(probs).all():
-            raise Error(no_distribution(logits))
+            raise Error(self.no_distribution(logits, context))
         if self.greedy:
-            return logits.argmax(dim=-1)
+            return processed.argmax(dim=-1)
         if self.generator is not None:
             probs = probs.to(self.generator.device)
         token = torch.multinomial(probs, 1, generator=self.generator)
         return token.squeeze(-1).to(logits.device)
-
-
-def no_distribution(logits):
-    """Why the softmax of logits is not a distribution: a row all -inf, or a logit at +inf."""
-    if (logits == NEG_INF).all(-1).any():
-        return (
-            "no_repeat_ngram_size blocks every token (it bans each token that would repeat an "
-            "n-gram; with a small vocabulary and a small n that can be all of them)"
-        )
-    return (
-        "temperature or a penalty overflows the logits "
-        "(try a temperature nearer 1, smaller penalties)"
-    )
 
 
 def make_next_token(greedy=False, generator=None, **options):

@@ -39,7 +39,7 @@ class Row:
         self.remaining = max_new_tokens
         self.start = max(0, len(prompt) - block_size)  # the window: tokens[start:]
         self.slot = None
-        self.done = max_new_tokens == 0
+        self.done = False
         self.logprobs = logprobs
         self.token_logprobs = []
         self.top_logprobs = []
@@ -55,10 +55,15 @@ class Row:
 
 
 class Request:
-    """The rows of one prompt, submitted together and prefilled once."""
+    """The rows of one prompt, submitted together and prefilled once. With echo, the prefill
+    also scores the prompt: each prompt token's log-probability given the ones before it (None
+    for the first, which has none) and, with logprobs > 0, the top alternatives at each."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, echo=False):
         self.rows = rows
+        self.echo = echo
+        self.prompt_logprobs = None
+        self.prompt_top_logprobs = None
         self.first_token = None  # when its first tokens came: time to first token
 
     @property
@@ -84,17 +89,20 @@ class Engine:
         self.waiting = deque()
         self.active = []
 
-    def submit(self, prompt, picks, max_new_tokens, logprobs=None):
-        """A Request of one row per pick, decoded from the next step on; prompt: token ids."""
+    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False):
+        """A Request of one row per pick, decoded from the next step on; prompt: token ids.
+        echo: score the prompt too (it must fit in block_size)."""
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         if len(picks) > len(self.cache.lengths):
             raise Error(f"{len(picks)} rows asked of an engine of {len(self.cache.lengths)}")
+        if echo and len(prompt) > self.block_size:
+            raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         rows = []
         for pick in picks:
             row = Row(prompt, pick, max_new_tokens, self.block_size, logprobs)
             rows.append(row)
-        request = Request(rows)
+        request = Request(rows, echo)
         self.waiting.append(request)
         return request
 
@@ -130,33 +138,39 @@ class Engine:
                 # the lowest free slots: one request's rows in order, views of the cache
                 row.slot = min(self.free)
                 self.free.remove(row.slot)
+            # every position's logits to score the prompt, else the last one's
+            keep = len(rows[0].tokens) if request.echo else 1
             if self.use_cache:
-                logits = self.prefill(rows[0])
+                logits = self.prefill(rows[0], keep)
                 self.cache.copy(rows[0].slot, [row.slot for row in rows[1:]])
             else:
-                logits = self.window_logits(rows[0])
+                logits = self.window_logits(rows[0], keep)
+            if request.echo:
+                score_prompt(request, logits, rows[0].logprobs)
             for row in rows:
-                self.take(row, logits)
+                self.take(row, logits[-1:])
             request.first_token = time.perf_counter()
             self.active.extend(rows)
             joined.extend(rows)
         return joined
 
-    def prefill(self, row):
-        """The row's window into its slot, afresh -> the logits [1, vocab] after it."""
+    def prefill(self, row, keep=1):
+        """The row's window into its slot, afresh -> the logits [keep, vocab] of its last keep
+        positions."""
         self.cache.reset(row.slot)
         window = row.tokens[row.start :]
         idx = torch.tensor([window], device=self.device)
         step = self.cache.step([row.slot], len(window))
-        logits, _ = self.model(idx, cache=step, logits_to_keep=1)
-        return logits[:, -1]
+        logits, _ = self.model(idx, cache=step, logits_to_keep=keep)
+        return logits[0]
 
-    def window_logits(self, row):
-        """The uncached path: the row's whole window through the model -> logits [1, vocab]."""
+    def window_logits(self, row, keep=1):
+        """The uncached path: the row's whole window through the model -> the logits
+        [keep, vocab] of its last keep positions."""
         self.slide(row)
         idx = torch.tensor([row.tokens[row.start :]], device=self.device)
-        logits, _ = self.model(idx, logits_to_keep=1)
-        return logits[:, -1]
+        logits, _ = self.model(idx, logits_to_keep=keep)
+        return logits[0]
 
     def decode(self, rows):
         """Each row's last token through the model in one forward (a row whose window is full
@@ -184,7 +198,11 @@ class Engine:
         return True
 
     def take(self, row, logits):
-        """The row's next token from its logits [1, vocab], picked with its whole context."""
+        """The row's next token from its logits [1, vocab], picked with its whole context; a row
+        asked for no tokens is done instead."""
+        if row.remaining == 0:
+            row.done = True
+            return
         context = torch.tensor([row.tokens], device=self.device)
         try:
             token = row.pick(logits, context)
@@ -226,6 +244,19 @@ def record_logprobs(row, logits, token):
     if row.logprobs:
         values, ids = logprobs.topk(row.logprobs)
         row.top_logprobs.append(list(zip(ids.tolist(), values.tolist())))
+
+
+def score_prompt(request, logits, top):
+    """The request's prompt scored from its prefill's logits [T, vocab]: token t + 1's
+    log-probability after tokens 0..t, and with top > 0 the top alternatives."""
+    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+    tokens = torch.tensor(request.rows[0].tokens[1:], device=logits.device)
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+    request.prompt_logprobs = [None, *chosen.tolist()]
+    values, ids = logprobs.topk(top or 0, dim=-1)  # [T - 1, top]
+    request.prompt_top_logprobs = [None]
+    for pairs in zip(ids.tolist(), values.tolist()):
+        request.prompt_top_logprobs.append(list(zip(*pairs)))
 
 
 def generate(model, prompts, max_new_tokens, picks, use_cache=True):

@@ -1,34 +1,53 @@
 """
-A playground in the browser over this project's checkpoints, and the small JSON API behind it: type
-a prompt and watch a GPT decode, with each token's candidates before and after every decoding
-filter; type a headline and see the classifier's probabilities and every attention head.
+A playground in the browser over this project's checkpoints, and the OpenAI-style API behind it
+(FastAPI on uvicorn; its docs at /docs): type a prompt and watch a GPT decode, with each token's
+candidates before and after every decoding filter; type a headline and see the classifier's
+probabilities and every attention head.
   python serve.py --out_dir=out-shakespeare-char --out_dir=out-agnews
       then open http://127.0.0.1:8000
   GET  /v1/models        the loaded checkpoints
-  POST /v1/completions   OpenAI's fields (prompt, max_tokens, temperature, top_p, n, stop,
-                         frequency_penalty, presence_penalty, seed, stream as server-sent events)
-                         and this project's (top_k, repetition_penalty, no_repeat_ngram_size;
-                         trace: the top candidates at every filter)
+  GET  /v1/options       every decoding option, as decoding.Options declares it
+  POST /v1/completions   OpenAI's fields: prompt (a text, token ids, or a list of either),
+                         max_tokens, n, stop, seed, stream (server-sent events), stream_options,
+                         logprobs, echo, and every decoding option; trace: the top candidates at
+                         every filter
   POST /v1/classify      {"input": a text or a list of texts, "attention": true for one text's
                          every head}
-Checkpoints load and decode through sample.py's and classify.py's own functions. Model calls run one
-at a time (a decoding step of one request, then one of another), so streams interleave; a stream
-whose client goes away stops.
+  GET /tokenizer_info, POST /tokenize, POST /detokenize    vLLM's, which lm-evaluation-harness
+                         reads to tokenize as the model does
+Checkpoints load and decode through sample.py's and classify.py's own functions; a GPT's requests
+share its engine's batch, step by step. Safe by default: only Host headers that name this server
+(a page that rebinds its domain to this address sends its own), POST bodies of application/json
+only (what a page of another site cannot send without asking), no Origin but the server's own
+unless --allow_origin names it. Bounded: every request has a deadline, connections and requests in
+flight have a limit (a 503 past it), a client that leaves stops its decoding.
 Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "type", "param"}}.
 """
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
-import json
+import ipaddress
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import urllib.parse
 
+import h11
 import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import classify
 import decoding
@@ -44,26 +63,86 @@ from lib.common import (
 )
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
-MAX_BODY = 1 << 16  # bytes of one request's JSON
-MAX_TEXTS = 64  # texts in one classify request
-MAX_TRACE = 20  # candidates per filter in a trace
-MAX_ACTIVE = 16  # requests in flight at once; more get a 503
+MAX_BODY = 1 << 20  # bytes of one request's JSON (batches of token-id prompts are long)
+MAX_TEXTS = 64  # texts in one classify request, prompts in one completion request
+MAX_TRACE = 20  # candidates per filter in a trace, alternatives per token in logprobs
+MAX_ACTIVE = 16  # completion requests decoding at once, and classify requests
 MAX_ROWS = 32  # a GPT's KV cache rows: the most choices decoding at once (more wait their turn)
-# a field's accepted types and default; null means the default, as in OpenAI's API
-COMPLETION = dict(
-    model=((str,), None),
-    prompt=((str,), ""),
-    max_tokens=((int,), 16),
-    n=((int,), 1),
-    stop=((str, list), None),
-    seed=((int,), None),
-    stream=((bool,), False),
-    trace=((int,), 0),
+MAX_CONNECTIONS = 256  # open connections; past it every request gets a 503
+WAIT = 10  # seconds a request waits for one of the MAX_ACTIVE slots, then gets a 503
+DEADLINE = 120  # seconds a request may take, its head read to its last byte sent
+HEAD_SECONDS = 10  # seconds a client may take to send a request's head
+LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+# ------------------------------------------------------------------------------- request bodies
+class Body(BaseModel):
+    """A request's JSON object: unknown fields refused, types strict (true is not a number, "2"
+    not an int), null meaning the default, as OpenAI's clients send a field left unset."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def null_is_default(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(Body):
+    include_usage: bool = Field(False, description="a last chunk with the usage")
+
+
+class CompletionFields(Body):
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        "", description="a text, token ids, or a list of either (one completion each)"
+    )
+    max_tokens: int = Field(16, ge=0, description="0: the prompt scored only (with echo)")
+    n: int = Field(1, ge=1, description="completions per prompt")
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_TRACE, description="each token's log-probability and this many top"
+    )
+    echo: bool = Field(False, description="the prompt before the completion, scored")
+    trace: int = Field(0, ge=0, le=MAX_TRACE, description="top candidates at every filter")
+
+
+def decoding_fields():
+    """decoding.Options' fields as pydantic's: the type, off value, range and help declared
+    there."""
+    made = {}
+    for f in dataclasses.fields(decoding.Options):
+        help = f.metadata["help"]
+        bounds = {k: v for k, v in f.metadata.items() if k != "help" and v is not None}
+        made[f.name] = (f.type, Field(f.default, description=help, **bounds))
+    return made
+
+
+CompletionRequest = create_model(
+    "CompletionRequest", __base__=CompletionFields, **decoding_fields()
 )
-# and every decoding option, off by default (OpenAI's defaults), its range checked by decoding
-for option in dataclasses.fields(decoding.Options):
-    COMPLETION[option.name] = ((int, float) if option.type is float else (int,), option.default)
-CLASSIFY = dict(model=((str,), None), input=((str, list), None), attention=((bool,), False))
+
+
+class ClassifyRequest(Body):
+    model: str | None = None
+    input: str | list[str] | None = None
+    attention: bool = Field(False, description="one text's every head")
+
+
+class TokenizeRequest(Body):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True  # vLLM's field; this project's tokenizers add none
+
+
+class DetokenizeRequest(Body):
+    model: str | None = None
+    tokens: list[int]
 
 
 class RequestError(Exception):
@@ -71,44 +150,50 @@ class RequestError(Exception):
 
     def __init__(self, status, message, param=None):
         super().__init__(message)
-        self.status, self.param = status, param
+        self.status = status
+        self.param = param
 
-    def body(self):
+    def response(self):
         """OpenAI's error object."""
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param}}
+        error = {"message": str(self), "type": kind, "param": self.param}
+        return JSONResponse({"error": error}, self.status)
 
 
-def fields(body, table):
-    """A request's JSON object checked against table: unknown fields, wrong types ->
-    RequestError naming the field."""
-    if not isinstance(body, dict):
-        raise RequestError(400, "the body must be a JSON object")
-    for name, value in body.items():
-        # null means not given, as OpenAI's clients send it
-        if name not in table and value is not None:
-            raise RequestError(400, f"unknown field {name!r} (fields: {', '.join(table)})", name)
-    out = {}
-    for name, (types, default) in table.items():
-        value = body.get(name)
-        if value is None:
-            value = default
-        elif type(value) not in types:  # type(), not isinstance(): true is not a number
-            raise RequestError(
-                400,
-                f"{name} must be {' or '.join(t.__name__ for t in types)}, got {value!r:.40}",
-                name,
-            )
-        # an int past a float's range; decoding works in floats
-        elif float in types and abs(value) > 1e300:
-            raise RequestError(400, f"{name} must be a finite number, got {value!r:.40}", name)
-        out[name] = value
-    return out
+def invalid(request, e):
+    """pydantic's first complaint about a body as one RequestError naming the field."""
+    first = e.errors()[0]
+    where = first["loc"]
+    if first["type"] == "json_invalid":
+        return RequestError(400, "the body is not JSON that can be read").response()
+    param = where[1] if len(where) > 1 else None
+    got = repr(first.get("input"))[:40]
+    message = f"{param}: {first['msg']}, got {got}" if param else first["msg"]
+    return RequestError(400, message, param).response()
 
 
+def refused(request, e):
+    return e.response()
+
+
+def http_error(request, e):
+    """Starlette's own refusals (no route, a body it cannot parse) as OpenAI's error object."""
+    message = e.detail
+    if e.status_code == 404:
+        message = f"no endpoint {request.url.path}: see /docs"
+    return RequestError(e.status_code, message).response()
+
+
+def server_error(request, e):
+    """A bug: its traceback to the log, one line to the client."""
+    traceback.print_exception(e)
+    return RequestError(500, f"{type(e).__name__}: {e}").response()
+
+
+# ------------------------------------------------------------------------------ the checkpoints
 class Playground:
-    """The loaded checkpoints, what bounds a request, and the lock that runs one model call
-    at a time."""
+    """The loaded checkpoints and what bounds a request: slots for the requests in flight, and
+    the lock that runs one classifier call at a time (a GPT's run in its decoder's thread)."""
 
     def __init__(
         self,
@@ -125,9 +210,9 @@ class Playground:
         self.max_tokens = max_tokens
         self.max_n = min(max_n, rows)
         self.rows = rows
-        # the classifiers' calls, one at a time (a GPT's run in its decoder's thread)
         self.lock = threading.Lock()
-        self.slots = threading.BoundedSemaphore(max_active)
+        self.completions = Slots(max_active)
+        self.classifications = Slots(max_active)
         self.tokens_generated = 0  # every request's, for the tests and the load benchmark
         for out_dir in out_dirs:
             name = os.path.basename(os.path.abspath(out_dir))
@@ -153,23 +238,21 @@ class Playground:
 
     def describe(self):
         """GET /v1/models: OpenAI's list, each entry with what the page needs to draw it."""
-        return {
-            "object": "list",
-            "data": [
+        data = []
+        for name, m in self.models.items():
+            config = m["model"].config
+            shape = ("block_size", "n_layer", "n_head", "n_embd")
+            data.append(
                 {
                     "id": name,
                     "object": "model",
                     "owned_by": "gpt-starter",
                     "task": m["task"],
                     "labels": m.get("labels"),
-                    **{
-                        k: getattr(m["model"].config, k)
-                        for k in ("block_size", "n_layer", "n_head", "n_embd")
-                    },
+                    **{k: getattr(config, k) for k in shape},
                 }
-                for name, m in self.models.items()
-            ],
-        }
+            )
+        return {"object": "list", "data": data}
 
     @staticmethod
     def decoding_options():
@@ -204,122 +287,86 @@ class Playground:
         return name, self.models[name]
 
     # ---------------------------------------------------------------------------------- completions
-    def completion(self, body):
-        """A checked completion request -> a job: req (the fields), head (the response's fixed
-        fields), prompt_tokens, counts (tokens generated per choice, so far) and events, an iterator
-        over the decoding steps, not yet begun."""
-        req = fields(body, COMPLETION)
-        name, m = self.pick_model(req["model"], "lm")
-        block_size, tokenizer = m["model"].config.block_size, m["tokenizer"]
-        limits = [
-            ("max_tokens", 1, self.max_tokens),
-            ("n", 1, self.max_n),
-            ("trace", 0, MAX_TRACE),
-        ]
-        for field, low, high in limits:
-            if not low <= req[field] <= high:
-                raise RequestError(
-                    400, f"{field} must be in [{low}, {high}], got {req[field]}", field
-                )
-        stops = [req["stop"]] if isinstance(req["stop"], str) else req["stop"] or []
-        if len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+    def completion(self, req):
+        """A checked completion request -> a Completion, not yet submitted."""
+        name, m = self.pick_model(req.model, "lm")
+        if req.max_tokens == 0 and not req.echo:
+            raise RequestError(400, "max_tokens 0 scores the prompt: send echo too", "max_tokens")
+        limits = [("max_tokens", self.max_tokens), ("n", self.max_n)]
+        for field, high in limits:
+            if getattr(req, field) > high:
+                got = getattr(req, field)
+                raise RequestError(400, f"{field} must be at most {high}, got {got}", field)
+        stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        if len(stops) > 4 or not all(stops):
             raise RequestError(
                 400, "stop must be a non-empty string or a list of at most 4 of them", "stop"
             )
+        prompts = self.prompts(req.prompt, m)
+        seed = secrets.randbits(63) if req.seed is None else req.seed
+        names = [option.name for option in dataclasses.fields(decoding.Options)]
+        options = decoding.Options(**{name: getattr(req, name) for name in names})
+        return Completion(self, name, m, req, prompts, options, seed, stops)
+
+    def prompts(self, prompt, m):
+        """A request's prompt -> [(its text, its token ids)], one per prompt given: a text, a
+        list of token ids, or a list of either; an empty text starts from the start token."""
+        tokenizer = m["tokenizer"]
+        block_size = m["model"].config.block_size
+        one = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
+        given = [prompt] if one else prompt
+        if not 1 <= len(given) <= MAX_TEXTS:
+            raise RequestError(400, f"prompt: send 1 to {MAX_TEXTS} prompts", "prompt")
+        made = []
+        for p in given:
+            if isinstance(p, str):
+                ids = self.encode(tokenizer, p, "prompt") if p else [tokenizer.start_token]
+            else:
+                ids = self.check_ids(tokenizer, p, "prompt")
+            if len(ids) > block_size:
+                raise RequestError(
+                    400,
+                    f"prompt is {len(ids)} tokens, past this model's block_size {block_size}",
+                    "prompt",
+                )
+            text = p if isinstance(p, str) else tokenizer.decode(ids)
+            made.append((text, ids))
+        return made
+
+    @staticmethod
+    def encode(tokenizer, text, field):
         try:
-            prompt = tokenizer.encode(req["prompt"]) if req["prompt"] else [tokenizer.start_token]
+            return tokenizer.encode(text)
         except Error as e:  # a character a char model never saw
-            raise RequestError(400, f"prompt: {e}", "prompt") from None
-        if len(prompt) > block_size:
+            raise RequestError(400, f"{field}: {e}", field) from None
+
+    @staticmethod
+    def check_ids(tokenizer, ids, field):
+        """Token ids, each checked to be one of the tokenizer's."""
+        if not ids:
+            raise RequestError(400, f"{field}: a list of token ids must not be empty", field)
+        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+        if bad:
             raise RequestError(
                 400,
-                f"prompt is {len(prompt)} tokens, past this model's block_size {block_size}",
-                "prompt",
+                f"{field}: token id {bad[0]} is not in [0, {tokenizer.vocab_size})",
+                field,
             )
-        seed = secrets.randbits(63) if req["seed"] is None else req["seed"]
-        names = [option.name for option in dataclasses.fields(decoding.Options)]
-        try:
-            options = decoding.Options(**{name: req[name] for name in names})
-        except Error as e:  # its messages begin with the option's name
-            raise RequestError(400, str(e), str(e).split()[0]) from None
-        try:  # generators of the request's own: a choice draws as it would alone
-            picks = sample.make_picks(options, False, seed, req["n"], tokenizer.vocab_size)
-        except (RuntimeError, ValueError, OverflowError) as e:  # past the 64 bits a generator takes
-            raise RequestError(400, f"seed: {e}", "seed") from None
-        traces = [[] for _ in picks]
-        if req["trace"]:
-            picks = [traced(pick, req["trace"], tokenizer, t) for pick, t in zip(picks, traces)]
-        head = {
-            "id": f"cmpl-{secrets.token_hex(12)}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": name,
-        }
-        counts = [0] * req["n"]
-        decoder = m["decoder"]
-        request = decoder.submit(prompt, picks, req["max_tokens"])
-        events = self.events(decoder, request, tokenizer, stops, counts, traces)
-        return dict(req=req, head=head, prompt_tokens=len(prompt), counts=counts, events=events)
-
-    def events(self, decoder, request, tokenizer, stops, counts, traces):
-        """Per generated token of each choice, what it adds: (its index, its printable new text:
-        never half a character nor a tail that may start a stop string, its finish reason once
-        it ends: "stop", or "length" at max_tokens, the trace of its new token or None). The
-        request's rows stop decoding when this generator is closed (the client gone)."""
-        n = len(request.rows)
-        shown = [0] * n
-        finished = [False] * n
-        texts = [""] * n
-        try:
-            for _ in decoder.progress(request):
-                events = []
-                for i, row in enumerate(request.rows):
-                    generated = row.generated
-                    while not finished[i] and counts[i] < len(generated):
-                        counts[i] += 1
-                        self.tokens_generated += 1
-                        texts[i] = tokenizer.decode(generated[: counts[i]])
-                        cut = sample.first_stop(texts[i], stops)
-                        if cut >= 0:
-                            texts[i] = texts[i][:cut]
-                            finished[i] = True
-                            row.finish()
-                        out = texts[i] if finished[i] else sample.printable(texts[i], stops)
-                        trace = traces[i][counts[i] - 1] if traces[i] else None
-                        reason = "stop" if finished[i] else None
-                        events.append((i, out[shown[i] :], reason, trace))
-                        shown[i] = max(shown[i], len(out))
-                yield events
-                for row in request.rows:
-                    if row.error:  # no token left to draw: the message names the option
-                        raise RequestError(400, row.error, row.error.split()[0])
-        finally:
-            request.finish()
-        ends = []
-        for i in range(n):
-            if not finished[i]:
-                ends.append((i, texts[i][shown[i] :], "length", None))
-        yield ends
+        return ids
 
     # ------------------------------------------------------------------------------------- classify
-    def classify(self, body):
+    def classify(self, req):
         """POST /v1/classify: the probabilities classify.py gives (its predict, the same batches),
         and with attention one text's tokens and maps [layer][head][query][key]."""
-        req = fields(body, CLASSIFY)
-        name, m = self.pick_model(req["model"], "classify")
-        texts = [req["input"]] if isinstance(req["input"], str) else req["input"]
-        if (
-            texts is None
-            or not texts
-            or len(texts) > MAX_TEXTS
-            or not all(isinstance(t, str) and t.strip() for t in texts)
-        ):
+        name, m = self.pick_model(req.model, "classify")
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        if not texts or len(texts) > MAX_TEXTS or not all(t.strip() for t in texts):
             raise RequestError(
                 400,
                 f"input must be a non-blank text or a list of 1 to {MAX_TEXTS} of them",
                 "input",
             )
-        if req["attention"] and len(texts) != 1:
+        if req.attention and len(texts) != 1:
             raise RequestError(
                 400,
                 "attention maps are drawn for one text: send input as a single text",
@@ -331,11 +378,9 @@ class Playground:
             raise RequestError(400, f"input: {e}", "input") from None
         with self.lock:  # float32, as classify.py runs
             probs = classify.predict(m["model"], rows, 64, self.device).tolist()
-            maps = (
-                classify.attention_maps(m["model"], rows[0], self.device)[1]
-                if req["attention"]
-                else None
-            )
+            maps = None
+            if req.attention:
+                maps = classify.attention_maps(m["model"], rows[0], self.device)[1]
         data = []
         for i, p in enumerate(probs):
             best = max(range(len(p)), key=p.__getitem__)
@@ -354,6 +399,287 @@ class Playground:
                 for layer in maps
             ]
         return {"object": "list", "model": name, "data": data}
+
+
+class Slots:
+    """At most `size` requests of a kind at once; one more waits up to WAIT seconds for a slot,
+    then is refused with a 503."""
+
+    def __init__(self, size):
+        self.semaphore = asyncio.Semaphore(size)
+
+    async def take(self):
+        try:
+            async with asyncio.timeout(WAIT):
+                await self.semaphore.acquire()
+        except TimeoutError:
+            raise RequestError(
+                503, "the server is busy with other requests: try again shortly"
+            ) from None
+
+    def give_back(self):
+        self.semaphore.release()
+
+
+# -------------------------------------------------------------------------------- one completion
+class Choice:
+    """One completion of one prompt as it decodes: its engine row, its text so far (cut before
+    a stop string), how much of that was sent, its trace, and whether it has ended."""
+
+    def __init__(self, index, row, prompt_text, trace):
+        self.index = index
+        self.row = row
+        self.prompt_text = prompt_text
+        self.trace = trace
+        self.count = 0  # generated tokens turned into text
+        self.text = ""
+        self.sent = 0  # characters of text sent
+        self.finished = False
+        self.echoed = False
+        self.offset = 0  # characters before the next token, for logprobs' text_offset
+
+
+class Completion:
+    """One completion request: n choices per prompt (in OpenAI's order), each prompt one engine
+    request of the model's Decoder; events() says what each engine step adds."""
+
+    def __init__(self, playground, name, m, req, prompts, options, seed, stops):
+        self.playground = playground
+        self.req = req
+        self.tokenizer = m["tokenizer"]
+        self.decoder = m["decoder"]
+        self.stops = stops
+        self.prompts = prompts
+        self.options = options
+        self.seed = seed
+        self.requests = []
+        self.choices = []
+        self.head = {
+            "id": f"cmpl-{secrets.token_hex(12)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+        }
+        self.slot = None
+
+    async def start(self):
+        """A slot taken (or a 503), then each prompt submitted to the decoder."""
+        slots = self.playground.completions
+        await slots.take()
+        self.slot = slots
+        req = self.req
+        vocab_size = self.tokenizer.vocab_size
+        for text, ids in self.prompts:
+            # generators of the request's own: a choice draws as it would alone
+            picks = sample.make_picks(self.options, False, self.seed, req.n, vocab_size)
+            traces = [[] for _ in picks]
+            if req.trace:
+                picks = [traced(p, req.trace, self.tokenizer, t) for p, t in zip(picks, traces)]
+            # the prompt scored only where its log-probabilities are asked for
+            echo = req.echo and req.logprobs is not None
+            request = self.decoder.submit(ids, picks, req.max_tokens, req.logprobs, echo)
+            self.requests.append(request)
+            for row, trace in zip(request.rows, traces):
+                choice = Choice(len(self.choices), row, text, trace)
+                choice.offset = 0 if req.echo else len(text)
+                self.choices.append(choice)
+
+    def close(self):
+        """Every row stops at the next step boundary, and the slot goes back (once)."""
+        for request in self.requests:
+            request.finish()
+        if self.slot is not None:
+            self.slot.give_back()
+            self.slot = None
+
+    def usage(self):
+        prompt_tokens = sum(len(ids) for _, ids in self.prompts)
+        generated = sum(choice.count for choice in self.choices)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": generated,
+            "total_tokens": prompt_tokens + generated,
+        }
+
+    async def events(self):
+        """After each engine step, what it added: [(choice index, new text, finish reason or
+        None, [trace entries], logprobs or None)], one entry per token taken (the echoed prompt
+        first). New text is never half a character nor a tail that may start a stop string. The
+        slot goes back as soon as the decoding ends, however slowly the client reads."""
+        for request in self.requests:
+            async for _ in self.decoder.progress(request):
+                yield self.step()
+            for row in request.rows:
+                if row.error:  # no token left to draw: the message names the option
+                    raise RequestError(400, row.error, option_named(row.error))
+        self.close()
+        ends = []
+        for c in self.choices:
+            if not c.finished:
+                ends.append((c.index, c.text[c.sent :], "length", [], None))
+        yield ends
+
+    def step(self):
+        events = []
+        for c in self.choices:
+            if self.req.echo and not c.echoed:
+                request = self.requests[c.index // self.req.n]
+                if request.echo and request.prompt_logprobs is None:
+                    continue  # not yet scored: it waits for a slot in the cache
+                c.echoed = True
+                events.append((c.index, c.prompt_text, None, [], self.echo_logprobs(c, request)))
+            while not c.finished and c.count < len(c.row.generated):
+                events.append(self.next_token(c))
+        return events
+
+    def next_token(self, c):
+        """The event of choice c's next generated token."""
+        c.count += 1
+        self.playground.tokens_generated += 1
+        c.text = self.tokenizer.decode(c.row.generated[: c.count])
+        cut = sample.first_stop(c.text, self.stops)
+        if cut >= 0:
+            c.text = c.text[:cut]
+            c.finished = True
+            c.row.finish()
+        out = c.text if c.finished else sample.printable(c.text, self.stops)
+        trace = [c.trace[c.count - 1]] if c.trace else []
+        reason = "stop" if c.finished else None
+        new = out[c.sent :]
+        c.sent = max(c.sent, len(out))
+        logprobs = None
+        if self.req.logprobs is not None:
+            i = c.count - 1
+            token = c.row.generated[i]
+            top = c.row.top_logprobs[i] if self.req.logprobs else []
+            logprobs = self.logprobs(c, [token], [c.row.token_logprobs[i]], [top])
+        return (c.index, new, reason, trace, logprobs)
+
+    def echo_logprobs(self, c, request):
+        """The logprobs of choice c's prompt, or None where none are asked for."""
+        if self.req.logprobs is None:
+            return None
+        tokens = c.row.tokens[: c.row.prompt_length]
+        return self.logprobs(c, tokens, request.prompt_logprobs, request.prompt_top_logprobs)
+
+    def logprobs(self, c, tokens, chosen, tops):
+        """OpenAI's logprobs object for tokens of choice c: each token's text, log-probability,
+        top alternatives {text: log-probability} (None where there is no context) and offset."""
+        texts = [self.tokenizer.decode([t]) for t in tokens]
+        offsets = []
+        for text in texts:
+            offsets.append(c.offset)
+            c.offset += len(text)
+        top_logprobs = []
+        for top in tops:
+            if top is None:
+                top_logprobs.append(None)
+            else:
+                top_logprobs.append({self.tokenizer.decode([t]): lp for t, lp in top})
+        return {
+            "tokens": texts,
+            "token_logprobs": chosen,
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
+        }
+
+    async def answer(self):
+        """The whole response of a request not streamed."""
+        choices = []
+        for c in self.choices:
+            choices.append({"text": "", "index": c.index, "logprobs": None, "finish_reason": None})
+        async for step in self.events():
+            for i, text, finish, trace, logprobs in step:
+                choice = choices[i]
+                choice["text"] += text
+                choice["finish_reason"] = finish or choice["finish_reason"]
+                if trace:
+                    choice.setdefault("trace", []).extend(trace)
+                if logprobs:
+                    join_logprobs(choice, logprobs)
+        return {**self.head, "choices": choices, "usage": self.usage()}
+
+    async def stream(self):
+        """Server-sent events, as OpenAI streams: a chunk per choice and token, the usage with
+        stream_options' include_usage, then data: [DONE]; an error past the headers is the
+        stream's last event, as OpenAI sends it."""
+        try:
+            async for step in self.events():
+                for i, text, finish, trace, logprobs in step:
+                    if text or finish or trace or logprobs:
+                        choice = {
+                            "text": text,
+                            "index": i,
+                            "logprobs": logprobs,
+                            "finish_reason": finish,
+                        }
+                        if trace:
+                            choice["trace"] = trace
+                        yield event({**self.head, "choices": [choice]})
+        except RequestError as e:
+            yield event(e.response().body)
+            return
+        options = self.req.stream_options
+        if options and options.include_usage:
+            yield event({**self.head, "choices": [], "usage": self.usage()})
+        yield b"data: [DONE]\n\n"
+
+
+def option_named(message):
+    """The decoding option an engine row's error begins with, or None."""
+    first = message.split()[0]
+    names = [f.name for f in dataclasses.fields(decoding.Options)]
+    return first if first in names else None
+
+
+def join_logprobs(choice, logprobs):
+    """A chunk's logprobs appended to a choice's."""
+    if choice["logprobs"] is None:
+        choice["logprobs"] = {key: [] for key in logprobs}
+    for key, values in logprobs.items():
+        choice["logprobs"][key].extend(values)
+
+
+def event(data):
+    """One server-sent event of a JSON object (or of JSON bytes)."""
+    if not isinstance(data, bytes):
+        data = JSONResponse(data).body
+    return b"data: " + data + b"\n\n"
+
+
+class EventStream(StreamingResponse):
+    """A completion's stream, its rows stopped whatever ends it: its last event, the client
+    leaving (Starlette cancels the stream) or the deadline."""
+
+    def __init__(self, completion):
+        super().__init__(completion.stream(), media_type="text/event-stream")
+        self.headers["Cache-Control"] = "no-cache"
+        self.completion = completion
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+            self.completion.close()
+
+
+async def until_gone(receive):
+    """Returns when the client disconnects (the body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(work, receive):
+    """work's result, or None if the client disconnects first (work is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_gone(receive))
+    await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
+    gone.cancel()
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
 
 
 def traced(pick, top, tokenizer, trace):
@@ -379,197 +705,305 @@ def traced(pick, top, tokenizer, trace):
 
 
 class Decoder:
-    """A GPT's Engine, stepped by a thread of its own while it has work: every request's rows share
-    each model step (continuous batching), and a request's consumer wakes after each step."""
+    """A GPT's Engine, stepped by a thread of its own while it has work: every request's rows
+    share each model step (continuous batching), and the requests' consumers, on the server's
+    event loop, wake after each step."""
 
     def __init__(self, engine):
         self.engine = engine
-        self.changed = threading.Condition()
+        self.work = threading.Condition()
+        self.waiting = []  # (loop, future) of each consumer waiting for the next step
         self.steps = 0
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
-    def submit(self, prompt, picks, max_new_tokens):
-        request = self.engine.submit(prompt, picks, max_new_tokens)  # a deque: thread-safe
-        with self.changed:
-            self.changed.notify_all()
+    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False):
+        with self.work:
+            request = self.engine.submit(prompt, picks, max_new_tokens, logprobs, echo)
+            self.work.notify()
         return request
 
     def run(self):
         """Steps while there is work, outside the lock: the consumers turn the last step's tokens
         into text while the model computes the next (torch's kernels release the GIL)."""
         while True:
-            with self.changed:
+            with self.work:
                 while not self.engine.busy():
-                    self.changed.wait()
+                    self.work.wait()
             try:
                 self.engine.step()
             except Exception as e:  # a bug: every request in flight ends with it
                 traceback.print_exc()
                 self.engine.fail(f"{type(e).__name__}: {e}")
-            with self.changed:
+            with self.work:
                 self.steps += 1
-                self.changed.notify_all()
+                waiting = self.waiting
+                self.waiting = []
+            for loop, future in waiting:
+                loop.call_soon_threadsafe(wake, future)
 
-    def progress(self, request):
-        """Yields after each step of the engine, until request is done."""
-        seen = 0
-        while True:
-            with self.changed:
-                while self.steps == seen and not request.done:
-                    self.changed.wait()
-                seen = self.steps
+    async def progress(self, request):
+        """Yields after each engine step while request decodes, the last time once it is done."""
+        loop = asyncio.get_running_loop()
+        while not request.done:
+            future = loop.create_future()
+            with self.work:
+                self.waiting.append((loop, future))
+            # done before the step's wake-ups were sent: no wake-up comes for this one
+            if not request.done:
+                await future
             yield
-            if request.done:
-                return
 
 
-class Handler(BaseHTTPRequestHandler):
-    server_version = "gpt-starter-playground"
-    playground = None  # set by make_server
-    quiet = False
-    # seconds a client may take to send its request or to read the next event:
-    # then it counts as gone
-    timeout = 30
-
-    def log_message(self, format, *args):
-        if not self.quiet:
-            super().log_message(format, *args)
-
-    def send(self, status, body, content_type="application/json"):
-        data = body if isinstance(body, bytes) else (json.dumps(body) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def fail(self, e):
-        self.send(e.status, e.body())
-
-    def do_GET(self):
-        if self.path in ("/", "/index.html"):
-            with open(PAGE, "rb") as f:
-                self.send(200, f.read(), "text/html; charset=utf-8")
-        elif self.path == "/v1/models":
-            self.send(200, self.playground.describe())
-        elif self.path == "/v1/options":
-            self.send(200, self.playground.decoding_options())
-        else:
-            self.fail(RequestError(404, f"no page {self.path}: try /, /v1/models or /v1/options"))
-
-    def do_POST(self):
-        routes = {"/v1/completions": self.complete, "/v1/classify": self.classify}
-        try:
-            if self.path not in routes:
-                raise RequestError(
-                    404, f"no endpoint {self.path}: POST /v1/completions or /v1/classify"
-                )
-            routes[self.path](self.body())
-        except RequestError as e:
-            self.fail(e)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            self.close_connection = True  # the client went away, or stopped reading
-        except Exception as e:  # a bug: report it, keep serving
-            traceback.print_exc()
-            self.fail(RequestError(500, f"{type(e).__name__}: {e}"))
-
-    def body(self):
-        """The request's JSON, bounded in size."""
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            raise RequestError(411, "send a Content-Length header with the JSON body")
-        if int(length) > MAX_BODY:
-            self.close_connection = True
-            # read, so that the client reads the answer, up to 1 MiB
-            self.rfile.read(min(int(length), 16 * MAX_BODY))
-            raise RequestError(413, f"the body is {length} bytes, more than {MAX_BODY}")
-        try:
-            return json.loads(self.rfile.read(int(length)))
-        # not UTF-8, not JSON, nested past Python's depth, 4300+ digits
-        except (ValueError, RecursionError) as e:
-            raise RequestError(
-                400, f"the body is not JSON that can be read ({type(e).__name__})"
-            ) from None
-
-    def classify(self, body):
-        self.send(200, self.playground.classify(body))
-
-    def complete(self, body):
-        playground = self.playground
-        job = playground.completion(body)
-        if not playground.slots.acquire(blocking=False):
-            raise RequestError(503, "the server is busy with other requests: try again shortly")
-        try:
-            if job["req"]["stream"]:
-                self.stream(job["head"], job["events"])
-                return
-            choices = [
-                {"text": "", "index": i, "logprobs": None, "finish_reason": None}
-                for i in range(len(job["counts"]))
-            ]
-            for step in job["events"]:
-                for i, text, finish, trace in step:
-                    choices[i]["text"] += text
-                    choices[i]["finish_reason"] = finish or choices[i]["finish_reason"]
-                    if trace:
-                        choices[i].setdefault("trace", []).append(trace)
-
-            generated = sum(job["counts"])
-            usage = {
-                "prompt_tokens": job["prompt_tokens"],
-                "completion_tokens": generated,
-                "total_tokens": job["prompt_tokens"] + generated,
-            }
-            self.send(200, {**job["head"], "choices": choices, "usage": usage})
-        finally:
-            job["events"].close()  # a decoding cut short (the client gone) ends where it stands
-            playground.slots.release()
-
-    def stream(self, head, events):
-        """Server-sent events, as OpenAI streams: one chunk per choice and step,
-        then data: [DONE]."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.end_headers()
-        self.close_connection = True
-        try:
-            for step in events:
-                for i, text, finish, trace in step:
-                    if text or finish or trace:
-                        choice = {
-                            "text": text,
-                            "index": i,
-                            "logprobs": None,
-                            "finish_reason": finish,
-                        }
-                        chunk = {
-                            **head,
-                            "choices": [choice | ({"trace": [trace]} if trace else {})],
-                        }
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            raise
-        # past the headers: the error is the stream's last event, as OpenAI sends it
-        except Exception as e:
-            if not isinstance(e, RequestError):  # a bug: report it, keep serving
-                traceback.print_exc()
-                e = RequestError(500, f"{type(e).__name__}: {e}")
-            self.wfile.write(f"data: {json.dumps(e.body())}\n\n".encode())
-            return
-        self.wfile.write(b"data: [DONE]\n\n")
+def wake(future):
+    if not future.done():  # its consumer may have gone
+        future.set_result(None)
 
 
-def make_server(playground, host="127.0.0.1", port=8000, quiet=False):
-    """An HTTP server over playground, each request in a thread of its own
-    (call serve_forever to run it)."""
-    handler = type("PlaygroundHandler", (Handler,), {"playground": playground, "quiet": quiet})
+# ---------------------------------------------------------------------------- what guards a request
+def host_names(host):
+    """The names a Host header may give for a server listening on host: the loopback ones for a
+    loopback address, else the address itself; None for a wildcard address (then any IP address:
+    a rebinding page sends its domain name)."""
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    if host in LOOPBACK or host.startswith("127."):
+        return LOOPBACK | {host}
+    return {host.lower()}
+
+
+def names_server(netloc, names, port):
+    """Whether a Host header (or an Origin's host) names this server: one of names (or an IP
+    address where names is None), with its port."""
     try:
-        server = ThreadingHTTPServer((host, port), handler)
+        parts = urllib.parse.urlsplit("//" + netloc)
+        given = parts.port or 80
+    except ValueError:  # a port that is not a number
+        return False
+    if given != port or parts.hostname is None:
+        return False
+    if names is not None:
+        return parts.hostname in names
+    try:
+        ipaddress.ip_address(parts.hostname)
+    except ValueError:
+        return False
+    return True
+
+
+class Guard:
+    """What every request passes before the app sees it (an ASGI middleware): a Host that names
+    this server, an Origin (when a browser sends one) that is the server's own or allowed, POST
+    bodies of JSON within MAX_BODY, and its deadline."""
+
+    def __init__(self, app, names, port, origins, deadline):
+        self.app = app
+        self.names = names
+        self.port = port
+        self.origins = set(origins)
+        self.deadline = deadline
+
+    def refusal(self, scope):
+        """The RequestError that refuses this request, or None."""
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "")
+        if not names_server(host, self.names, self.port):
+            return RequestError(
+                421, f"Host {host[:60]!r} does not name this server: use its address"
+            )
+        origin = headers.get("origin")
+        if origin is not None and origin not in self.origins:
+            parts = urllib.parse.urlsplit(origin)
+            own = parts.scheme == "http" and names_server(parts.netloc, self.names, self.port)
+            if not own:
+                return RequestError(
+                    403, f"Origin {origin[:60]!r} is not allowed: serve.py --allow_origin names it"
+                )
+        if scope["method"] != "POST":
+            return None
+        kind = headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            return RequestError(415, "POST a JSON body with Content-Type: application/json")
+        length = headers.get("content-length")
+        if length is None:
+            return RequestError(411, "send a Content-Length header with the JSON body")
+        if len(length) > 9 or int(length) > MAX_BODY:  # h11 has checked it is a number
+            return RequestError(413, f"the body is {length} bytes, more than {MAX_BODY}")
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refused = self.refusal(scope)
+        if refused is not None:
+            return await refused.response()(scope, receive, send)
+        started = []
+
+        async def send_watched(message):
+            started.append(message["type"])
+            await send(message)
+
+        deadline = asyncio.timeout(self.deadline)
+        try:
+            async with deadline:
+                await self.app(scope, receive, send_watched)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            if not started:  # else the response is cut, and uvicorn closes the connection
+                late = RequestError(503, f"the request ran past its {self.deadline} s deadline")
+                await late.response()(scope, receive, send)
+
+
+class Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1, with a limit on the time a client takes to send a request's head:
+    uvicorn times a connection only while it idles between requests, so a client that sends a
+    header line now and then would hold it for ever."""
+
+    head_timer = None
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self.time_head()
+
+    def on_response_complete(self):
+        super().on_response_complete()
+        self.time_head()
+
+    def time_head(self):
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+        self.head_timer = self.loop.call_later(HEAD_SECONDS, self.head_late)
+
+    def head_late(self):
+        # their_state leaves IDLE once a request's whole head has come
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc):
+        self.head_timer.cancel()
+        super().connection_lost(exc)
+
+
+# ------------------------------------------------------------------------------------ the app
+def make_app(playground, names, port, origins=(), deadline=DEADLINE):
+    """The FastAPI app over playground: its routes, its errors as OpenAI's, guarded."""
+    app = FastAPI(title="gpt-starter playground", docs_url="/docs", redoc_url=None)
+    app.add_exception_handler(RequestError, refused)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page():
+        with open(PAGE, encoding="utf-8") as f:
+            return f.read()
+
+    @app.get("/v1/models")
+    def models():
+        return playground.describe()
+
+    @app.get("/v1/options")
+    def options():
+        return playground.decoding_options()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        completion = playground.completion(body)
+        await completion.start()
+        if body.stream:
+            return EventStream(completion)
+        try:  # a client that leaves stops its decoding
+            return await unless_gone(completion.answer(), request.receive)
+        finally:
+            completion.close()
+
+    @app.post("/v1/classify")
+    async def classify_texts(body: ClassifyRequest):
+        slots = playground.classifications
+        await slots.take()
+        try:
+            return await asyncio.to_thread(playground.classify, body)
+        finally:
+            slots.give_back()
+
+    @app.get("/tokenizer_info")
+    def tokenizer_info(model: str | None = None):
+        _, m = playground.pick_model(model, "lm")
+        tokenizer = m["tokenizer"]
+        return {
+            "tokenizer_class": type(tokenizer).__name__,
+            "eos_token": tokenizer.decode([tokenizer.start_token]),
+            "model_max_length": m["model"].config.block_size,
+        }
+
+    @app.post("/tokenize")
+    def tokenize(body: TokenizeRequest):
+        _, m = playground.pick_model(body.model, "lm")
+        tokens = playground.encode(m["tokenizer"], body.prompt, "prompt")
+        block_size = m["model"].config.block_size
+        return {"count": len(tokens), "max_model_len": block_size, "tokens": tokens}
+
+    @app.post("/detokenize")
+    def detokenize(body: DetokenizeRequest):
+        _, m = playground.pick_model(body.model, "lm")
+        tokens = playground.check_ids(m["tokenizer"], body.tokens, "tokens")
+        return {"prompt": m["tokenizer"].decode(tokens)}
+
+    if origins:  # their pages may read the answers (after the preflight a JSON POST needs)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["content-type", "authorization"],
+        )
+    app.add_middleware(Guard, names=names, port=port, origins=origins, deadline=deadline)
+    return app
+
+
+def listen(host, port):
+    """A socket bound to host:port (IPv4 or IPv6, as host is written), or Error saying why."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except socket.gaierror as e:
+        raise Error(
+            f"cannot listen on {host!r} ({e.strerror}): give an address of this machine"
+        ) from None
     except OSError as e:
         raise Error(f"cannot listen on {host}:{port} ({e.strerror}): pick another --port") from None
-    server.daemon_threads = True
-    return server
+    return sock
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server over the playground's app, on a socket bound first (so that port 0 has
+    its number before serving)."""
+
+    def __init__(
+        self, playground, host="127.0.0.1", port=8000, quiet=False, origins=(), deadline=DEADLINE
+    ):
+        self.socket = listen(host, port)
+        self.port = self.socket.getsockname()[1]
+        app = make_app(playground, host_names(host), self.port, origins, deadline)
+        config = uvicorn.Config(
+            app,
+            http=Protocol,
+            ws="none",
+            lifespan="off",
+            limit_concurrency=MAX_CONNECTIONS,
+            log_level="warning" if quiet else "info",
+            access_log=not quiet,
+        )
+        super().__init__(config)
+
+    def serve_forever(self):
+        self.run(sockets=[self.socket])
+
+    def stop(self):
+        self.should_exit = True
 
 
 def main(argv=None):
@@ -586,10 +1020,18 @@ def main(argv=None):
     p.add_argument(
         "--host",
         default="127.0.0.1",
-        help="the address to listen on (default: %(default)s, this machine)",
+        help="the address to listen on: 127.0.0.1 or ::1 for this machine only (default: "
+        "%(default)s); 0.0.0.0 or :: for every network it is on",
     )
     p.add_argument(
         "--port", type=at_least(0), default=8000, help="(default: %(default)s; 0: any free port)"
+    )
+    p.add_argument(
+        "--allow_origin",
+        action="append",
+        default=[],
+        help="a web page's origin (such as http://localhost:3000) whose scripts may call the API; "
+        "repeat it for several",
     )
     p.add_argument(
         "--device",
@@ -621,23 +1063,31 @@ def main(argv=None):
         default=8,
         help="the most completions a request may ask for (default: %(default)s)",
     )
+    p.add_argument(
+        "--deadline",
+        type=at_least(1),
+        default=DEADLINE,
+        help="seconds a request may take, to its last byte; a stream read slower is cut "
+        "(default: %(default)s)",
+    )
     a = p.parse_args(argv)
     playground = Playground(a.out_dir, a.device, a.weights, a.max_tokens, a.max_n, rows=a.max_rows)
-    server = make_server(playground, a.host, a.port)
+    server = Server(playground, a.host, a.port, origins=a.allow_origin, deadline=a.deadline)
     for name, m in playground.models.items():
         print(
             f"loaded {name}: {m['task']}, {m['model'].num_params() / 1e6:.2f}M parameters",
             file=sys.stderr,
         )
-    print(
-        f"serving on http://{a.host}:{server.server_address[1]} (Ctrl-C stops)",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
+    if host_names(a.host) is None or not host_names(a.host) & LOOPBACK:
+        print(
+            f"warning: listening on {a.host}, beyond this machine: anyone who can reach it on "
+            "the network can use every model, with no password",
+            file=sys.stderr,
+        )
+    shown = f"[{a.host}]" if ":" in a.host else a.host
+    print(f"serving on http://{shown}:{server.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    with contextlib.closing(server.socket):
         server.serve_forever()
-    finally:
-        server.server_close()
 
 
 if __name__ == "__main__":

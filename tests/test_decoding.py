@@ -212,10 +212,11 @@ def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
     assert torch.equal(d.make_next_token().process(logits, C([1, 2], [3, 3], [0, 6])), logits)
     with pytest.raises(Error, match="no_repeat_ngram_size blocks every token"):
         d.make_next_token(no_repeat_ngram_size=1)(torch.zeros(1, 2), C([0, 1]))
-    with pytest.raises(Error, match="overflows the logits"):  # 1 / 1e-300 is inf in float32
+    # 1 / 1e-300 is inf in float32; the message names the option at fault
+    with pytest.raises(Error, match="^temperature overflows the logits"):
         d.make_next_token(temperature=1e-300)(torch.ones(1, 3), C([0]))
     # a seen token's positive logit / 1e-300 is inf in float32
-    with pytest.raises(Error, match="overflows the logits"):
+    with pytest.raises(Error, match="^repetition_penalty overflows the logits"):
         d.make_next_token(repetition_penalty=1e-300)(torch.ones(1, 3), C([0]))
 
 

@@ -196,6 +196,28 @@ def test_a_row_whose_decoding_fails_ends_alone_with_its_error():
     assert fine.rows[0].error is None and len(fine.rows[0].generated) == 60
 
 
+def test_echo_scores_the_prompt_as_a_full_forward_does():
+    """With echo, each prompt token's log-probability given the ones before it (None for the
+    first) and the top alternatives, from the prefill every row then decodes from; asked for no
+    new tokens, a request is scored and done."""
+    model = tiny_gpt()
+    prompt = [3, 4, 9, 1, 7]
+    logits, _ = model(torch.tensor([prompt]))
+    expected = torch.log_softmax(logits[0, :-1], -1)
+    engine = Engine(model, rows=3)
+    scored = engine.submit(prompt, picks({}, [1]), 0, logprobs=2, echo=True)
+    both = engine.submit(prompt, picks(dict(temperature=0.0), [1, 2]), 4, echo=True)
+    while engine.busy():
+        engine.step()
+    assert scored.rows[0].generated == [] and scored.prompt_logprobs[0] is None
+    chosen = expected.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert scored.prompt_logprobs[1:] == pytest.approx(chosen.tolist(), abs=ATOL)
+    values, ids = expected.topk(2)
+    assert [[t for t, _ in top] for top in scored.prompt_top_logprobs[1:]] == ids.tolist()
+    assert both.prompt_logprobs[1:] == pytest.approx(chosen.tolist(), abs=ATOL)
+    assert [len(row.generated) for row in both.rows] == [4, 4]
+
+
 def test_logprobs_are_the_models_own():
     """The chosen token's log-probability and the top alternatives are log_softmax of the raw
     logits of a full forward over the tokens before it, whatever the decoding options."""
