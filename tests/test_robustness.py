@@ -8,12 +8,14 @@ import io
 import json
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import traceback
 from contextlib import redirect_stderr, redirect_stdout
+from functools import partial
 
 import numpy as np
 import pytest
@@ -460,6 +462,106 @@ def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
     assert saved == {f: (tmp_path / f).read_bytes() for f in saved}
     run(common + ["--overwrite_out_dir=True", "--seed=7"])  # said explicitly: replaced
     assert (tmp_path / "model.safetensors").read_bytes() != saved["model.safetensors"]
+
+
+# what a run leaves in out_dir: its checkpoint, settings and records
+RUN_FILES = (
+    "model.safetensors",
+    "config.json",
+    "trainer_state.pt",
+    "train_config.json",
+    "metrics.jsonl",
+)
+
+
+class Crash(Exception):
+    """A fault that ends a run where a test says."""
+
+
+def crashing_at(step_to_fail, action):
+    """A stand-in for train.get_lr that calls action() at step_to_fail."""
+    get_lr = train.get_lr
+
+    def lr(step, cfg):
+        if step == step_to_fail:
+            action()
+        return get_lr(step, cfg)
+
+    return lr
+
+
+def crash():
+    raise Crash
+
+
+def sample_text(out_dir):
+    code, out, err = cli("sample.py", f"--out_dir={out_dir}", "--start=abc", "--max_new_tokens=20")
+    assert code == 0, err[-2000:]
+    return out
+
+
+def new_records(out_dir, since):
+    """Whether every record of out_dir's metrics.jsonl was logged at or after Unix time since."""
+    records = list(map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()))
+    return records and all(r["time"] >= since for r in records)
+
+
+def test_an_overwrite_run_leaves_the_old_checkpoint_whole_until_its_first_save(
+    files, tmp_path, monkeypatch
+):
+    """A run with --overwrite_out_dir that crashes before its first save has written nothing
+    into out_dir: the old run's files are byte for byte as they were, sample and resume as a
+    copy of them does. A run that reaches its first save replaces every file together."""
+    out, copy = tmp_path / "out", tmp_path / "copy"
+    common = TINY + [f"--dataset={files}/lm", "--log_interval=1"]
+    run(common + [f"--out_dir={out}", "--max_iters=4", "--eval_interval=2"])
+    shutil.copytree(out, copy)
+    old = {f: (out / f).read_bytes() for f in RUN_FILES}
+    new = common + [f"--out_dir={out}", "--overwrite_out_dir=True", "--seed=7"]
+    monkeypatch.setattr(train, "get_lr", crashing_at(3, crash))
+    with pytest.raises(Crash):  # evaluated step 0 and logged steps 1 and 2
+        run(new + ["--max_iters=10", "--eval_interval=5"])
+    monkeypatch.undo()
+    assert {f: (out / f).read_bytes() for f in RUN_FILES} == old
+    assert sample_text(out) == sample_text(copy)
+    resumed = [run([f"--out_dir={d}", "--init_from=resume", "--max_iters=6"]) for d in (out, copy)]
+    (model, metrics), (copy_model, copy_metrics) = resumed
+    assert metrics == copy_metrics
+    for (name, p), q in zip(model.state_dict().items(), copy_model.state_dict().values()):
+        assert torch.equal(p, q), name
+    since = time.time()
+    run(new + ["--max_iters=2", "--eval_interval=2"])
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 2 and state["config"]["seed"] == 7
+    assert json.loads((out / "train_config.json").read_text())["seed"] == 7
+    assert json.loads((out / "config.json").read_text())["metrics"]["step"] == 2
+    assert new_records(out, since) and sample_text(out) != sample_text(copy)
+
+
+def test_an_overwrite_run_stopped_before_its_first_evaluation_saves_its_own_state_only(
+    files, tmp_path, monkeypatch
+):
+    """SIGTERM before the first evaluation's save: the stop's save of trainer_state.pt is the
+    run's first, and it replaces the old run's files: the old model goes (it is no model of the
+    state saved), the records and settings are the new run's, and a resume continues the new
+    run."""
+    out = tmp_path / "out"
+    common = TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--log_interval=1"]
+    run(common + ["--max_iters=4", "--eval_interval=2"])
+    since = time.time()
+    terminate = partial(os.kill, os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(train, "get_lr", crashing_at(2, terminate))
+    with pytest.raises(SystemExit) as stopped:
+        run(common + ["--overwrite_out_dir=True", "--seed=7", "--max_iters=10"])
+    monkeypatch.undo()
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 3 and state["config"]["seed"] == 7
+    assert json.loads((out / "train_config.json").read_text())["seed"] == 7
+    assert new_records(out, since)
+    _, metrics = run([f"--out_dir={out}", "--init_from=resume", "--max_iters=5"])
+    assert (out / "model.safetensors").exists() and metrics
 
 
 def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(files, tmp_path):
