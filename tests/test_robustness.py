@@ -764,6 +764,16 @@ DAMAGED_FILES = [
     ("clf", "config.json", "label_names", ["a", "a"], "must be a list of distinct strings"),
     ("clf", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
     ("gpt", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
+    # shape keys that do not fit the weights: refused before a model of that shape is built
+    ("gpt", "config.json", "model.n_layer", 10**6, "'model.n_layer' is 1000000, the weights'"),
+    ("gpt", "config.json", "model.n_embd", 10**6, "'model.n_embd' is 1000000, the weights'"),
+    ("gpt", "config.json", "model.vocab_size", 11, "'model.vocab_size' is 11, the weights'"),
+    ("gpt", "config.json", "model.block_size", 10**9, "'model.block_size' is 1000000000"),
+    ("gpt", "config.json", "model.bias", False, "'model.bias' is False, the weights' shapes"),
+    ("gpt", "config.json", "model.rope", True, "'model.rope' is True, the weights' shapes say"),
+    ("gpt", "config.json", "model.n_head", 3, "'model.n_head' 3 does not divide 'model.n_embd'"),
+    ("clf", "config.json", "model.n_layer", 10**6, "'model.n_layer' is 1000000, the weights'"),
+    ("clf", "config.json", "model.bow_head", True, "'model.bow_head' is True, the weights'"),
 ]
 # the scripts that read each kind of folder, and their arguments
 READERS = {
