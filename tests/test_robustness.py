@@ -7,6 +7,8 @@ import glob
 import io
 import json
 import os
+import random
+import re
 import runpy
 import shutil
 import signal
@@ -600,6 +602,144 @@ def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(f
     )
     assert third.returncode == 0, third.stderr[-2000:]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# train.py in a child process whose every fsync first waits 30 ms: a save then takes a few hundred
+# ms of a tiny run's time, and a kill at a random moment often lands in one
+SLOW_SAVES = """
+import runpy
+import sys
+import time
+
+import lib.common
+
+fsync = lib.common.fsync
+
+
+def slow_fsync(path):
+    time.sleep(0.03)
+    fsync(path)
+
+
+lib.common.fsync = slow_fsync
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def mtime(path):
+    """A file's modification time in ns, or None where there is none."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+def changed(path, before):
+    """Whether path's modification time is other than before (None: no file then)."""
+    return mtime(path) != before
+
+
+def wait_for(process, condition, what):
+    """Poll condition() every millisecond while the process runs (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert process.poll() is None, f"train.py ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within 60 s"
+        time.sleep(0.001)
+
+
+def saving(out_dir, pid):
+    """Whether process pid has a temporary file of a save open in out_dir."""
+    return any(f".{pid}-" in name for name in os.listdir(out_dir))
+
+
+def kill_at(moment, process, out_dir, rng):
+    """SIGKILL after a random pause: at once (random), once a save's temporary file appears
+    (mid-save), or once trainer_state.pt has just been replaced (after-save)."""
+    time.sleep(rng.uniform(0, 0.4))
+    state = out_dir / "trainer_state.pt"
+    if moment == "mid-save":
+        wait_for(process, partial(saving, out_dir, process.pid), "a save")
+    if moment == "after-save":
+        before = mtime(state)
+        wait_for(process, partial(changed, state, before), "a save")
+    process.kill()
+
+
+def first_evaluation(stderr):
+    """The step of the first evaluation a run printed."""
+    return int(re.search(r"step (\d+): train/loss", stderr).group(1))
+
+
+def check_killed_run(out_dir, saved):
+    """After a kill: the state is a whole save, at an evaluation after the resumed one (saved)
+    and at most one evaluation before the last one logged; the records read (a torn last line
+    dropped), one line per evaluation and step; the model loads, or says that a save was cut
+    short between its two files. Returns the state's step."""
+    from lib.records import read_metrics
+    from model import from_checkpoint
+
+    step = torch.load(out_dir / "trainer_state.pt", weights_only=True)["step"]
+    records = read_metrics(str(out_dir))
+    evaluations = [r["step"] for r in records if "val/loss" in r]
+    logs = [r["step"] for r in records if "val/loss" not in r]
+    assert evaluations == list(range(0, evaluations[-1] + 1, 5))
+    assert logs == list(range(1, logs[-1] + 1))
+    assert step % 5 == 0 and saved < step and evaluations[-1] - 5 <= step <= evaluations[-1]
+    try:
+        from_checkpoint(out_dir)
+    except Error as e:
+        assert "a save was cut short between the two" in str(e)
+    return step
+
+
+def test_kill_9_at_any_moment_loses_at_most_the_steps_since_the_last_save(files, tmp_path):
+    """SIGKILL at 5 moments of a run that saves every 5 steps (seeded: the same moments every
+    time), two of them during a save and one right after: after each, --init_from=resume works
+    and starts at the last complete save."""
+    out = tmp_path / "out"
+    rng = random.Random(0)
+    command = [
+        sys.executable,
+        "-c",
+        SLOW_SAVES,
+        "train.py",
+        *TINY,
+        f"--dataset={files}/lm",
+        f"--out_dir={out}",
+        "--eval_interval=5",
+        "--log_interval=1",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    saved = 0
+    for leg, moment in enumerate(["mid-save", "random", "after-save", "random", "mid-save"]):
+        stderr = tmp_path / f"{leg}.err"
+        resume = ["--init_from=resume"] if leg else []
+        before = mtime(out / "trainer_state.pt")
+        with open(stderr, "w") as err:
+            process = subprocess.Popen(
+                command + resume + ["--max_iters=100000"], cwd=ROOT, stderr=err, env=env
+            )
+        try:  # each run saves once first: what the next resume starts from moves on
+            wait_for(process, partial(changed, out / "trainer_state.pt", before), "a save")
+            kill_at(moment, process, out, rng)
+        finally:
+            process.kill()
+            process.wait()
+        if leg:
+            assert first_evaluation(stderr.read_text()) == saved
+        saved = check_killed_run(out, saved)
+    last = subprocess.run(
+        command + ["--init_from=resume", f"--max_iters={saved + 5}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert last.returncode == 0 and first_evaluation(last.stderr) == saved, last.stderr[-2000:]
+    check_killed_run(out, saved)
 
 
 def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
