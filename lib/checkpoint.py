@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from lib.common import Error, atomic_path, fsync
+from lib.common import TEMPORARY, Error, atomic_path, fsync
 from lib.distributed import plain_class
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
@@ -67,6 +67,7 @@ def locked_out_dir(out_dir, new_run):
     lock.truncate(0)
     lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
     lock.flush()
+    drop_leftovers(out_dir)
     try:
         saved = [f for f in CHECKPOINT if os.path.exists(os.path.join(out_dir, f))]
         if saved and new_run:
@@ -78,6 +79,14 @@ def locked_out_dir(out_dir, new_run):
         yield saved
     finally:
         lock.close()
+
+
+def drop_leftovers(out_dir):
+    """Remove the temporary files of saves cut short (kill -9 mid-write): with the lock held no
+    other run writes here, so every such file is a dead process's."""
+    for name in os.listdir(out_dir):
+        if TEMPORARY.search(name):
+            os.remove(os.path.join(out_dir, name))
 
 
 def resume(settings, user_keys):

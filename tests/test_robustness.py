@@ -740,6 +740,7 @@ def test_kill_9_at_any_moment_loses_at_most_the_steps_since_the_last_save(files,
     )
     assert last.returncode == 0 and first_evaluation(last.stderr) == saved, last.stderr[-2000:]
     check_killed_run(out, saved)
+    assert not list(out.glob("*.tmp"))  # the killed saves' files, removed by the next run
 
 
 def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
