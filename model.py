@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lib.common import Error, atomic_path, read_json
-from lib.schema import check_card, check_shapes
+from lib.schema import check_card, check_hf_shapes, check_shapes
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -496,6 +496,8 @@ class GPT(Transformer):
             if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
                 tensor = tensor.t().contiguous()
             state[key] = tensor
+        shapes = {name: list(tensor.shape) for name, tensor in state.items()}
+        check_hf_shapes(hf, os.path.join(path, "config.json"), shapes)
         with torch.device("meta"):
             model = cls(config)
         return model.load_weights(state)

@@ -191,3 +191,24 @@ def weights_shape(shapes):
         if bow is not None:
             found["bow_buckets"] = bow[0] - table[0]
     return found
+
+
+# each shape key's name in a Hugging Face GPT-2 config.json
+HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "n_embd": "n_embd",
+    "n_layer": "n_layer",
+    "block_size": "n_positions",
+}
+
+
+def check_hf_shapes(hf, path, shapes):
+    """A Hugging Face GPT-2 config.json against its weights' shapes (shapes: in this project's
+    tensor names), as check_shapes a card: before a model of the config's shape is built."""
+    c = Checker(path, "not a GPT-2 config.json that fits the model.safetensors beside it")
+    found = weights_shape(shapes)
+    for key, name in HF_NAMES.items():
+        given = hf.get(name)
+        if key in found and given != found[key]:
+            c.fail(f"{name!r} is {shown(given)}, the weights' shapes say {shown(found[key])}")
+    return hf

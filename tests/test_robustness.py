@@ -25,6 +25,7 @@ import torch
 from conftest import ROOT, TINY
 
 import train
+from export import export
 from lib.common import Error
 from lib.prepare import save_array, write_classification_split, write_meta
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
@@ -150,6 +151,7 @@ def files(tmp_path_factory):
         (d / name / "model.safetensors").write_bytes(
             (d / source / "model.safetensors").read_bytes()
         )
+    export(str(d / "gpt"), str(d / "gpt_hf"))  # GPT-2's layout, as Hugging Face's
     (d / "broken").mkdir()
     (d / "broken" / "config.json").write_text((d / "gpt" / "config.json").read_text())
     (d / "broken" / "model.safetensors").write_bytes(b"half a file")
@@ -915,6 +917,9 @@ DAMAGED_FILES = [
     ("gpt", "config.json", "model.n_head", 3, "'model.n_head' 3 does not divide 'model.n_embd'"),
     ("clf", "config.json", "model.n_layer", 10**6, "'model.n_layer' is 1000000, the weights'"),
     ("clf", "config.json", "model.bow_head", True, "'model.bow_head' is True, the weights'"),
+    ("gpt_hf", "config.json", "n_layer", 10**6, "'n_layer' is 1000000, the weights' shapes say 1"),
+    ("gpt_hf", "config.json", "n_positions", 10**9, "'n_positions' is 1000000000, the weights'"),
+    ("gpt_hf", "config.json", "n_embd", 32, "'n_embd' is 32, the weights' shapes say 16"),
 ]
 # the scripts that read each kind of folder, and their arguments
 READERS = {
@@ -926,6 +931,7 @@ READERS = {
         ("export.py", ["--out_dir={x}", "--hf_dir={x}-hf"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
     ],
+    "gpt_hf": [("sample.py", ["--init_from={x}", "--max_new_tokens=2"])],
     "clf": [
         ("classify.py", ["--out_dir={x}", "abc"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
