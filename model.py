@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lib.common import Error, atomic_path, read_json
-from lib.schema import check_card
+from lib.schema import check_card, check_hf_shapes, check_shapes
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -496,6 +496,8 @@ class GPT(Transformer):
             if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
                 tensor = tensor.t().contiguous()
             state[key] = tensor
+        shapes = {name: list(tensor.shape) for name, tensor in state.items()}
+        check_hf_shapes(hf, os.path.join(path, "config.json"), shapes)
         with torch.device("meta"):
             model = cls(config)
         return model.load_weights(state)
@@ -615,7 +617,12 @@ def from_checkpoint(out_dir, device="cpu"):
             f"train one with train.py first"
         )
     info = check_card(read_json(path, "checkpoint config"), path, CONFIG_KINDS)
-    check_weights_id(out_dir, info)
+    header = read_header(os.path.join(out_dir, "model.safetensors"))
+    # a header that cannot be read is the load's error to report
+    if header is not None:
+        metadata, shapes = header
+        check_weights_id(out_dir, info, metadata)
+        check_shapes(info, path, shapes)
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         cls, config_cls = ARCHITECTURES[info["architecture"]]
         known = {f.name for f in fields(config_cls)}
@@ -630,19 +637,26 @@ def from_checkpoint(out_dir, device="cpu"):
     return model.to(device).eval(), info
 
 
-def check_weights_id(out_dir, info):
-    """The weights are the ones config.json was saved with (a card without an id predates the id:
-    unchecked; a header that cannot be read is the load's error to report)."""
-    expected = info.get("weights_id")
-    path = os.path.join(out_dir, "model.safetensors")
-    if expected is None or not os.path.isfile(path):
-        return
+def read_header(path):
+    """(the metadata, {tensor name: shape}) of a safetensors file's header, read without its
+    tensors; None when there is no such file or no readable header."""
     try:
         with safe_open(path, "pt") as f:
-            found = (f.metadata() or {}).get("weights_id")
+            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+            return f.metadata() or {}, shapes
     except Exception:
+        return None
+
+
+def check_weights_id(out_dir, info, metadata):
+    """The weights (their header's metadata) are the ones config.json was saved with (a card
+    without an id predates the id: unchecked)."""
+    expected = info.get("weights_id")
+    if expected is None:
         return
+    found = metadata.get("weights_id")
     if found != expected:
+        path = os.path.join(out_dir, "model.safetensors")
         raise Error(
             f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
             f"(weights_id {found!r} there, {expected!r} in config.json): a save was cut short "

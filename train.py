@@ -61,7 +61,9 @@ KEYS = dict(
         "scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)",
     ),
     overwrite_out_dir=Key(
-        False, "let a new run replace the checkpoint in out_dir (without it, it refuses)"
+        False,
+        "let a new run replace the checkpoint in out_dir (without it, it refuses): the old "
+        "files stay whole, and resumable, until the new run's first save replaces them all",
     ),
     seed=Key(1337, "batches, initial weights and dropout all follow from it"),
     device=Key(
@@ -217,25 +219,30 @@ def main(argv):
 
         def open_run():
             """Rank 0 holds out_dir for the run; every rank reads a resumed run's state and
-            settings, and checks them."""
+            settings, and checks them. -> (state, settings, whether this new run replaces a
+            checkpoint in out_dir: known on rank 0, which writes the files)."""
+            found = []
             if run.master:
-                held.enter_context(checkpoint.locked_out_dir(settings.out_dir, new_run))
+                lock = checkpoint.locked_out_dir(settings.out_dir, new_run)
+                found = held.enter_context(lock)
             if not resuming:
-                return None, settings
+                return None, settings, bool(found)
             state, resumed = checkpoint.resume(settings, user_keys)
             check_rules(resumed, resuming)
-            return state, resumed
+            return state, resumed, False
 
         # a refusal on any rank is every rank's one line
-        state, settings = agreed(run, open_run)
+        state, settings, replacing = agreed(run, open_run)
         run = run.resolved(settings.dtype, settings.strategy)
         with StepGuard(run) as guard:
-            return train(settings, run, guard, state)
+            return train(settings, run, guard, state, replacing)
 
 
-def train(cfg, run, guard, state):
+def train(cfg, run, guard, state, replacing=False):
     """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if
-    asked, take one optimizer step, log. Returns (the model, the last evaluation's metrics)."""
+    asked, take one optimizer step, log. replacing: out_dir holds another run's checkpoint, which
+    stays whole until this run's first save. Returns (the model, the last evaluation's
+    metrics)."""
     train_data, val_data = load_data(cfg, run.master)
     source = load_source(cfg, state)
     # the settings' last values: the dataset's vocabulary, a pretrained model's shape
@@ -254,7 +261,7 @@ def train(cfg, run, guard, state):
     sharded_model = raw_model if run.sharded else None
     step, best, seconds = checkpoint.restore(state, optimizers, scaler, sharded_model)
     resumed_step = None if state is None else step
-    record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, resumed_step)
+    record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, resumed_step, replacing)
     card = checkpoint.model_card(cfg, train_data.meta)
     ctx = autocast(run.device, run.dtype)
     metric, goal = train_data.best
@@ -265,6 +272,15 @@ def train(cfg, run, guard, state):
         seconds = record.seconds() if run.master else None
         progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
+        # A run that replaces another's checkpoint holds its settings and records until here,
+        # its first save, and writes them right after trainer_state.pt: the file a resume reads,
+        # whose rename is the one step from the old run to the new (its model and card, paired
+        # by weights_id, went just before). Held in memory, not under other names: a crash
+        # before this point leaves nothing of the new run to clean up or to mistake for the
+        # old run's.
+        if run.master and record.holding:
+            write_settings(cfg)
+            record.commit()
 
     micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
     rows_per_step = cfg.batch_size * cfg.gradient_accumulation_steps
@@ -283,6 +299,10 @@ def train(cfg, run, guard, state):
         if guard.stop_now():
             bar.close()
             with guard.stopping(step, cfg.out_dir):
+                # stopped before this run's first evaluation save: the old run's model does not
+                # go with the state saved now
+                if run.master and record.holding:
+                    checkpoint.drop_model(cfg.out_dir)
                 save(step, best)
         lr = get_lr(step, cfg)
         for optimizer in optimizers:
@@ -441,14 +461,16 @@ def make_model(cfg, meta, state, source):
     return model.load_body(source.state_dict())
 
 
-def start_records(cfg, run, model, seconds, resumed_step):
+def start_records(cfg, run, model, seconds, resumed_step, replacing):
     """(metrics.jsonl's writer, the wandb run or None, the speed meter): the master's; the
-    settings saved as train_config.json, and the run's first line on stderr."""
+    settings saved as train_config.json (replacing another run's checkpoint: at the first save),
+    and the run's first line on stderr."""
     peak, peak_source = peak_flops(run.device, run.dtype)
     speed = Speed(model, peak, clamp=run.device_type == "cpu")
     if not run.master:
         return None, None, speed
-    write_json(os.path.join(cfg.out_dir, "train_config.json"), asdict(cfg))
+    if not replacing:
+        write_settings(cfg)
     millions = model.num_params() / 1e6
     print(
         f"{millions:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
@@ -467,8 +489,13 @@ def start_records(cfg, run, model, seconds, resumed_step):
             project=cfg.wandb_project, name=name, config=asdict(cfg), dir=cfg.out_dir
         )
         wandb_run.summary["parameters"] = model.num_params()
-    record = RunRecord(cfg.out_dir, wandb_run, seconds, resumed_step)
+    record = RunRecord(cfg.out_dir, wandb_run, seconds, resumed_step, hold=replacing)
     return record, wandb_run, speed
+
+
+def write_settings(cfg):
+    """The run's settings as train_config.json, as --print_config prints them."""
+    write_json(os.path.join(cfg.out_dir, "train_config.json"), asdict(cfg))
 
 
 def memory_lines(held, sharded):
@@ -590,10 +617,13 @@ def finish(cfg, record, wandb_run, best, steps, metrics):
         lines.append(
             f"no better {metric} than before ({value:.4f}): {out_dir}/model.safetensors unchanged"
         )
-    lines.append(
-        f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); "
-        f"state: {out_dir}/trainer_state.pt"
-    )
+    if record.holding:
+        lines.append(f"nothing saved: {out_dir} holds the earlier run's checkpoint as it was")
+    else:
+        lines.append(
+            f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); "
+            f"state: {out_dir}/trainer_state.pt"
+        )
     print("\n".join(lines), file=sys.stderr)
     if wandb_run:
         wandb_run.summary[f"best {metric}"] = value

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from lib.common import Error, atomic_path
+from lib.common import TEMPORARY, Error, atomic_path, fsync
 from lib.distributed import plain_class
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
@@ -30,13 +30,15 @@ SHAPE = (
     "bow_buckets",
 )
 KEPT_ON_RESUME = SHAPE + ("task", "optimizer")
+# the files whose presence means out_dir holds a checkpoint
+CHECKPOINT = ("model.safetensors", "trainer_state.pt")
 
 
 @contextmanager
 def locked_out_dir(out_dir, new_run):
     """Make out_dir and hold a lock on it for the run (flock: the OS releases it when the process
     dies, kill -9 included); a new run (new_run: not a resume) never replaces a checkpoint that is
-    there."""
+    there. Yields the names of the checkpoint files out_dir holds (empty: none)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = open(os.path.join(out_dir, ".lock"), "a+")
@@ -65,18 +67,26 @@ def locked_out_dir(out_dir, new_run):
     lock.truncate(0)
     lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
     lock.flush()
+    drop_leftovers(out_dir)
     try:
-        names = ("model.safetensors", "trainer_state.pt")
-        saved = [f for f in names if os.path.exists(os.path.join(out_dir, f))]
+        saved = [f for f in CHECKPOINT if os.path.exists(os.path.join(out_dir, f))]
         if saved and new_run:
             raise Error(
                 f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it "
                 "with --init_from=resume, replace it with --overwrite_out_dir=True, or pick "
                 "another --out_dir"
             )
-        yield
+        yield saved
     finally:
         lock.close()
+
+
+def drop_leftovers(out_dir):
+    """Remove the temporary files of saves cut short (kill -9 mid-write): with the lock held no
+    other run writes here, so every such file is a dead process's."""
+    for name in os.listdir(out_dir):
+        if TEMPORARY.search(name):
+            os.remove(os.path.join(out_dir, name))
 
 
 def resume(settings, user_keys):
@@ -148,6 +158,17 @@ def save_model(model, out_dir, run, **extra):
     with torch.device("meta"):
         copy = plain_class(model)(model.config)
     copy.load_weights(state).save_pretrained(out_dir, **extra)
+
+
+def drop_model(out_dir):
+    """Remove model.safetensors + config.json: an earlier run's model, which the state saved now
+    does not belong with. The card goes first: weights without a card are no checkpoint to load
+    (from_checkpoint looks for config.json), never a card paired with other weights."""
+    for name in ("config.json", "model.safetensors"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            os.remove(path)
+    fsync(os.path.abspath(out_dir))
 
 
 def gathered(model, optimizers, sharded):

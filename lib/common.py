@@ -165,6 +165,10 @@ def sync(device):
 
 
 # --------------------------------------------------------------------------------------- files
+# the name of atomic_path's temporary file, which a process killed mid-write leaves behind
+TEMPORARY = re.compile(r"\.\d+-[0-9a-f]{8}\.tmp$")
+
+
 @contextmanager
 def atomic_path(path):
     """Yields a unique temporary name beside path (two writers never share one); on success it
@@ -172,7 +176,7 @@ def atomic_path(path):
     file under the real name. The file reaches the disk before the rename and the rename before
     the return (fsync of the file, then of its folder), so a power loss leaves the old file or
     the new one whole."""
-    tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # TEMPORARY's form
     try:
         yield tmp
         fsync(tmp)

@@ -59,20 +59,40 @@ class RunRecord:
     same to wandb, if given. seconds: since this run's start, plus a resumed run's earlier ones;
     time: Unix time, to line runs up."""
 
-    def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0, resumed_step=None):
+    def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0, resumed_step=None, hold=False):
         """A new run starts the file afresh; a resumed one keeps the lines before the step it
         resumes from (a run that crashed after its last save had logged steps that it will now run
-        again)."""
+        again). hold: the lines stay in memory, the file as it is, until commit() (a run that
+        replaces another's checkpoint leaves the old records whole until its first save)."""
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self.wandb = wandb_run
         self.t0 = time.perf_counter() - resumed_seconds
-        kept = []
-        if resumed_step is not None and os.path.isfile(self.path):
-            for record in read_metrics(out_dir):
-                if self.before(record, resumed_step):
-                    kept.append(json.dumps(record) + "\n")
+        self.held = [] if hold else None
+        if not hold:
+            self.write(self.kept_lines(out_dir, resumed_step))
+
+    @property
+    def holding(self):
+        """Whether the lines so far are held in memory (commit() has not written them)."""
+        return self.held is not None
+
+    def commit(self):
+        """The held lines replace the file; later lines are appended to it."""
+        self.write(self.held)
+        self.held = None
+
+    def write(self, lines):
+        """lines in place of the file, in one rename."""
         with atomic_path(self.path) as tmp, open(tmp, "w") as f:
-            f.writelines(kept)
+            f.writelines(lines)
+
+    def kept_lines(self, out_dir, resumed_step):
+        """A resumed run's lines before resumed_step; none for a new run."""
+        if resumed_step is None or not os.path.isfile(self.path):
+            return []
+        records = read_metrics(out_dir)
+        kept = [r for r in records if self.before(r, resumed_step)]
+        return [json.dumps(record) + "\n" for record in kept]
 
     @staticmethod
     def before(record, step):
@@ -89,8 +109,11 @@ class RunRecord:
     def log(self, step, **metrics):
         seconds = round(self.seconds(), 3)
         now = round(time.time(), 3)
-        line = json.dumps({"step": step, "seconds": seconds, "time": now, **metrics})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
+        line = json.dumps({"step": step, "seconds": seconds, "time": now, **metrics}) + "\n"
+        if self.holding:
+            self.held.append(line)
+        else:
+            with open(self.path, "a") as f:
+                f.write(line)
         if self.wandb:
             self.wandb.log(metrics, step=step)

@@ -1,6 +1,7 @@
 """The keys of the JSON files this project reads, checked as they are read: a dataset's meta.json
-(lib/batches.read_meta) and a checkpoint's config.json (model.from_checkpoint). Each check names the
-file, the key and what it should hold, whoever wrote the file."""
+(lib/batches.read_meta) and a checkpoint's config.json (model.from_checkpoint), whose shape keys
+are also checked against the shapes of its weights. Each check names the file, the key and what it
+should hold, whoever wrote the file."""
 
 from lib.common import Error
 
@@ -145,3 +146,69 @@ def check_card(info, path, config_fields):
         c.label_names(info, model.get("n_classes"), optional=True)
         c.key(info, "max_length", int, low=1, optional=True)
     return info
+
+
+def check_shapes(info, path, shapes):
+    """A checkpoint's config.json (checked by check_card) against the tensors of its weights
+    (shapes: {name: shape}, from model.safetensors' header, without reading the tensors): a card
+    that does not fit its weights fails here, in one line, before a model of its shape is built
+    (a card of 10**6 layers would take minutes and all the memory to build first). Keys the card
+    leaves out and tensors the weights lack are the load's to report."""
+    c = Checker(path, "not a checkpoint config.json that train.py wrote, or damaged")
+    model = info["model"]
+    for key, found in weights_shape(shapes).items():
+        given = model.get(key)
+        if given is not None and given != found:
+            c.fail(f"'model.{key}' is {shown(given)}, the weights' shapes say {shown(found)}")
+    n_embd = model.get("n_embd")
+    n_head = model.get("n_head")
+    if n_embd is not None and n_head is not None and (n_head < 1 or n_embd % n_head):
+        c.fail(f"'model.n_head' {n_head} does not divide 'model.n_embd' {n_embd}")
+    return info
+
+
+def weights_shape(shapes):
+    """The config values that the tensors' names and shapes fix: {key: value}. The token table
+    (the tied head's name, if the file kept that one) gives the vocabulary and width; a position
+    table, the context and no rotary embeddings; the blocks' names, the depth; a classifier's head
+    and fastText table, its classes and buckets."""
+    table = shapes.get("wte.weight", shapes.get("lm_head.weight"))
+    if table is None or len(table) != 2:
+        return {}
+    found = {"vocab_size": table[0], "n_embd": table[1]}
+    blocks = {name.split(".")[1] for name in shapes if name.startswith("blocks.")}
+    found["n_layer"] = len(blocks)
+    found["bias"] = "ln_f.bias" in shapes
+    positions = shapes.get("wpe.weight")
+    found["rope"] = positions is None
+    if positions is not None:
+        found["block_size"] = positions[0]
+    head = shapes.get("head.weight")
+    if head is not None:
+        found["n_classes"] = head[0]
+        bow = shapes.get("bow.weight")
+        found["bow_head"] = bow is not None
+        if bow is not None:
+            found["bow_buckets"] = bow[0] - table[0]
+    return found
+
+
+# each shape key's name in a Hugging Face GPT-2 config.json
+HF_NAMES = {
+    "vocab_size": "vocab_size",
+    "n_embd": "n_embd",
+    "n_layer": "n_layer",
+    "block_size": "n_positions",
+}
+
+
+def check_hf_shapes(hf, path, shapes):
+    """A Hugging Face GPT-2 config.json against its weights' shapes (shapes: in this project's
+    tensor names), as check_shapes a card: before a model of the config's shape is built."""
+    c = Checker(path, "not a GPT-2 config.json that fits the model.safetensors beside it")
+    found = weights_shape(shapes)
+    for key, name in HF_NAMES.items():
+        given = hf.get(name)
+        if key in found and given != found[key]:
+            c.fail(f"{name!r} is {shown(given)}, the weights' shapes say {shown(found[key])}")
+    return hf

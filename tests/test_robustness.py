@@ -7,13 +7,17 @@ import glob
 import io
 import json
 import os
+import random
+import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import traceback
 from contextlib import redirect_stderr, redirect_stdout
+from functools import partial
 
 import numpy as np
 import pytest
@@ -21,6 +25,7 @@ import torch
 from conftest import ROOT, TINY
 
 import train
+from export import export
 from lib.common import Error
 from lib.prepare import save_array, write_classification_split, write_meta
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
@@ -146,6 +151,7 @@ def files(tmp_path_factory):
         (d / name / "model.safetensors").write_bytes(
             (d / source / "model.safetensors").read_bytes()
         )
+    export(str(d / "gpt"), str(d / "gpt_hf"))  # GPT-2's layout, as Hugging Face's
     (d / "broken").mkdir()
     (d / "broken" / "config.json").write_text((d / "gpt" / "config.json").read_text())
     (d / "broken" / "model.safetensors").write_bytes(b"half a file")
@@ -462,6 +468,106 @@ def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
     assert (tmp_path / "model.safetensors").read_bytes() != saved["model.safetensors"]
 
 
+# what a run leaves in out_dir: its checkpoint, settings and records
+RUN_FILES = (
+    "model.safetensors",
+    "config.json",
+    "trainer_state.pt",
+    "train_config.json",
+    "metrics.jsonl",
+)
+
+
+class Crash(Exception):
+    """A fault that ends a run where a test says."""
+
+
+def crashing_at(step_to_fail, action):
+    """A stand-in for train.get_lr that calls action() at step_to_fail."""
+    get_lr = train.get_lr
+
+    def lr(step, cfg):
+        if step == step_to_fail:
+            action()
+        return get_lr(step, cfg)
+
+    return lr
+
+
+def crash():
+    raise Crash
+
+
+def sample_text(out_dir):
+    code, out, err = cli("sample.py", f"--out_dir={out_dir}", "--start=abc", "--max_new_tokens=20")
+    assert code == 0, err[-2000:]
+    return out
+
+
+def new_records(out_dir, since):
+    """Whether every record of out_dir's metrics.jsonl was logged at or after Unix time since."""
+    records = list(map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()))
+    return records and all(r["time"] >= since for r in records)
+
+
+def test_an_overwrite_run_leaves_the_old_checkpoint_whole_until_its_first_save(
+    files, tmp_path, monkeypatch
+):
+    """A run with --overwrite_out_dir that crashes before its first save has written nothing
+    into out_dir: the old run's files are byte for byte as they were, sample and resume as a
+    copy of them does. A run that reaches its first save replaces every file together."""
+    out, copy = tmp_path / "out", tmp_path / "copy"
+    common = TINY + [f"--dataset={files}/lm", "--log_interval=1"]
+    run(common + [f"--out_dir={out}", "--max_iters=4", "--eval_interval=2"])
+    shutil.copytree(out, copy)
+    old = {f: (out / f).read_bytes() for f in RUN_FILES}
+    new = common + [f"--out_dir={out}", "--overwrite_out_dir=True", "--seed=7"]
+    monkeypatch.setattr(train, "get_lr", crashing_at(3, crash))
+    with pytest.raises(Crash):  # evaluated step 0 and logged steps 1 and 2
+        run(new + ["--max_iters=10", "--eval_interval=5"])
+    monkeypatch.undo()
+    assert {f: (out / f).read_bytes() for f in RUN_FILES} == old
+    assert sample_text(out) == sample_text(copy)
+    resumed = [run([f"--out_dir={d}", "--init_from=resume", "--max_iters=6"]) for d in (out, copy)]
+    (model, metrics), (copy_model, copy_metrics) = resumed
+    assert metrics == copy_metrics
+    for (name, p), q in zip(model.state_dict().items(), copy_model.state_dict().values()):
+        assert torch.equal(p, q), name
+    since = time.time()
+    run(new + ["--max_iters=2", "--eval_interval=2"])
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 2 and state["config"]["seed"] == 7
+    assert json.loads((out / "train_config.json").read_text())["seed"] == 7
+    assert json.loads((out / "config.json").read_text())["metrics"]["step"] == 2
+    assert new_records(out, since) and sample_text(out) != sample_text(copy)
+
+
+def test_an_overwrite_run_stopped_before_its_first_evaluation_saves_its_own_state_only(
+    files, tmp_path, monkeypatch
+):
+    """SIGTERM before the first evaluation's save: the stop's save of trainer_state.pt is the
+    run's first, and it replaces the old run's files: the old model goes (it is no model of the
+    state saved), the records and settings are the new run's, and a resume continues the new
+    run."""
+    out = tmp_path / "out"
+    common = TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--log_interval=1"]
+    run(common + ["--max_iters=4", "--eval_interval=2"])
+    since = time.time()
+    terminate = partial(os.kill, os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(train, "get_lr", crashing_at(2, terminate))
+    with pytest.raises(SystemExit) as stopped:
+        run(common + ["--overwrite_out_dir=True", "--seed=7", "--max_iters=10"])
+    monkeypatch.undo()
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 3 and state["config"]["seed"] == 7
+    assert json.loads((out / "train_config.json").read_text())["seed"] == 7
+    assert new_records(out, since)
+    _, metrics = run([f"--out_dir={out}", "--init_from=resume", "--max_iters=5"])
+    assert (out / "model.safetensors").exists() and metrics
+
+
 def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(files, tmp_path):
     command = [
         sys.executable,
@@ -498,6 +604,145 @@ def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(f
     )
     assert third.returncode == 0, third.stderr[-2000:]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# train.py in a child process whose every fsync first waits 30 ms: a save then takes a few hundred
+# ms of a tiny run's time, and a kill at a random moment often lands in one
+SLOW_SAVES = """
+import runpy
+import sys
+import time
+
+import lib.common
+
+fsync = lib.common.fsync
+
+
+def slow_fsync(path):
+    time.sleep(0.03)
+    fsync(path)
+
+
+lib.common.fsync = slow_fsync
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def mtime(path):
+    """A file's modification time in ns, or None where there is none."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+def changed(path, before):
+    """Whether path's modification time is other than before (None: no file then)."""
+    return mtime(path) != before
+
+
+def wait_for(process, condition, what):
+    """Poll condition() every millisecond while the process runs (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert process.poll() is None, f"train.py ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within 60 s"
+        time.sleep(0.001)
+
+
+def saving(out_dir, pid):
+    """Whether process pid has a temporary file of a save open in out_dir."""
+    return any(f".{pid}-" in name for name in os.listdir(out_dir))
+
+
+def kill_at(moment, process, out_dir, rng):
+    """SIGKILL after a random pause: at once (random), once a save's temporary file appears
+    (mid-save), or once trainer_state.pt has just been replaced (after-save)."""
+    time.sleep(rng.uniform(0, 0.4))
+    state = out_dir / "trainer_state.pt"
+    if moment == "mid-save":
+        wait_for(process, partial(saving, out_dir, process.pid), "a save")
+    if moment == "after-save":
+        before = mtime(state)
+        wait_for(process, partial(changed, state, before), "a save")
+    process.kill()
+
+
+def first_evaluation(stderr):
+    """The step of the first evaluation a run printed."""
+    return int(re.search(r"step (\d+): train/loss", stderr).group(1))
+
+
+def check_killed_run(out_dir, saved):
+    """After a kill: the state is a whole save, at an evaluation after the resumed one (saved)
+    and at most one evaluation before the last one logged; the records read (a torn last line
+    dropped), one line per evaluation and step; the model loads, or says that a save was cut
+    short between its two files. Returns the state's step."""
+    from lib.records import read_metrics
+    from model import from_checkpoint
+
+    step = torch.load(out_dir / "trainer_state.pt", weights_only=True)["step"]
+    records = read_metrics(str(out_dir))
+    evaluations = [r["step"] for r in records if "val/loss" in r]
+    logs = [r["step"] for r in records if "val/loss" not in r]
+    assert evaluations == list(range(0, evaluations[-1] + 1, 5))
+    assert logs == list(range(1, logs[-1] + 1))
+    assert step % 5 == 0 and saved < step and evaluations[-1] - 5 <= step <= evaluations[-1]
+    try:
+        from_checkpoint(out_dir)
+    except Error as e:
+        assert "a save was cut short between the two" in str(e)
+    return step
+
+
+def test_kill_9_at_any_moment_loses_at_most_the_steps_since_the_last_save(files, tmp_path):
+    """SIGKILL at 5 moments of a run that saves every 5 steps (seeded: the same moments every
+    time), two of them during a save and one right after: after each, --init_from=resume works
+    and starts at the last complete save."""
+    out = tmp_path / "out"
+    rng = random.Random(0)
+    command = [
+        sys.executable,
+        "-c",
+        SLOW_SAVES,
+        "train.py",
+        *TINY,
+        f"--dataset={files}/lm",
+        f"--out_dir={out}",
+        "--eval_interval=5",
+        "--log_interval=1",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    saved = 0
+    for leg, moment in enumerate(["mid-save", "random", "after-save", "random", "mid-save"]):
+        stderr = tmp_path / f"{leg}.err"
+        resume = ["--init_from=resume"] if leg else []
+        before = mtime(out / "trainer_state.pt")
+        with open(stderr, "w") as err:
+            process = subprocess.Popen(
+                command + resume + ["--max_iters=100000"], cwd=ROOT, stderr=err, env=env
+            )
+        try:  # each run saves once first: what the next resume starts from moves on
+            wait_for(process, partial(changed, out / "trainer_state.pt", before), "a save")
+            kill_at(moment, process, out, rng)
+        finally:
+            process.kill()
+            process.wait()
+        if leg:
+            assert first_evaluation(stderr.read_text()) == saved
+        saved = check_killed_run(out, saved)
+    last = subprocess.run(
+        command + ["--init_from=resume", f"--max_iters={saved + 5}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert last.returncode == 0 and first_evaluation(last.stderr) == saved, last.stderr[-2000:]
+    check_killed_run(out, saved)
+    assert not list(out.glob("*.tmp"))  # the killed saves' files, removed by the next run
 
 
 def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
@@ -662,6 +907,19 @@ DAMAGED_FILES = [
     ("clf", "config.json", "label_names", ["a", "a"], "must be a list of distinct strings"),
     ("clf", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
     ("gpt", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
+    # shape keys that do not fit the weights: refused before a model of that shape is built
+    ("gpt", "config.json", "model.n_layer", 10**6, "'model.n_layer' is 1000000, the weights'"),
+    ("gpt", "config.json", "model.n_embd", 10**6, "'model.n_embd' is 1000000, the weights'"),
+    ("gpt", "config.json", "model.vocab_size", 11, "'model.vocab_size' is 11, the weights'"),
+    ("gpt", "config.json", "model.block_size", 10**9, "'model.block_size' is 1000000000"),
+    ("gpt", "config.json", "model.bias", False, "'model.bias' is False, the weights' shapes"),
+    ("gpt", "config.json", "model.rope", True, "'model.rope' is True, the weights' shapes say"),
+    ("gpt", "config.json", "model.n_head", 3, "'model.n_head' 3 does not divide 'model.n_embd'"),
+    ("clf", "config.json", "model.n_layer", 10**6, "'model.n_layer' is 1000000, the weights'"),
+    ("clf", "config.json", "model.bow_head", True, "'model.bow_head' is True, the weights'"),
+    ("gpt_hf", "config.json", "n_layer", 10**6, "'n_layer' is 1000000, the weights' shapes say 1"),
+    ("gpt_hf", "config.json", "n_positions", 10**9, "'n_positions' is 1000000000, the weights'"),
+    ("gpt_hf", "config.json", "n_embd", 32, "'n_embd' is 32, the weights' shapes say 16"),
 ]
 # the scripts that read each kind of folder, and their arguments
 READERS = {
@@ -673,6 +931,7 @@ READERS = {
         ("export.py", ["--out_dir={x}", "--hf_dir={x}-hf"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
     ],
+    "gpt_hf": [("sample.py", ["--init_from={x}", "--max_new_tokens=2"])],
     "clf": [
         ("classify.py", ["--out_dir={x}", "abc"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
