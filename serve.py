@@ -32,13 +32,13 @@ import ipaddress
 import os
 import secrets
 import socket
+import struct
 import sys
 import threading
 import time
 import traceback
 import urllib.parse
 
-import h11
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
@@ -461,9 +461,11 @@ class Completion:
             "model": name,
         }
         self.slot = None
+        self.watcher = None
 
     async def start(self):
-        """A slot taken (or a 503), then each prompt submitted to the decoder."""
+        """A slot taken (or a 503), then each prompt submitted to the decoder; the slot goes
+        back as soon as the decoding ends, however slowly the client reads."""
         slots = self.playground.completions
         await slots.take()
         self.slot = slots
@@ -483,11 +485,22 @@ class Completion:
                 choice = Choice(len(self.choices), row, text, trace)
                 choice.offset = 0 if req.echo else len(text)
                 self.choices.append(choice)
+        self.watcher = asyncio.ensure_future(self.give_back_when_decoded())
+
+    async def give_back_when_decoded(self):
+        for request in self.requests:
+            async for _ in self.decoder.progress(request):
+                pass
+        self.give_back()
 
     def close(self):
-        """Every row stops at the next step boundary, and the slot goes back (once)."""
+        """Every row stops at the next step boundary, and the slot goes back."""
         for request in self.requests:
             request.finish()
+        self.give_back()
+
+    def give_back(self):
+        """The slot back to the playground, once."""
         if self.slot is not None:
             self.slot.give_back()
             self.slot = None
@@ -504,15 +517,13 @@ class Completion:
     async def events(self):
         """After each engine step, what it added: [(choice index, new text, finish reason or
         None, [trace entries], logprobs or None)], one entry per token taken (the echoed prompt
-        first). New text is never half a character nor a tail that may start a stop string. The
-        slot goes back as soon as the decoding ends, however slowly the client reads."""
+        first). New text is never half a character nor a tail that may start a stop string."""
         for request in self.requests:
             async for _ in self.decoder.progress(request):
                 yield self.step()
             for row in request.rows:
                 if row.error:  # no token left to draw: the message names the option
                     raise RequestError(400, row.error, option_named(row.error))
-        self.close()
         ends = []
         for c in self.choices:
             if not c.finished:
@@ -771,6 +782,17 @@ def host_names(host):
     return {host.lower()}
 
 
+def exposure(host):
+    """The warning that listening on host deserves, or None for a loopback address."""
+    names = host_names(host)
+    if names is not None and names & LOOPBACK:
+        return None
+    return (
+        f"warning: listening on {host}, beyond this machine: anyone who can reach it on the "
+        "network can use every model, with no password"
+    )
+
+
 def names_server(netloc, names, port):
     """Whether a Host header (or an Origin's host) names this server: one of names (or an IP
     address where names is None), with its port."""
@@ -849,38 +871,55 @@ class Guard:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            if not started:  # else the response is cut, and uvicorn closes the connection
+            if not started:  # else Protocol has dropped the connection
                 late = RequestError(503, f"the request ran past its {self.deadline} s deadline")
                 await late.response()(scope, receive, send)
 
 
 class Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1, with a limit on the time a client takes to send a request's head:
-    uvicorn times a connection only while it idles between requests, so a client that sends a
-    header line now and then would hold it for ever."""
+    """uvicorn's HTTP/1.1 with two more limits, past which the connection is dropped with what
+    is buffered for it: HEAD_SECONDS for a client to send a request's head (uvicorn times only
+    a connection idle between requests, so one header line now and then would hold it for ever),
+    and the request's deadline for a response begun to be sent (a graceful close would wait for
+    a slow reader to take the buffers; one not begun gets the Guard's 503)."""
 
-    head_timer = None
+    timer = None
 
     def connection_made(self, transport):
         super().connection_made(transport)
-        self.time_head()
+        self.start_timer(HEAD_SECONDS)
+
+    def handle_events(self):
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's head came
+            self.start_timer(self.config.deadline, self.past_deadline)
 
     def on_response_complete(self):
         super().on_response_complete()
-        self.time_head()
+        self.start_timer(HEAD_SECONDS)
 
-    def time_head(self):
-        if self.head_timer is not None:
-            self.head_timer.cancel()
-        self.head_timer = self.loop.call_later(HEAD_SECONDS, self.head_late)
+    def start_timer(self, seconds, then=None):
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(seconds, then or self.drop)
 
-    def head_late(self):
-        # their_state leaves IDLE once a request's whole head has come
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.close()
+    def past_deadline(self):
+        if self.cycle.response_started:
+            self.drop()
+        else:  # the 503 has a second to go out
+            self.start_timer(1)
+
+    def drop(self):
+        """The connection reset: what its kernel buffers hold goes too (a linger of 0)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:  # closed already
+            return
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def connection_lost(self, exc):
-        self.head_timer.cancel()
+        self.timer.cancel()
         super().connection_lost(exc)
 
 
@@ -997,6 +1036,7 @@ class Server(uvicorn.Server):
             log_level="warning" if quiet else "info",
             access_log=not quiet,
         )
+        config.deadline = deadline  # for Protocol
         super().__init__(config)
 
     def serve_forever(self):
@@ -1078,12 +1118,9 @@ def main(argv=None):
             f"loaded {name}: {m['task']}, {m['model'].num_params() / 1e6:.2f}M parameters",
             file=sys.stderr,
         )
-    if host_names(a.host) is None or not host_names(a.host) & LOOPBACK:
-        print(
-            f"warning: listening on {a.host}, beyond this machine: anyone who can reach it on "
-            "the network can use every model, with no password",
-            file=sys.stderr,
-        )
+    warning = exposure(a.host)
+    if warning:
+        print(warning, file=sys.stderr)
     shown = f"[{a.host}]" if ":" in a.host else a.host
     print(f"serving on http://{shown}:{server.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     with contextlib.closing(server.socket):

@@ -2,6 +2,7 @@
 checkpoints and seeds, the stream against the whole answer, bad requests refused while the server
 keeps answering, a client that leaves, a bounded load, and the page driven in headless Chromium."""
 
+import contextlib
 import dataclasses
 import http.client
 import json
@@ -72,21 +73,42 @@ def checkpoints(tmp_path_factory):
     return d
 
 
-@pytest.fixture(scope="module")
-def server(checkpoints):
-    """The playground on a free loopback port, in a thread of this process: (its base URL, the
-    Playground)."""
+@contextlib.contextmanager
+def serving(checkpoints, host="127.0.0.1", send_buffer=None, **options):
+    """The playground on a free port of host, in a thread of this process: (its address, the
+    Playground), until the block ends. send_buffer: the bytes of each connection's kernel send
+    buffer (the listening socket's, which connections inherit)."""
     playground = serve.Playground(
         [checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256
     )
-    httpd = serve.Server(playground, "127.0.0.1", 0, quiet=True)
+    httpd = serve.Server(playground, host, 0, quiet=True, **options)
+    if send_buffer:
+        httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     while not httpd.started:
         time.sleep(0.01)
-    yield f"127.0.0.1:{httpd.port}", playground
-    httpd.stop()
-    thread.join()
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        yield f"{shown}:{httpd.port}", playground
+    finally:
+        httpd.stop()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints):
+    with serving(checkpoints) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def strict(checkpoints):
+    """A server whose requests have 6 s each, whose API one other origin may call, and whose
+    kernel buffers hold little of a stream, as over a network."""
+    origins = ["http://localhost:3000"]
+    with serving(checkpoints, deadline=6, origins=origins, send_buffer=16384) as running:
+        yield running
 
 
 JSON = {"Content-Type": "application/json"}
@@ -513,3 +535,207 @@ def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
     finally:
         browser.close()
     assert (tmp_path / "playground.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------ each finding of the review
+def raw_exchange(address, data, timeout=30):
+    """Bytes sent on a fresh connection -> the whole answer, read until the server closes."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
+        s.sendall(data)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+def status_of(answer):
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_64_connections_at_once_are_all_answered(server):
+    """A listen backlog of uvicorn's 2048, not http.server's 5: every one of 64 simultaneous
+    clients, and of 40 simultaneous classifications (bounded, they wait their turn), answered."""
+    barrier = threading.Barrier(64)
+
+    def models(_):
+        barrier.wait()
+        return request(server[0], "GET", "/v1/models")[0]
+
+    def classification(i):
+        return request(server[0], "POST", "/v1/classify", {"input": "abc"[: 1 + i % 3]})[0]
+
+    with ThreadPoolExecutor(64) as pool:
+        assert list(pool.map(models, range(64))) == [200] * 64
+        assert list(pool.map(classification, range(40))) == [200] * 40
+
+
+def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline(strict):
+    """16 streams of 8 traced choices of 64 tokens (1.5 MB each), each client reading 2 KB a
+    second: their slots go back when their decoding ends (2.4 s for all here), so another client
+    is answered within seconds, and each slow stream is cut at its 6 s deadline, not read to its
+    end."""
+    address, playground = strict
+    host, port = address.split(":")
+    body = json.dumps(dict(prompt="ab", n=8, max_tokens=64, trace=20, stream=True)).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    readers = []
+    for _ in range(16):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that keeps little
+        s.connect((host, int(port)))
+        s.sendall(head.encode() + body)
+        readers.append(s)
+    start = time.perf_counter()
+    status, answer = request(address, "POST", "/v1/completions", dict(prompt="ab", max_tokens=8))
+    assert status == 200 and len(answer["choices"][0]["text"]) == 8, answer
+    assert time.perf_counter() - start < 5
+    received = [0] * len(readers)
+    closed = [False] * len(readers)
+    when = [None] * len(readers)
+    while not all(closed) and time.perf_counter() - start < 20:
+        for i, s in enumerate(readers):
+            s.settimeout(0.05)
+            try:
+                chunk = s.recv(2048)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:  # dropped, with what the kernel had buffered
+                chunk = b""
+            closed[i] = not chunk
+            if not chunk:
+                when[i] = round(time.perf_counter() - start, 2)
+            received[i] += len(chunk)
+        time.sleep(max(0.0, 1 - 0.05 * len(readers)))  # 2 KB a second each
+    cut = time.perf_counter() - start
+    for s in readers:
+        s.close()
+    assert all(closed) and cut < 9, (cut, when)
+    # a whole stream (1.5 MB: every token's trace) is far more than was read
+    assert max(received) < 100_000, received
+
+
+def test_a_rebinding_host_a_text_plain_post_and_a_foreign_origin_are_refused(strict):
+    address, _ = strict
+    port = address.split(":")[1]
+    body = {"prompt": "ab", "max_tokens": 2}
+    assert request(address, "GET", "/v1/models", headers={"Host": "attacker.example"})[0] == 421
+    for host in (f"attacker.example:{port}", f"127.0.0.1:{int(port) + 1}", f"10.0.0.1:{port}"):
+        assert request(address, "GET", "/v1/models", headers={"Host": host})[0] == 421
+    for name in ("localhost", "127.0.0.1", "[::1]"):  # the names of loopback are this server
+        assert request(address, "GET", "/v1/models", headers={"Host": f"{name}:{port}"})[0] == 200
+    # what a page of another site may send without a preflight
+    plain = {"Content-Type": "text/plain"}
+    assert request(address, "POST", "/v1/completions", body, headers=plain)[0] == 415
+    assert request(address, "POST", "/v1/completions", body, headers={})[0] == 415
+    foreign = {**JSON, "Origin": "http://attacker.example"}
+    status, answer = request(address, "POST", "/v1/completions", body, headers=foreign)
+    assert status == 403 and "--allow_origin" in answer["error"]["message"]
+    assert request(address, "GET", "/v1/models", headers={"Origin": "null"})[0] == 403
+    own = {**JSON, "Origin": f"http://localhost:{port}"}  # the page this server serves
+    assert request(address, "POST", "/v1/completions", body, headers=own)[0] == 200
+    # an origin --allow_origin names: its preflight answered, its answers readable
+    allowed = "http://localhost:3000"
+    connection = http.client.HTTPConnection(address, timeout=30)
+    preflight = {
+        "Origin": allowed,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+    }
+    connection.request("OPTIONS", "/v1/completions", headers=preflight)
+    response = connection.getresponse()
+    response.read()
+    assert response.status == 200
+    assert response.getheader("Access-Control-Allow-Origin") == allowed
+    connection.request(
+        "POST", "/v1/completions", json.dumps(body), headers={**JSON, "Origin": allowed}
+    )
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("Access-Control-Allow-Origin") == allowed
+    response.read()
+    connection.close()
+
+
+def test_listening_on_ipv6_loopback_works(checkpoints):
+    if not socket.has_ipv6:
+        pytest.skip("this machine has no IPv6")
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here ({e.strerror})")
+    with serving(checkpoints, "::1") as (address, _):
+        assert address.startswith("[::1]:")
+        assert request(address, "GET", "/v1/models")[0] == 200
+
+
+def test_a_wildcard_address_takes_ip_addresses_and_warns():
+    assert serve.host_names("0.0.0.0") is None
+    assert serve.names_server("192.168.1.7:80", None, 80)
+    assert not serve.names_server("rebound.example:80", None, 80)  # a rebinding page's name
+    assert "beyond this machine" in serve.exposure("0.0.0.0")
+    assert "beyond this machine" in serve.exposure("192.168.1.7")
+    assert serve.exposure("127.0.0.1") is None and serve.exposure("::1") is None
+
+
+def test_a_head_sent_a_line_at_a_time_is_cut(server, monkeypatch):
+    """A client that sends one header line every 0.3 s holds no connection past HEAD_SECONDS
+    (monkeypatched to 1 s here; uvicorn alone would keep it for ever)."""
+    monkeypatch.setattr(serve, "HEAD_SECONDS", 1)
+    host, port = server[0].split(":")
+    start = time.perf_counter()
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\n")
+        try:
+            for i in range(30):
+                time.sleep(0.3)
+                s.sendall(b"X-Slow-%d: 1\r\n" % i)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        while s.recv(4096):
+            pass
+    assert time.perf_counter() - start < 3
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_its_decoding(server):
+    """Not streamed: the server hears the disconnect while it decodes, and stops."""
+    address, playground = server
+    decoder = playground.models["gpt"]["decoder"]
+    body = json.dumps({"prompt": "ab", "max_tokens": 256, "n": 8, "trace": 20}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    host, port = address.split(":")
+    before = decoder.steps
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(head.encode() + body)
+        while decoder.steps == before:  # decoding has begun: hang up
+            time.sleep(0.01)
+    for _ in range(100):
+        then = decoder.steps
+        time.sleep(0.1)
+        if decoder.steps == then:
+            break
+    assert decoder.steps - before < 256, "the decoding ran to max_tokens after the client left"
+
+
+@pytest.mark.parametrize("length", ["²", "1" + "0" * 5000, "-1", "0x10"])
+def test_a_content_length_that_is_no_number_is_a_400(server, length):
+    address = server[0]
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{}}"
+    )
+    assert status_of(raw_exchange(address, head.encode())) == 400
+    assert request(address, "GET", "/v1/models")[0] == 200
+
+
+def test_the_page_answers_with_a_query(server):
+    connection = http.client.HTTPConnection(server[0], timeout=30)
+    connection.request("GET", "/?x=1")
+    response = connection.getresponse()
+    assert response.status == 200 and b"<html" in response.read()
+    connection.close()
