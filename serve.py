@@ -762,7 +762,9 @@ class Decoder:
             # done before the step's wake-ups were sent: no wake-up comes for this one
             if not request.done:
                 await future
-            yield
+            if not request.done:
+                yield
+        yield  # done: the last step's tokens
 
 
 def wake(future):

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import transformers
 from chromium import Browser, find
 from conftest import ROOT
 
@@ -739,3 +740,78 @@ def test_the_page_answers_with_a_query(server):
     response = connection.getresponse()
     assert response.status == 200 and b"<html" in response.read()
     connection.close()
+
+
+# --------------------------------------------------------------- the API evaluation harnesses use
+def test_echoed_logprobs_are_hugging_faces_and_pick_its_multiple_choice_answer(
+    server, checkpoints, tmp_path
+):
+    """The prompt's log-probabilities, given as text and as token ids, against transformers'
+    GPT2LMHeadModel on export.py's folder of the same checkpoint, run in float64. Tolerance:
+    Higham's bound for a float32 dot product of n terms is n u |x||w| (u = 2^-24); the logits
+    come through 4 matmuls a layer and the head, none longer than 4 n_embd, and log_softmax
+    moves by at most twice the largest logit error: 2 (4 n_layer + 1) 4 n_embd u max|logit|."""
+    from export import export
+
+    export(str(checkpoints / "gpt"), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").double().eval()
+
+    def hf_scores(ids):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0]
+        logprobs = torch.log_softmax(logits[:-1], -1)
+        return logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0], logits.abs().max()
+
+    text = "bead fade gh.\nab"
+    ids = [CHARS.index(c) for c in text]
+    expected, biggest = hf_scores(ids)
+    u = 2.0**-24
+    tolerance = 2 * (4 * 2 + 1) * 4 * 32 * u * biggest.item()
+    for prompt in (text, ids):
+        body = dict(model="gpt", prompt=prompt, echo=True, max_tokens=0, logprobs=2)
+        choice = post(server, "/v1/completions", body)["choices"][0]
+        logprobs = choice["logprobs"]
+        assert choice["text"] == text and logprobs["tokens"] == list(text)
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        got = torch.tensor(logprobs["token_logprobs"][1:], dtype=torch.float64)
+        assert (got - expected).abs().max() <= tolerance
+        assert logprobs["text_offset"] == list(range(len(text)))
+        assert all(len(top) == 2 for top in logprobs["top_logprobs"][1:])
+    # a multiple-choice item, as lm-evaluation-harness scores one: each ending's summed
+    # log-probability after the context, the prompts in one request
+    context = "dead beef "
+    endings = ["cafe", "hhhh", "a.\n"]
+    prompts = [context + ending for ending in endings]
+    body = dict(model="gpt", prompt=prompts, echo=True, max_tokens=0, logprobs=0)
+    answer = post(server, "/v1/completions", body)
+    ours = []
+    for choice in answer["choices"]:
+        ours.append(sum(choice["logprobs"]["token_logprobs"][len(context) :]))
+    theirs = []
+    for prompt in prompts:
+        scores, _ = hf_scores([CHARS.index(c) for c in prompt])
+        theirs.append(scores[len(context) - 1 :].sum().item())
+    assert ours == pytest.approx(theirs, abs=len(endings[2]) * tolerance)
+    assert ours.index(max(ours)) == theirs.index(max(theirs))
+    assert answer["usage"]["prompt_tokens"] == sum(map(len, prompts))
+
+
+def test_openais_client_completes_scores_and_streams_with_usage(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://{server[0]}/v1", api_key="unused", max_retries=0)
+    options = dict(model="gpt", prompt="ab", max_tokens=6, seed=3, logprobs=2, temperature=0.9)
+    got = client.completions.create(**options, extra_body={"top_k": 4})
+    ours = post(server, "/v1/completions", {**options, "top_k": 4})
+    assert got.choices[0].text == ours["choices"][0]["text"]
+    assert (
+        got.choices[0].logprobs.token_logprobs == ours["choices"][0]["logprobs"]["token_logprobs"]
+    )
+    assert got.usage.completion_tokens == 6
+    stream = client.completions.create(
+        **options, extra_body={"top_k": 4}, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == got.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model="gpt", prompt="ab", top_p=2.0)
