@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import ipaddress
 import os
 import secrets
@@ -1001,13 +1002,31 @@ def make_app(playground, names, port, origins=(), deadline=DEADLINE):
     return app
 
 
+class Listener(socket.socket):
+    """The listening socket. Out of file descriptors, asyncio's accept loop tries each slot of
+    its backlog in turn, every failure logged with a traceback (a core spent while the clients
+    wait): here the first failure stands for the rest until asyncio retries, a second later."""
+
+    full_until = 0.0
+
+    def accept(self):
+        if time.monotonic() < self.full_until:
+            raise BlockingIOError  # to asyncio: nothing more to accept now
+        try:
+            return super().accept()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self.full_until = time.monotonic() + 0.5
+            raise
+
+
 def listen(host, port):
     """A socket bound to host:port (IPv4 or IPv6, as host is written), or Error saying why."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
-        sock = socket.socket(family, kind, proto)
+        sock = Listener(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
     except socket.gaierror as e:

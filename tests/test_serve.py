@@ -815,3 +815,49 @@ def test_openais_client_completes_scores_and_streams_with_usage(server):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     with pytest.raises(openai.BadRequestError, match="top_p"):
         client.completions.create(model="gpt", prompt="ab", top_p=2.0)
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, sets prlimit")
+def test_out_of_file_descriptors_the_server_waits_instead_of_spinning(checkpoints):
+    """With its descriptor limit 8 past what it holds, 24 clients, more than it can accept:
+    accept() fails with EMFILE, and the server retries a second later (asyncio's rule) instead
+    of spinning a core; once they leave, it answers."""
+    import resource
+
+    command = [sys.executable, os.path.join(ROOT, "serve.py"), f"--out_dir={checkpoints / 'gpt'}"]
+    command += ["--port=0", "--device=cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in server.stderr:
+            if "serving on" in line:
+                address = line.split("http://")[1].split()[0]
+                break
+        threading.Thread(target=server.stderr.read, daemon=True).start()
+        held = len(os.listdir(f"/proc/{server.pid}/fd"))
+        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (held + 8, held + 8))
+        host, port = address.split(":")
+        clients = [socket.create_connection((host, int(port)), timeout=5) for _ in range(24)]
+        time.sleep(0.5)  # the accepts fail from here on
+        before = cpu_seconds(server.pid)
+        time.sleep(2)
+        spent = cpu_seconds(server.pid) - before
+        for s in clients:
+            s.close()
+        assert spent < 0.5, f"{spent:.2f} s of CPU in 2 s with no descriptor left"
+        for _ in range(50):  # the backlog's leftovers are accepted and closed
+            try:
+                if request(address, "GET", "/v1/models")[0] == 200:
+                    break
+            except (ConnectionError, TimeoutError, http.client.HTTPException):
+                time.sleep(0.2)
+        assert request(address, "GET", "/v1/models")[0] == 200
+    finally:
+        server.kill()
+        server.wait()
