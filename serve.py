@@ -955,7 +955,8 @@ def make_app(playground, names, port, origins=(), deadline=DEADLINE):
         if body.stream:
             return EventStream(completion)
         try:  # a client that leaves stops its decoding
-            return await unless_gone(completion.answer(), request.receive)
+            answer = await unless_gone(completion.answer(), request.receive)
+            return JSONResponse(answer)  # plain JSON already: no jsonable_encoder walk
         finally:
             completion.close()
 

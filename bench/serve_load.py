@@ -63,7 +63,8 @@ def start_server(out_dirs, device):
         "--port=0",
         f"--device={device}",
     ]
-    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    # uvicorn logs each request on stdout
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in server.stderr:
         found = re.search(r"serving on (http://\S+)", line)
         if found:
