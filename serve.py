@@ -1030,6 +1030,7 @@ def listen(host, port):
         sock = Listener(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(2048)  # uvicorn's backlog: connections queue from here on
     except socket.gaierror as e:
         raise Error(
             f"cannot listen on {host!r} ({e.strerror}): give an address of this machine"

@@ -861,3 +861,30 @@ def test_out_of_file_descriptors_the_server_waits_instead_of_spinning(checkpoint
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_docs_list_every_decoding_option_and_a_client_gone_before_its_error_is_no_matter(
+    server,
+):
+    """FastAPI's OpenAPI schema holds the completion body made from decoding.Options (ranges and
+    help included); a client that sends a bad request and leaves at once leaves the server
+    answering."""
+    status, schema = request(server[0], "GET", "/openapi.json")
+    assert status == 200
+    body = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    for f in dataclasses.fields(decoding.Options):
+        assert body[f.name]["description"] == f.metadata["help"]
+    assert (body["top_p"]["exclusiveMinimum"], body["top_p"]["maximum"]) == (0, 1)
+    connection = http.client.HTTPConnection(server[0], timeout=30)
+    connection.request("GET", "/docs")
+    assert connection.getresponse().status == 200
+    connection.close()
+    for _ in range(20):
+        host, port = server[0].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            data = b'{"n": "2"}'
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (server[0].encode(), len(data), data)
+            )
+    assert post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2})["usage"]
