@@ -578,7 +578,9 @@ def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(f
         "--max_iters=1000000",
         "--eval_interval=100000",
     ]
-    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    # one thread: the first run trains on one core while the others start on the other
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in first.stderr:  # wait for training to start
             if line.startswith("step 0:"):
