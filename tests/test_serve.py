@@ -572,7 +572,7 @@ def test_64_connections_at_once_are_all_answered(server):
 
 
 def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline(strict):
-    """16 streams of 8 traced choices of 64 tokens (1.5 MB each), each client reading 2 KB a
+    """16 streams of 8 traced choices of 64 tokens (232 KB each), each client reading 2 KB a
     second: their slots go back when their decoding ends (2.4 s for all here), so another client
     is answered within seconds, and each slow stream is cut at its 6 s deadline, not read to its
     end."""
@@ -615,7 +615,7 @@ def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline
     for s in readers:
         s.close()
     assert all(closed) and cut < 9, (cut, when)
-    # a whole stream (1.5 MB: every token's trace) is far more than was read
+    # a whole stream (232 KB: every token's trace) is more than twice what was read
     assert max(received) < 100_000, received
 
 
