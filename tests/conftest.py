@@ -2,6 +2,7 @@
 there."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -47,3 +48,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def run_distributed(script, argv, processes=2):
+    """script under torch.distributed.run, that many processes of it on this machine -> the
+    finished process, its output captured."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        str(script),
+    ]
+    return subprocess.run(command + argv, capture_output=True, text=True, timeout=120)

@@ -7,15 +7,13 @@ import io
 import json
 import re
 import shutil
-import subprocess
-import sys
 from contextlib import nullcontext, redirect_stderr
 from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, run_distributed
 
 # lm_dir is a fixture: imported, it makes the same tiny data set for this module
 from test_train import lm_dir, run_in_one_thread, settings, state  # noqa: F401
@@ -64,15 +62,7 @@ def torchrun(tmp_path, argv, processes=2):
         "train.peak_flops = peak\n"
         "train.main(sys.argv[1:])\n"
     )
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={processes}",
-        str(script),
-    ]
-    result = subprocess.run(command + argv, capture_output=True, text=True, timeout=120)
+    result = run_distributed(script, argv, processes)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stderr
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, run_distributed
 
 import plot
 import train
@@ -295,20 +295,7 @@ def torchrun(tmp_path, argv, processes=2):
         f"torch.save((model.state_dict(), metrics), os.path.join({str(tmp_path)!r}, "
         "'rank%s.pt' % os.environ['RANK']))\n"
     )
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={processes}",
-            str(script),
-        ]
-        + argv,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_distributed(script, argv, processes)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
