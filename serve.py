@@ -724,7 +724,7 @@ class Decoder:
     def __init__(self, engine):
         self.engine = engine
         self.work = threading.Condition()
-        self.waiting = []  # (loop, future) of each consumer waiting for the next step
+        self.waiting = {}  # event loop -> the futures of its consumers waiting for the next step
         self.steps = 0
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
@@ -749,9 +749,9 @@ class Decoder:
             with self.work:
                 self.steps += 1
                 waiting = self.waiting
-                self.waiting = []
-            for loop, future in waiting:
-                loop.call_soon_threadsafe(wake, future)
+                self.waiting = {}
+            for loop, futures in waiting.items():  # one wake-up a loop, however many wait
+                loop.call_soon_threadsafe(wake, futures)
 
     async def progress(self, request):
         """Yields after each engine step while request decodes, the last time once it is done."""
@@ -759,7 +759,7 @@ class Decoder:
         while not request.done:
             future = loop.create_future()
             with self.work:
-                self.waiting.append((loop, future))
+                self.waiting.setdefault(loop, []).append(future)
             # done before the step's wake-ups were sent: no wake-up comes for this one
             if not request.done:
                 await future
@@ -768,9 +768,10 @@ class Decoder:
         yield  # done: the last step's tokens
 
 
-def wake(future):
-    if not future.done():  # its consumer may have gone
-        future.set_result(None)
+def wake(futures):
+    for future in futures:
+        if not future.done():  # its consumer may have gone
+            future.set_result(None)
 
 
 # ---------------------------------------------------------------------------- what guards a request
