@@ -427,7 +427,7 @@ class Choice:
     """One completion of one prompt as it decodes: its engine row, its text so far (cut before
     a stop string), how much of that was sent, its trace, and whether it has ended."""
 
-    def __init__(self, index, row, prompt_text, trace):
+    def __init__(self, index, row, prompt_text, trace, echo):
         self.index = index
         self.row = row
         self.prompt_text = prompt_text
@@ -437,7 +437,8 @@ class Choice:
         self.sent = 0  # characters of text sent
         self.finished = False
         self.echoed = False
-        self.offset = 0  # characters before the next token, for logprobs' text_offset
+        # characters before the next token, for logprobs' text_offset: the prompt's unless echoed
+        self.offset = 0 if echo else len(prompt_text)
 
 
 class Completion:
@@ -483,9 +484,7 @@ class Completion:
             request = self.decoder.submit(ids, picks, req.max_tokens, req.logprobs, echo)
             self.requests.append(request)
             for row, trace in zip(request.rows, traces):
-                choice = Choice(len(self.choices), row, text, trace)
-                choice.offset = 0 if req.echo else len(text)
-                self.choices.append(choice)
+                self.choices.append(Choice(len(self.choices), row, text, trace, req.echo))
         self.watcher = asyncio.ensure_future(self.give_back_when_decoded())
 
     async def give_back_when_decoded(self):
