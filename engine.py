@@ -8,6 +8,8 @@ its tokens never depend on what else is in the batch.
   engine = Engine(model, rows=8)
   request = engine.submit(prompt, picks, max_new_tokens=100)    one row per pick
   while engine.busy(): engine.step()                            request.rows[i].tokens grow
+With compile=True the one-token step runs through torch.compile (gpt-fast's compiled decode):
+compiled once at construction, it pays on long generations and in a server (BENCHMARKS.md).
 The window past block_size is the model's rule: once a row's context would pass it, it restarts
 from the last block_size // 2 tokens (positions are absolute, so a full cache cannot slide); the
 uncached path (use_cache=False, for comparison) runs each row's whole window every step instead.
@@ -78,16 +80,23 @@ class Request:
 class Engine:
     """Continuous batching over one KVCache of `rows` slots (see the module's docstring)."""
 
-    def __init__(self, model, rows, use_cache=True):
+    def __init__(self, model, rows, use_cache=True, compile=False):
         self.model = model
         self.block_size = model.config.block_size
         self.use_cache = use_cache
         weight = model.wte.weight
         self.device = weight.device
-        self.cache = KVCache(model.config, rows, self.block_size, self.device, weight.dtype)
+        # one spare position: a slice of the keys is never the whole cache, so a compiled step
+        # never specializes on a full window
+        length = self.block_size + 1
+        self.cache = KVCache(model.config, rows, length, self.device, weight.dtype)
         self.free = list(range(rows))
         self.waiting = deque()
         self.active = []
+        self.one_token = model
+        if compile:
+            self.one_token = torch.compile(model, dynamic=True)
+            self.warm_up(rows)
 
     def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False):
         """A Request of one row per pick, decoded from the next step on; prompt: token ids.
@@ -105,6 +114,19 @@ class Engine:
         request = Request(rows, echo)
         self.waiting.append(request)
         return request
+
+    def warm_up(self, rows):
+        """Throwaway steps of one row and of every row, which compile the one-token step before
+        any request is timed: the compiler keeps one graph for a single row (its products
+        RowLinear's) and one for any larger batch."""
+        for size in sorted({1, rows}):
+            idx = torch.zeros(size, 1, dtype=torch.long, device=self.device)
+            # at position 1, not 0: the compiler would specialize a single key as a constant
+            self.cache.lengths = [1] * rows
+            step = self.cache.step(list(range(size)), 1)
+            with torch.no_grad(), sdpa_kernel(VARYING_LENGTHS):
+                self.one_token(idx, cache=step, logits_to_keep=1)
+        self.cache.lengths = [0] * rows
 
     def busy(self):
         return bool(self.waiting or self.active)
@@ -185,7 +207,7 @@ class Engine:
             return
         idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)
         step = self.cache.step([row.slot for row in batched], 1)
-        logits, _ = self.model(idx, cache=step, logits_to_keep=1)
+        logits, _ = self.one_token(idx, cache=step, logits_to_keep=1)
         for i, row in enumerate(batched):
             self.take(row, logits[i : i + 1, -1])
 
@@ -275,11 +297,12 @@ def generate(model, prompts, max_new_tokens, picks, use_cache=True):
 # ---------------------------------------------------------------------------- the weights' format
 
 
-def for_decoding(model, device, weights="auto"):
+def for_decoding(model, device, weights="auto", compile=False):
     """The model in eval mode on device, its weights stored once in the format that decodes
     fastest there: auto is bfloat16 on GPUs that have it (the head kept in float32, for float32
     logits) and float32 elsewhere, each matrix laid out as the device's matrix-vector product
-    runs fastest; int8 (weight-only, per-output-channel scales) where asked."""
+    runs fastest; int8 (weight-only, per-output-channel scales) where asked. compile: for an
+    Engine that compiles its step, whose float32 products on a CPU are RowLinears."""
     if weights not in WEIGHTS:
         raise Error(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     model = model.to(device).eval()
@@ -289,8 +312,11 @@ def for_decoding(model, device, weights="auto"):
         model = model.to(torch.bfloat16)
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
     if weights == "int8":
-        quantize(model)
-    if weights == "float32" and torch.device(device).type == "cpu":
+        replace_linears(model, Int8Linear)
+    on_cpu = torch.device(device).type == "cpu"
+    if weights == "float32" and on_cpu and compile:
+        replace_linears(model, RowLinear)
+    elif weights == "float32" and on_cpu:
         lay_out(model, fastest_product())
     return model
 
@@ -364,12 +390,30 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def quantize(model):
-    """Every Linear of the blocks and the head replaced by an Int8Linear."""
+class RowLinear(nn.Module):
+    """A Linear whose one-row product, under torch.compile, is a sum of elementwise products over
+    the [out, in] storage as trained: the compiler fuses it into one pass over the weights, which
+    reads them near the memory's speed, where a CPU's gemv reads at about half of it
+    (BENCHMARKS.md). Eager, or over several rows, it is F.linear."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.weight = linear.weight  # the same Parameter: a tied head stays tied
+        self.bias = linear.bias
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling() or x.shape[:-1].numel() != 1:
+            return F.linear(x, self.weight, self.bias)
+        y = (x[..., None, :] * self.weight).sum(-1)  # [..., out, in] summed over in
+        return y if self.bias is None else y + self.bias
+
+
+def replace_linears(model, kind):
+    """Every Linear of the blocks and the head replaced by kind(linear)."""
     for block in model.blocks:
         attn = block.attn
-        attn.qkv = Int8Linear(attn.qkv)
-        attn.proj = Int8Linear(attn.proj)
-        block.mlp.fc = Int8Linear(block.mlp.fc)
-        block.mlp.proj = Int8Linear(block.mlp.proj)
-    model.lm_head = Int8Linear(model.lm_head)
+        attn.qkv = kind(attn.qkv)
+        attn.proj = kind(attn.proj)
+        block.mlp.fc = kind(block.mlp.fc)
+        block.mlp.proj = kind(block.mlp.proj)
+    model.lm_head = kind(model.lm_head)

@@ -117,9 +117,10 @@ class KVCache:
 
     def __init__(self, config, rows, length, device, dtype=torch.float32):
         d_k = config.n_embd // config.n_head
-        shape = (config.n_layer, rows, config.n_head, length, d_k)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (rows, config.n_head, length, d_k)
+        # a tensor per layer: each is written in place, whole (a compiled step mutates no views)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.lengths = [0] * rows  # on the host: reading them costs no device sync
 
     def step(self, rows, T):
@@ -134,8 +135,9 @@ class KVCache:
         every sample of it."""
         n = self.lengths[source]
         for row in rows:
-            self.k[:, row, :, :n] = self.k[:, source, :, :n]
-            self.v[:, row, :, :n] = self.v[:, source, :, :n]
+            for K, V in zip(self.k, self.v):
+                K[row, :, :n] = K[source, :, :n]
+                V[row, :, :n] = V[source, :, :n]
             self.lengths[row] = n
 
 
@@ -144,7 +146,7 @@ class CacheStep:
     positions, which it takes; positions [B, T] and mask() follow from the rows' lengths."""
 
     def __init__(self, cache, rows, T):
-        device = cache.k.device
+        device = cache.k[0].device
         start = torch.tensor([cache.lengths[row] for row in rows])
         self.cache = cache
         self.rows = torch.tensor(rows, device=device)

@@ -205,8 +205,10 @@ class Playground:
         max_n=8,
         max_active=MAX_ACTIVE,
         rows=MAX_ROWS,
+        compile=False,
     ):
         self.device = pick_device(device)
+        self.compile = compile
         self.models = {}
         self.max_tokens = max_tokens
         self.max_n = min(max_n, rows)
@@ -233,8 +235,8 @@ class Playground:
                 task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len
             )
         model, tokenizer, _ = sample.load(out_dir, self.device)
-        model = for_decoding(model, self.device, weights)
-        decoder = Decoder(Engine(model, self.rows))
+        model = for_decoding(model, self.device, weights, self.compile)
+        decoder = Decoder(Engine(model, self.rows, compile=self.compile))
         return dict(task="lm", model=model, tokenizer=tokenizer, decoder=decoder)
 
     def describe(self):
@@ -1108,6 +1110,11 @@ def main(argv=None):
         help="the format a GPT's weights decode in, as sample.py's (default: %(default)s)",
     )
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile a GPT's one-token step at start, as sample.py's --compile",
+    )
+    p.add_argument(
         "--max_rows",
         type=at_least(1),
         default=MAX_ROWS,
@@ -1134,7 +1141,9 @@ def main(argv=None):
         "(default: %(default)s)",
     )
     a = p.parse_args(argv)
-    playground = Playground(a.out_dir, a.device, a.weights, a.max_tokens, a.max_n, rows=a.max_rows)
+    playground = Playground(
+        a.out_dir, a.device, a.weights, a.max_tokens, a.max_n, rows=a.max_rows, compile=a.compile
+    )
     server = Server(playground, a.host, a.port, origins=a.allow_origin, deadline=a.deadline)
     for name, m in playground.models.items():
         print(

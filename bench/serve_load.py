@@ -54,7 +54,7 @@ def rss_mb(pid):
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
 
 
-def start_server(out_dirs, device):
+def start_server(out_dirs, device, compile):
     """serve.py on a free port -> (the process, its base URL, its models)."""
     command = [
         sys.executable,
@@ -63,6 +63,8 @@ def start_server(out_dirs, device):
         "--port=0",
         f"--device={device}",
     ]
+    if compile:
+        command.append("--compile")
     # uvicorn logs each request on stdout
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in server.stderr:
@@ -173,13 +175,14 @@ def main(argv=None):
         help="tokens per completion (default: %(default)s)",
     )
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help="serve.py --compile")
     args = p.parse_args(argv)
     if args.concurrency > MAX_ACTIVE:
         p.error(
             f"--concurrency {args.concurrency}: "
             f"serve.py decodes at most {MAX_ACTIVE} requests at once"
         )
-    server, url, models = start_server(args.out_dir, args.device)
+    server, url, models = start_server(args.out_dir, args.device, args.compile)
     try:
         rows = [(m, *measure(server, url, m, args)) for m in models]
     finally:

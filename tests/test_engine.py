@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from decoding import NextToken, Options
-from engine import Engine, Int8Linear, for_decoding, generate, transpose_storage
+from engine import Engine, Int8Linear, RowLinear, for_decoding, generate, transpose_storage
 from model import GPT, GPTConfig, KVCache
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -170,6 +170,34 @@ def test_n_samples_from_one_prefill_equal_n_separate_runs():
     separate = [lone(model, prompt, picks(options, [seed])[0], 30) for seed in (1, 2, 3, 4)]
     assert [row.generated for row in request.rows] == separate
     assert len(set(map(tuple, separate))) == 4
+
+
+def test_the_compiled_step_decodes_as_the_eager_one():
+    """torch.compile's one-token step, its one-row products RowLinear's sums: a row alone and
+    rows of different lengths in a batch (the compiler's two graphs), past block_size, greedy
+    and seeded, get the tokens the eager engine gives them, and log-probabilities within ATOL
+    (the same sums in another order)."""
+    specs = [
+        ([1, 2, 3], dict(), 0, 40),
+        ([4, 5, 6, 7, 8, 9, 10], dict(top_k=5), 12, 30),
+        ([11], dict(temperature=1.0, repetition_penalty=1.3), 13, 24),
+    ]
+    answers = []
+    for compile in (False, True):
+        model = for_decoding(tiny_gpt(**MODERN), "cpu", compile=compile)
+        engine = Engine(model, rows=3, compile=compile)
+        alone = engine.submit([3, 1, 4], picks({}, [1]), 40, logprobs=0)
+        while engine.busy():
+            engine.step()
+        batch = [engine.submit(p, picks(o, [seed]), n, logprobs=0) for p, o, seed, n in specs]
+        while engine.busy():
+            engine.step()
+        rows = [alone.rows[0]] + [request.rows[0] for request in batch]
+        answers.append(rows)
+    assert isinstance(model.lm_head, RowLinear) and model.lm_head.weight is model.wte.weight
+    for eager, compiled in zip(*answers):
+        assert compiled.generated == eager.generated
+        assert compiled.token_logprobs == pytest.approx(eager.token_logprobs, abs=ATOL)
 
 
 def test_a_finished_row_frees_its_slot_and_zero_tokens_is_no_row():
