@@ -2,11 +2,12 @@
 Generation speed, side by side in one run, on one device:
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with its
-     defaults and with --weights=int8, against the bound bandwidth / bytes read per token, and
-     Hugging Face's generate on the same weights in float32 and bfloat16;
-  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (defaults, int8) and, with
+     defaults, --compile, --weights=int8 and both, against the bound bandwidth / bytes read per
+     token, and Hugging Face's generate on the same weights in float32 and bfloat16;
+  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (the same four) and, with
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
-  3. the engine at batch 1, 8 and 32 on that shape: time to first token and tokens/s;
+  3. the engine at batch 1, 8 and 32 on that shape, eager and compiled: time to first token and
+     tokens/s;
   4. with --val_model, int8's change in validation loss on a trained checkpoint.
   python bench/generate.py --old /tmp/old --val_model out-shakespeare-char --json gen.json
 Run from anywhere; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE offline.
@@ -32,6 +33,13 @@ from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from model import GPT, GPTConfig, from_checkpoint  # noqa: E402
 
 PROMPT = "The meaning of life is"
+# sample.py's modes: (name, --weights, --compile)
+MODES = [
+    ("auto", "auto", False),
+    ("compiled", "auto", True),
+    ("int8", "int8", False),
+    ("int8_compiled", "int8", True),
+]
 SHAKESPEARE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -63,14 +71,19 @@ def bytes_per_token(model, context):
     return total
 
 
-def sample_py(root, args):
-    """tokens/s that sample.py in root prints for args."""
+def sample_run(root, args):
+    """What sample.py in root prints for args: tokens/s, and with --compile the seconds its
+    compilation took (before the tokens/s is timed)."""
     command = [sys.executable, os.path.join(root, "sample.py"), *args]
     result = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=1800)
     if result.returncode:
         raise Error(f"{' '.join(command)} failed: {result.stderr[-500:]}")
     found = re.search(r"([\d.]+) tokens/s", result.stderr)
-    return float(found.group(1))
+    run = dict(tokens_s=float(found.group(1)))
+    compiled = re.search(r"compiled the one-token step in ([\d.]+) s", result.stderr)
+    if compiled:
+        run["compile_s"] = float(compiled.group(1))
+    return run
 
 
 def hugging_face(hf_dir, dtype, new_tokens):
@@ -101,17 +114,18 @@ def gpt2_shape(out, new_tokens):
     model = GPT.from_pretrained(hf_dir)
     context = len(PROMPT) // 4 + new_tokens // 2  # the mean position, roughly
     results = {"bandwidth_GB_s": speed / 1e9}
-    for weights in ("auto", "int8"):
-        rate = sample_py(ROOT, flags + ["--weights", weights])
-        read = bytes_per_token(for_decoding(model, "cpu", weights), context)
+    for name, weights, compile in MODES:
+        run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
+        read = bytes_per_token(for_decoding(model, "cpu", weights, compile), context)
         bound = speed / read
-        results[weights] = dict(tokens_s=rate, bytes=read, bound=bound, of_bound=rate / bound)
+        results[name] = dict(**run, bytes=read, bound=bound, of_bound=run["tokens_s"] / bound)
         model = GPT.from_pretrained(hf_dir)  # for_decoding changed the weights in place
     for dtype in ("float32", "bfloat16"):
         rate = hugging_face(hf_dir, getattr(torch, dtype), new_tokens)
         results[f"hf_{dtype}"] = dict(tokens_s=rate)
     best_hf = max(results["hf_float32"]["tokens_s"], results["hf_bfloat16"]["tokens_s"])
-    results["int8_over_hf"] = results["int8"]["tokens_s"] / best_hf
+    for name, _, _ in MODES:
+        results[f"{name}_over_hf"] = results[name]["tokens_s"] / best_hf
     return results
 
 
@@ -128,37 +142,44 @@ def small_shape(out, old, new_tokens):
     """Section 2: sample.py here against an older checkout's, on one checkpoint."""
     path = shakespeare_checkpoint(out)
     flags = ["--out_dir", path, "--start", "ROMEO:", "--max_new_tokens", str(new_tokens)]
-    results = {"here": sample_py(ROOT, flags)}
-    results["here_int8"] = sample_py(ROOT, flags + ["--weights", "int8"])
+    results = {}
+    for name, weights, compile in MODES:
+        run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
+        results[name] = run
     if old:
         # the older sample.py names its autocast dtype; float32 is what ours runs
-        results["old"] = sample_py(old, flags + ["--dtype", "float32"])
-        results["speedup"] = results["here"] / results["old"]
-        results["speedup_int8"] = results["here_int8"] / results["old"]
+        results["old"] = sample_run(old, flags + ["--dtype", "float32"])["tokens_s"]
+        for name, _, _ in MODES:
+            results[f"{name}_over_old"] = results[name]["tokens_s"] / results["old"]
     return results
 
 
 def batches(out, new_tokens, sizes=(1, 8, 32)):
-    """Section 3: B requests of one row each at once: time to first token and tokens/s."""
-    model, _ = from_checkpoint(shakespeare_checkpoint(out))
-    model = for_decoding(model, "cpu")
+    """Section 3: B requests of one row each at once, eager and compiled: time to first token
+    and tokens/s."""
+    path = shakespeare_checkpoint(out)
     results = {}
-    for size in sizes:
-        engine = Engine(model, rows=size)
-        t0 = time.perf_counter()
-        requests = []
-        for i in range(size):
-            pick = NextToken(Options(top_k=200), generator=torch.Generator().manual_seed(i))
-            requests.append(engine.submit([i + 1] * 8, [pick], new_tokens))
-        while engine.busy():
-            engine.step()
-        seconds = time.perf_counter() - t0
-        first = [request.first_token - t0 for request in requests]
-        results[size] = dict(
-            ttft_ms=1e3 * sum(first) / size,
-            tokens_s=size * new_tokens / seconds,
-        )
+    for compile in (False, True):
+        model, _ = from_checkpoint(path)
+        model = for_decoding(model, "cpu", compile=compile)
+        for size in sizes:
+            name = f"{size}_compiled" if compile else str(size)
+            results[name] = batch_run(Engine(model, size, compile=compile), size, new_tokens)
     return results
+
+
+def batch_run(engine, size, new_tokens):
+    """size requests of one row each submitted at once, top_k 200 with a seed each."""
+    t0 = time.perf_counter()
+    requests = []
+    for i in range(size):
+        pick = NextToken(Options(top_k=200), generator=torch.Generator().manual_seed(i))
+        requests.append(engine.submit([i + 1] * 8, [pick], new_tokens))
+    while engine.busy():
+        engine.step()
+    seconds = time.perf_counter() - t0
+    first = [request.first_token - t0 for request in requests]
+    return dict(ttft_ms=1e3 * sum(first) / size, tokens_s=size * new_tokens / seconds)
 
 
 def validation_loss(path, weights, windows=40):
