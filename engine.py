@@ -15,6 +15,7 @@ from the last block_size // 2 tokens (positions are absolute, so a full cache ca
 uncached path (use_cache=False, for comparison) runs each row's whole window every step instead.
 """
 
+import functools
 import time
 from collections import deque
 
@@ -299,14 +300,14 @@ def generate(model, prompts, max_new_tokens, picks, use_cache=True):
 
 def for_decoding(model, device, weights="auto", compile=False):
     """The model in eval mode on device, its weights stored once in the format that decodes
-    fastest there: auto is bfloat16 on GPUs that have it (the head kept in float32, for float32
-    logits) and float32 elsewhere, each matrix laid out as the device's matrix-vector product
-    runs fastest; int8 (weight-only, per-output-channel scales) where asked. compile: for an
-    Engine that compiles its step, whose float32 products on a CPU are RowLinears."""
+    fastest there (resolve_weights: bfloat16 keeps the head in float32, for float32 logits),
+    float32 matrices on a CPU laid out as its matrix-vector product runs fastest; int8
+    (weight-only, per-output-channel scales) where asked. compile: for an Engine that compiles
+    its step, whose float32 products on a CPU are RowLinears."""
     if weights not in WEIGHTS:
         raise Error(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     model = model.to(device).eval()
-    weights = resolve_weights(weights, device)
+    weights = resolve_weights(weights, device, compile)
     if weights == "bfloat16":
         head = model.lm_head.weight.detach().float()
         model = model.to(torch.bfloat16)
@@ -316,32 +317,41 @@ def for_decoding(model, device, weights="auto", compile=False):
     on_cpu = torch.device(device).type == "cpu"
     if weights == "float32" and on_cpu and compile:
         replace_linears(model, RowLinear)
-    elif weights == "float32" and on_cpu:
-        lay_out(model, fastest_product())
+    elif weights == "float32" and on_cpu and fastest_products()[0] == "columns":
+        transpose_storage(model)
     return model
 
 
-def resolve_weights(weights, device):
-    """auto -> bfloat16 on GPUs that multiply it natively, float32 elsewhere (BENCHMARKS.md: on
-    CPUs float32 decodes faster than bfloat16); an explicit format as it is."""
+def resolve_weights(weights, device, compile=False):
+    """auto -> bfloat16 on GPUs that multiply it natively; on a CPU, bfloat16 where its product
+    times faster than float32's (AVX-512 BF16 CPUs, BENCHMARKS.md), but float32 under compile,
+    whose fused float32 products beat both; float32 elsewhere. An explicit format as it is."""
     if weights != "auto":
         return weights
     kind = torch.device(device).type
-    native = kind == "cuda" and native_bf16_gpu()
-    return "bfloat16" if native else "float32"
+    if kind == "cuda" and native_bf16_gpu():
+        return "bfloat16"
+    if kind == "cpu" and not compile and fastest_products()[1] == "bfloat16":
+        return "bfloat16"
+    return "float32"
 
 
-def fastest_product(d=768, matrices=16, repeats=3):
-    """How this CPU multiplies a vector by float32 weights fastest, timed over matrices too large
-    for its caches (as a model's are): "rows" (the [out, in] storage as trained) or "columns" (the
-    same weights stored [in, out]). MKL's gemv reads [out, in] rows at half the speed of [in, out]
-    ones on some CPUs (BENCHMARKS.md)."""
+@functools.cache
+def fastest_products(d=768, matrices=16, repeats=3):
+    """How this CPU multiplies a vector by a model's weights fastest, timed once per process over
+    matrices too large for its caches -> (the float32 storage, the format): storage "rows" (the
+    [out, in] as trained) or "columns" (the same weights stored [in, out]: MKL's gemv reads
+    [out, in] rows at half the speed on some CPUs); the format "float32" or "bfloat16"."""
     x = torch.ones(1, d)
     rows = [torch.ones(4 * d, d) for _ in range(matrices)]
     columns = [w.t().contiguous().t() for w in rows]  # the same [out, in], stored [in, out]
+    halves = [w.bfloat16() for w in rows]
     by_rows = best_time(x, rows, repeats)
     by_columns = best_time(x, columns, repeats)
-    return "columns" if by_columns < by_rows else "rows"
+    by_halves = best_time(x.bfloat16(), halves, repeats)
+    storage = "columns" if by_columns < by_rows else "rows"
+    dtype = "bfloat16" if by_halves < min(by_rows, by_columns) else "float32"
+    return storage, dtype
 
 
 def best_time(x, weights, repeats):
@@ -353,12 +363,6 @@ def best_time(x, weights, repeats):
             F.linear(x, w)
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def lay_out(model, product):
-    """The model's weights stored for product (one of fastest_product's answers)."""
-    if product == "columns":
-        transpose_storage(model)
 
 
 def transpose_storage(model):

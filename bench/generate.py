@@ -8,7 +8,7 @@ Generation speed, side by side in one run, on one device:
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape, eager and compiled: time to first token and
      tokens/s;
-  4. with --val_model, int8's change in validation loss on a trained checkpoint.
+  4. with --val_model, bfloat16's and int8's change in validation loss on a trained checkpoint.
   python bench/generate.py --old /tmp/old --val_model out-shakespeare-char --json gen.json
 Run from anywhere; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE offline.
 """
@@ -27,7 +27,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
-from engine import Engine, for_decoding  # noqa: E402
+from engine import Engine, for_decoding, resolve_weights  # noqa: E402
 from lib.batches import load_split  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from model import GPT, GPTConfig, from_checkpoint  # noqa: E402
@@ -113,7 +113,7 @@ def gpt2_shape(out, new_tokens):
     flags += ["--max_new_tokens", str(new_tokens)]
     model = GPT.from_pretrained(hf_dir)
     context = len(PROMPT) // 4 + new_tokens // 2  # the mean position, roughly
-    results = {"bandwidth_GB_s": speed / 1e9}
+    results = {"bandwidth_GB_s": speed / 1e9, "auto_is": resolve_weights("auto", "cpu")}
     for name, weights, compile in MODES:
         run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
         read = bytes_per_token(for_decoding(model, "cpu", weights, compile), context)
@@ -199,17 +199,22 @@ def validation_loss(path, weights, windows=40):
     return total / len(rows)
 
 
-def int8_loss(path):
-    """Section 4: validation loss with float32 and with int8 weights."""
+def format_losses(path):
+    """Section 4: validation loss with float32, bfloat16 and int8 weights."""
     exact = validation_loss(path, "float32")
-    quantized = validation_loss(path, "int8")
-    return dict(float32=exact, int8=quantized, change=quantized / exact - 1)
+    results = dict(float32=exact)
+    for weights in ("bfloat16", "int8"):
+        loss = validation_loss(path, weights)
+        results[weights] = dict(loss=loss, change=loss / exact - 1)
+    return results
 
 
 def main(argv=None):
     p = ArgumentParser(prog="generate.py", description=__doc__)
     p.add_argument("--old", help="another checkout (a commit before): its sample.py beside ours")
-    p.add_argument("--val_model", help="a trained 6 x 384 char checkpoint: int8's loss change")
+    p.add_argument(
+        "--val_model", help="a trained 6 x 384 char checkpoint: the formats' loss changes"
+    )
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quick", action="store_true", help="fewer tokens: a smoke test")
     args = p.parse_args(argv)
@@ -224,7 +229,7 @@ def main(argv=None):
         results["shakespeare"] = small_shape(out, args.old, 500 // scale)
         results["batches"] = batches(out, 200 // scale)
     if args.val_model:
-        results["int8_loss"] = int8_loss(args.val_model)
+        results["losses"] = format_losses(args.val_model)
     print(json.dumps(results, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -8,7 +8,16 @@ import torch
 import torch.nn as nn
 
 from decoding import NextToken, Options
-from engine import Engine, Int8Linear, RowLinear, for_decoding, generate, transpose_storage
+from engine import (
+    Engine,
+    Int8Linear,
+    RowLinear,
+    fastest_products,
+    for_decoding,
+    generate,
+    resolve_weights,
+    transpose_storage,
+)
 from model import GPT, GPTConfig, KVCache
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -184,7 +193,7 @@ def test_the_compiled_step_decodes_as_the_eager_one():
     ]
     answers = []
     for compile in (False, True):
-        model = for_decoding(tiny_gpt(**MODERN), "cpu", compile=compile)
+        model = for_decoding(tiny_gpt(**MODERN), "cpu", "float32", compile)
         engine = Engine(model, rows=3, compile=compile)
         alone = engine.submit([3, 1, 4], picks({}, [1]), 40, logprobs=0)
         while engine.busy():
@@ -293,6 +302,17 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
     greedy_pick = pick.pop("greedy", False)
     next_token = NextToken(Options(**pick), greedy_pick, torch.Generator().manual_seed(0))
     assert lone(model, [1, 2, 3], next_token, 20) == [5] * 20
+
+
+def test_auto_weights_on_a_cpu_are_the_format_timed_faster():
+    """auto on a CPU: bfloat16 where its product timed faster than float32's (the head kept
+    float32), float32 otherwise and under compile, whose fused float32 products beat both."""
+    _, dtype = fastest_products()
+    assert resolve_weights("auto", "cpu") == dtype
+    assert resolve_weights("auto", "cpu", compile=True) == "float32"
+    model = for_decoding(tiny_gpt(), "cpu")
+    assert model.blocks[0].mlp.fc.weight.dtype == getattr(torch, dtype)
+    assert model.lm_head.weight.dtype == torch.float32
 
 
 def test_weights_stored_transposed_keep_the_logits():
