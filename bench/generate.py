@@ -192,7 +192,9 @@ def validation_loss(path, weights, windows=40):
     with torch.no_grad():
         for i in range(0, len(rows), 8):
             batch = data.batch(rows[i : i + 8])
-            logits, _ = model(batch["idx"])
+            idx = batch["idx"]
+            # every position through the decoding head (float32 logits whatever the format)
+            logits, _ = model(idx, logits_to_keep=idx.size(1))
             flat = logits.view(-1, logits.size(-1)).float()
             loss = torch.nn.functional.cross_entropy(flat, batch["targets"].view(-1))
             total += loss.item() * len(batch["idx"])
