@@ -303,11 +303,11 @@ def for_decoding(model, device, weights="auto", compile=False):
     fastest there (resolve_weights: bfloat16 keeps the head in float32, for float32 logits),
     float32 matrices on a CPU laid out as its matrix-vector product runs fastest; int8
     (weight-only, per-output-channel scales) where asked. compile: for an Engine that compiles
-    its step, whose float32 products on a CPU are RowLinears."""
+    its step, whose float32 and bfloat16 products on a CPU are RowLinears."""
     if weights not in WEIGHTS:
         raise Error(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     model = model.to(device).eval()
-    weights = resolve_weights(weights, device, compile)
+    weights = resolve_weights(weights, device)
     if weights == "bfloat16":
         head = model.lm_head.weight.detach().float()
         model = model.to(torch.bfloat16)
@@ -315,23 +315,23 @@ def for_decoding(model, device, weights="auto", compile=False):
     if weights == "int8":
         replace_linears(model, Int8Linear)
     on_cpu = torch.device(device).type == "cpu"
-    if weights == "float32" and on_cpu and compile:
+    if weights in ("float32", "bfloat16") and on_cpu and compile:
         replace_linears(model, RowLinear)
     elif weights == "float32" and on_cpu and fastest_products()[0] == "columns":
         transpose_storage(model)
     return model
 
 
-def resolve_weights(weights, device, compile=False):
+def resolve_weights(weights, device):
     """auto -> bfloat16 on GPUs that multiply it natively; on a CPU, bfloat16 where its product
-    times faster than float32's (AVX-512 BF16 CPUs, BENCHMARKS.md), but float32 under compile,
-    whose fused float32 products beat both; float32 elsewhere. An explicit format as it is."""
+    times faster than float32's (AVX-512 BF16 CPUs, BENCHMARKS.md); float32 elsewhere. An
+    explicit format as it is."""
     if weights != "auto":
         return weights
     kind = torch.device(device).type
     if kind == "cuda" and native_bf16_gpu():
         return "bfloat16"
-    if kind == "cpu" and not compile and fastest_products()[1] == "bfloat16":
+    if kind == "cpu" and fastest_products()[1] == "bfloat16":
         return "bfloat16"
     return "float32"
 

@@ -82,9 +82,8 @@ def parse_args(argv=None):
         default="auto",
         choices=WEIGHTS,
         help="the format the weights decode in, stored once: auto is bfloat16 on GPUs that have "
-        "it, on CPUs the faster of float32 and bfloat16 as timed at load (float32 with "
-        "--compile), float32 elsewhere; int8: weight-only int8, the fastest on CPUs "
-        "(default: %(default)s)",
+        "it, on CPUs the faster of float32 and bfloat16 as timed at load, float32 elsewhere; "
+        "int8: weight-only int8, the fastest on CPUs (default: %(default)s)",
     )
     p.add_argument(
         "--compile",
@@ -201,7 +200,7 @@ def main(argv=None):
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw
         raise Error(f"--start: {e}") from None
-    weights = resolve_weights(args.weights, device, args.compile)
+    weights = resolve_weights(args.weights, device)
     print(f"{what}; {device}, {weights} weights", file=sys.stderr)
     block_size = model.config.block_size
     if len(prompt) > block_size:
