@@ -300,7 +300,7 @@ def generate(model, prompts, max_new_tokens, picks, use_cache=True):
 
 def for_decoding(model, device, weights="auto", compile=False):
     """The model in eval mode on device, its weights stored once in the format that decodes
-    fastest there (resolve_weights: bfloat16 keeps the head in float32, for float32 logits),
+    fastest there (resolve_weights; bfloat16 keeps the head in float32, for float32 logits),
     float32 matrices on a CPU laid out as its matrix-vector product runs fastest; int8
     (weight-only, per-output-channel scales) where asked. compile: for an Engine that compiles
     its step, whose float32 and bfloat16 products on a CPU are RowLinears."""
@@ -317,41 +317,34 @@ def for_decoding(model, device, weights="auto", compile=False):
     on_cpu = torch.device(device).type == "cpu"
     if weights in ("float32", "bfloat16") and on_cpu and compile:
         replace_linears(model, RowLinear)
-    elif weights == "float32" and on_cpu and fastest_products()[0] == "columns":
-        transpose_storage(model)
+    elif weights != "int8" and on_cpu and fastest_product() == "columns":
+        transpose_storage(model)  # with bfloat16, its float32 head
     return model
 
 
 def resolve_weights(weights, device):
-    """auto -> bfloat16 on GPUs that multiply it natively; on a CPU, bfloat16 where its product
-    times faster than float32's (AVX-512 BF16 CPUs, BENCHMARKS.md); float32 elsewhere. An
-    explicit format as it is."""
+    """auto -> bfloat16 on GPUs that multiply it natively, float32 elsewhere: a CPU's fastest
+    format varies (bfloat16 on some, BENCHMARKS.md) and timing it at load chose apart between
+    runs on a loaded machine, and with it the samples; an explicit format as it is."""
     if weights != "auto":
         return weights
     kind = torch.device(device).type
-    if kind == "cuda" and native_bf16_gpu():
-        return "bfloat16"
-    if kind == "cpu" and fastest_products()[1] == "bfloat16":
-        return "bfloat16"
-    return "float32"
+    native = kind == "cuda" and native_bf16_gpu()
+    return "bfloat16" if native else "float32"
 
 
 @functools.cache
-def fastest_products(d=768, matrices=16, repeats=3):
-    """How this CPU multiplies a vector by a model's weights fastest, timed once per process over
-    matrices too large for its caches -> (the float32 storage, the format): storage "rows" (the
-    [out, in] as trained) or "columns" (the same weights stored [in, out]: MKL's gemv reads
-    [out, in] rows at half the speed on some CPUs); the format "float32" or "bfloat16"."""
+def fastest_product(d=768, matrices=16, repeats=3):
+    """How this CPU multiplies a vector by float32 weights fastest, timed once per process over
+    matrices too large for its caches (as a model's are): "rows" (the [out, in] storage as
+    trained) or "columns" (the same weights stored [in, out]). MKL's gemv reads [out, in] rows
+    at half the speed of [in, out] ones on some CPUs (BENCHMARKS.md)."""
     x = torch.ones(1, d)
     rows = [torch.ones(4 * d, d) for _ in range(matrices)]
     columns = [w.t().contiguous().t() for w in rows]  # the same [out, in], stored [in, out]
-    halves = [w.bfloat16() for w in rows]
     by_rows = best_time(x, rows, repeats)
     by_columns = best_time(x, columns, repeats)
-    by_halves = best_time(x.bfloat16(), halves, repeats)
-    storage = "columns" if by_columns < by_rows else "rows"
-    dtype = "bfloat16" if by_halves < min(by_rows, by_columns) else "float32"
-    return storage, dtype
+    return "columns" if by_columns < by_rows else "rows"
 
 
 def best_time(x, weights, repeats):
@@ -366,9 +359,10 @@ def best_time(x, weights, repeats):
 
 
 def transpose_storage(model):
-    """Every Linear's weight kept as the same [out, in] tensor, stored [in, out] in memory."""
+    """Every float32 Linear's weight (the storage timed is float32's) kept as the same [out, in]
+    tensor, stored [in, out] in memory."""
     for module in model.modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
             module.weight.data = module.weight.data.t().contiguous().t()
 
 

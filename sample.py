@@ -82,8 +82,8 @@ def parse_args(argv=None):
         default="auto",
         choices=WEIGHTS,
         help="the format the weights decode in, stored once: auto is bfloat16 on GPUs that have "
-        "it, on CPUs the faster of float32 and bfloat16 as timed at load, float32 elsewhere; "
-        "int8: weight-only int8, the fastest on CPUs (default: %(default)s)",
+        "it, float32 elsewhere; bfloat16 is faster on some CPUs, int8 on CPUs "
+        "(BENCHMARKS.md) (default: %(default)s)",
     )
     p.add_argument(
         "--compile",

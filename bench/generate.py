@@ -2,9 +2,9 @@
 Generation speed, side by side in one run, on one device:
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with its
-     defaults, --compile, --weights=int8 and both, against the bound bandwidth / bytes read per
-     token, and Hugging Face's generate on the same weights in float32 and bfloat16;
-  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (the same four) and, with
+     defaults, --compile, --weights=bfloat16 and int8 with and without it, against the bound
+     bandwidth / bytes read per token, and Hugging Face's generate on the same weights in float32 and bfloat16;
+  2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (the same six) and, with
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape, eager and compiled: time to first token and
      tokens/s;
@@ -27,7 +27,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
-from engine import Engine, for_decoding, resolve_weights  # noqa: E402
+from engine import Engine, for_decoding  # noqa: E402
 from lib.batches import load_split  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from model import GPT, GPTConfig, from_checkpoint  # noqa: E402
@@ -37,6 +37,8 @@ PROMPT = "The meaning of life is"
 MODES = [
     ("auto", "auto", False),
     ("compiled", "auto", True),
+    ("bfloat16", "bfloat16", False),
+    ("bfloat16_compiled", "bfloat16", True),
     ("int8", "int8", False),
     ("int8_compiled", "int8", True),
 ]
@@ -113,7 +115,7 @@ def gpt2_shape(out, new_tokens):
     flags += ["--max_new_tokens", str(new_tokens)]
     model = GPT.from_pretrained(hf_dir)
     context = len(PROMPT) // 4 + new_tokens // 2  # the mean position, roughly
-    results = {"bandwidth_GB_s": speed / 1e9, "auto_is": resolve_weights("auto", "cpu")}
+    results = {"bandwidth_GB_s": speed / 1e9}
     for name, weights, compile in MODES:
         run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
         read = bytes_per_token(for_decoding(model, "cpu", weights, compile), context)

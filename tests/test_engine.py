@@ -12,7 +12,7 @@ from engine import (
     Engine,
     Int8Linear,
     RowLinear,
-    fastest_products,
+    fastest_product,
     for_decoding,
     generate,
     resolve_weights,
@@ -304,17 +304,19 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
     assert lone(model, [1, 2, 3], next_token, 20) == [5] * 20
 
 
-def test_auto_weights_on_a_cpu_are_the_format_timed_faster():
-    """auto on a CPU: bfloat16 where its product timed faster than float32's (the head kept
-    float32), float32 otherwise; compiled, each one-row product is a RowLinear's."""
-    _, dtype = fastest_products()
-    assert resolve_weights("auto", "cpu") == dtype
-    model = for_decoding(tiny_gpt(), "cpu")
-    assert model.blocks[0].mlp.fc.weight.dtype == getattr(torch, dtype)
-    assert model.lm_head.weight.dtype == torch.float32
-    compiled = for_decoding(tiny_gpt(), "cpu", compile=True)
+def test_compiled_products_are_row_linears_and_bfloat16_keeps_a_float32_head():
+    """for_decoding's formats on a CPU: auto is float32; with compile each one-row product is a
+    RowLinear's (bfloat16 too); bfloat16's head stays float32, laid out as float32's timed
+    storage."""
+    assert resolve_weights("auto", "cpu") == "float32"
+    compiled = for_decoding(tiny_gpt(), "cpu", "bfloat16", compile=True)
     assert isinstance(compiled.blocks[0].mlp.fc, RowLinear)
-    assert compiled.blocks[0].mlp.fc.weight.dtype == getattr(torch, dtype)
+    assert compiled.blocks[0].mlp.fc.weight.dtype == torch.bfloat16
+    model = for_decoding(tiny_gpt(), "cpu", "bfloat16")
+    head = model.lm_head.weight
+    assert head.dtype == torch.float32
+    assert head.is_contiguous() == (fastest_product() == "rows")
+    assert model.blocks[0].mlp.fc.weight.is_contiguous()
 
 
 def test_weights_stored_transposed_keep_the_logits():
