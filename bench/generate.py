@@ -3,7 +3,8 @@ Generation speed, side by side in one run, on one device:
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with its
      defaults, --compile, --weights=bfloat16 and int8 with and without it, against the bound
-     bandwidth / bytes read per token, and Hugging Face's generate on the same weights in float32 and bfloat16;
+     bandwidth / bytes read per token, and Hugging Face's generate on the same weights in float32
+     and bfloat16;
   2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (the same six) and, with
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape, eager and compiled: time to first token and
