@@ -54,7 +54,7 @@ def rss_mb(pid):
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
 
 
-def start_server(out_dirs, device, compile):
+def start_server(out_dirs, device, weights, compile):
     """serve.py on a free port -> (the process, its base URL, its models)."""
     command = [
         sys.executable,
@@ -62,6 +62,7 @@ def start_server(out_dirs, device, compile):
         *(f"--out_dir={d}" for d in out_dirs),
         "--port=0",
         f"--device={device}",
+        f"--weights={weights}",
     ]
     if compile:
         command.append("--compile")
@@ -175,6 +176,7 @@ def main(argv=None):
         help="tokens per completion (default: %(default)s)",
     )
     p.add_argument("--device", default="cpu")
+    p.add_argument("--weights", default="auto", help="serve.py --weights (default: %(default)s)")
     p.add_argument("--compile", action="store_true", help="serve.py --compile")
     args = p.parse_args(argv)
     if args.concurrency > MAX_ACTIVE:
@@ -182,7 +184,7 @@ def main(argv=None):
             f"--concurrency {args.concurrency}: "
             f"serve.py decodes at most {MAX_ACTIVE} requests at once"
         )
-    server, url, models = start_server(args.out_dir, args.device, args.compile)
+    server, url, models = start_server(args.out_dir, args.device, args.weights, args.compile)
     try:
         rows = [(m, *measure(server, url, m, args)) for m in models]
     finally:
