@@ -324,8 +324,8 @@ def for_decoding(model, device, weights="auto", compile=False):
 
 def resolve_weights(weights, device):
     """auto -> bfloat16 on GPUs that multiply it natively, float32 elsewhere: a CPU's fastest
-    format varies (bfloat16 on some, BENCHMARKS.md) and timing it at load chose apart between
-    runs on a loaded machine, and with it the samples; an explicit format as it is."""
+    format varies (bfloat16 on some, BENCHMARKS.md), and a timing at load does not repeat on a
+    busy machine, so the samples of one seed would vary with it; an explicit format as it is."""
     if weights != "auto":
         return weights
     kind = torch.device(device).type
