@@ -121,13 +121,14 @@ class Engine:
         any request is timed: the compiler keeps one graph for a single row (its products
         RowLinear's) and one for any larger batch."""
         for size in sorted({1, rows}):
+            slots = list(range(size))
             idx = torch.zeros(size, 1, dtype=torch.long, device=self.device)
-            # at position 1, not 0: the compiler would specialize a single key as a constant
-            self.cache.lengths = [1] * rows
-            step = self.cache.step(list(range(size)), 1)
             with torch.no_grad(), sdpa_kernel(VARYING_LENGTHS):
-                self.one_token(idx, cache=step, logits_to_keep=1)
-        self.cache.lengths = [0] * rows
+                # position 0 eager, 1 compiled: the compiler would make a single key a constant
+                self.model(idx, cache=self.cache.step(slots, 1), logits_to_keep=1)
+                self.one_token(idx, cache=self.cache.step(slots, 1), logits_to_keep=1)
+            for row in slots:
+                self.cache.reset(row)
 
     def busy(self):
         return bool(self.waiting or self.active)
