@@ -88,8 +88,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile the one-token step with torch.compile first (tens of seconds once; "
-        "then 2x faster on CPUs, BENCHMARKS.md): for long or many samples",
+        help="compile the one-token step with torch.compile first (5 to 30 s once, then 1.5 to "
+        "2x the tokens/s on a CPU, BENCHMARKS.md): for long or many samples",
     )
     p.add_argument(
         "--stream",
