@@ -97,7 +97,13 @@ class Engine:
         self.one_token = model
         if compile:
             self.one_token = torch.compile(model, dynamic=True)
-            self.warm_up(rows)
+            try:
+                self.warm_up(rows)
+            except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, say
+                reason = str(e).strip().splitlines()[0]
+                raise Error(
+                    f"torch.compile failed ({reason}): drop --compile, or install a C++ compiler"
+                ) from None
 
     def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False):
         """A Request of one row per pick, decoded from the next step on; prompt: token ids.

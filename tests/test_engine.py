@@ -18,6 +18,7 @@ from engine import (
     resolve_weights,
     transpose_storage,
 )
+from lib.common import Error
 from model import GPT, GPTConfig, KVCache
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -207,6 +208,17 @@ def test_the_compiled_step_decodes_as_the_eager_one():
     for eager, compiled in zip(*answers):
         assert compiled.generated == eager.generated
         assert compiled.token_logprobs == pytest.approx(eager.token_logprobs, abs=ATOL)
+
+
+def test_a_compile_that_fails_is_one_line_naming_why():
+    """No working C++ compiler: the engine says so in one line instead of inductor's traceback."""
+    torch._dynamo.reset()  # compile afresh: an earlier test's graph would serve this model
+    settings = dict(fx_graph_cache=False, **{"cpp.cxx": ("/nonexistent/c++",)})
+    with torch._inductor.config.patch(settings), pytest.raises(Error) as failed:
+        Engine(for_decoding(tiny_gpt(), "cpu", "float32", True), rows=1, compile=True)
+    message = str(failed.value)
+    assert "\n" not in message and "torch.compile failed" in message and "C++" in message
+    torch._dynamo.reset()
 
 
 def test_a_finished_row_frees_its_slot_and_zero_tokens_is_no_row():
