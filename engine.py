@@ -15,13 +15,12 @@ from the last block_size // 2 tokens (positions are absolute, so a full cache ca
 uncached path (use_cache=False, for comparison) runs each row's whole window every step instead.
 """
 
-import functools
 import time
 from collections import deque
+from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from lib.common import Error, native_bf16_gpu
@@ -124,8 +123,8 @@ class Engine:
 
     def warm_up(self, rows):
         """Throwaway steps of one row and of every row, which compile the one-token step before
-        any request is timed: the compiler keeps one graph for a single row (its products
-        RowLinear's) and one for any larger batch."""
+        any request is timed: the compiler keeps one graph for a single row (a size it
+        specializes on) and one for any larger batch."""
         for size in sorted({1, rows}):
             slots = list(range(size))
             idx = torch.zeros(size, 1, dtype=torch.long, device=self.device)
@@ -305,12 +304,11 @@ def generate(model, prompts, max_new_tokens, picks, use_cache=True):
 # ---------------------------------------------------------------------------- the weights' format
 
 
-def for_decoding(model, device, weights="auto", compile=False):
+def for_decoding(model, device, weights="auto"):
     """The model in eval mode on device, its weights stored once in the format that decodes
-    fastest there (resolve_weights; bfloat16 keeps the head in float32, for float32 logits),
-    float32 matrices on a CPU laid out as its matrix-vector product runs fastest; int8
-    (weight-only, per-output-channel scales) where asked. compile: for an Engine that compiles
-    its step, whose float32 and bfloat16 products on a CPU are RowLinears."""
+    fastest there (resolve_weights; bfloat16 keeps the head in float32, for float32 logits), on
+    a CPU in oneDNN's layout (PackedLinear); int8 (weight-only, per-output-channel scales) where
+    asked."""
     if weights not in WEIGHTS:
         raise Error(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     model = model.to(device).eval()
@@ -322,10 +320,8 @@ def for_decoding(model, device, weights="auto", compile=False):
     if weights == "int8":
         replace_linears(model, Int8Linear)
     on_cpu = torch.device(device).type == "cpu"
-    if weights in ("float32", "bfloat16") and on_cpu and compile:
-        replace_linears(model, RowLinear)
-    elif weights != "int8" and on_cpu and fastest_product() == "columns":
-        transpose_storage(model)  # with bfloat16, its float32 head
+    if weights != "int8" and on_cpu and torch.backends.mkldnn.is_available():
+        replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
     return model
 
 
@@ -338,39 +334,6 @@ def resolve_weights(weights, device):
     kind = torch.device(device).type
     native = kind == "cuda" and native_bf16_gpu()
     return "bfloat16" if native else "float32"
-
-
-@functools.cache
-def fastest_product(d=768, matrices=16, repeats=3):
-    """How this CPU multiplies a vector by float32 weights fastest, timed once per process over
-    matrices too large for its caches (as a model's are): "rows" (the [out, in] storage as
-    trained) or "columns" (the same weights stored [in, out]). MKL's gemv reads [out, in] rows
-    at half the speed of [in, out] ones on some CPUs (BENCHMARKS.md)."""
-    x = torch.ones(1, d)
-    rows = [torch.ones(4 * d, d) for _ in range(matrices)]
-    columns = [w.t().contiguous().t() for w in rows]  # the same [out, in], stored [in, out]
-    by_rows = best_time(x, rows, repeats)
-    by_columns = best_time(x, columns, repeats)
-    return "columns" if by_columns < by_rows else "rows"
-
-
-def best_time(x, weights, repeats):
-    """The best time of F.linear(x, w) over every w of weights, of repeats passes."""
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for w in weights:
-            F.linear(x, w)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def transpose_storage(model):
-    """Every float32 Linear's weight (the storage timed is float32's) kept as the same [out, in]
-    tensor, stored [in, out] in memory."""
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
-            module.weight.data = module.weight.data.t().contiguous().t()
 
 
 class Int8Linear(nn.Module):
@@ -395,22 +358,46 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class RowLinear(nn.Module):
-    """A Linear whose one-row product, under torch.compile, is a sum of elementwise products over
-    the [out, in] storage as trained: the compiler fuses it into one pass over the weights, which
-    reads them near the memory's speed, where a CPU's gemv reads at about half of it
-    (BENCHMARKS.md). Eager, or over several rows, it is F.linear."""
+class PackedLinear(nn.Module):
+    """A Linear whose weight is stored once in oneDNN's blocked layout for this CPU's vector unit
+    (the layout inductor's frozen CPU graphs use), its products oneDNN's: they read the weights
+    at 70 to 85% of the memory's speed, at any batch size, where torch's F.linear (MKL's gemm)
+    reads them at 30 to 50% of it on some CPUs (BENCHMARKS.md). The layout is chosen for ROWS
+    rows at a time; any number multiplies."""
+
+    ROWS = 8
 
     def __init__(self, linear):
         super().__init__()
-        self.weight = linear.weight  # the same Parameter: a tied head stays tied
+        weight = linear.weight.detach()
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.ROWS)
+        # one copy, opaque: a tied head packs its own and the token table stays for lookups
+        self.register_buffer("packed", packed, persistent=False)
         self.bias = linear.bias
 
     def forward(self, x):
-        if not torch.compiler.is_compiling() or x.shape[:-1].numel() != 1:
-            return F.linear(x, self.weight, self.bias)
-        y = (x[..., None, :] * self.weight).sum(-1)  # [..., out, in] summed over in
-        return y if self.bias is None else y + self.bias
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.packed, self.bias)
+        # eager, the op itself: the custom op's wrapper costs 8 us a call
+        return onednn_linear(x, self.packed, self.bias)
+
+
+def onednn_linear(x, packed, bias):
+    """x [..., in] by the packed weight [out, in] -> [..., out], plus bias."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@torch.library.custom_op("gpt::packed_linear", mutates_args=())
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """onednn_linear as an op the compiler calls as it is (it cannot lower the packed layout)."""
+    return onednn_linear(x, packed, bias)
+
+
+@packed_linear.register_fake
+def _(x, packed, bias):
+    return x.new_empty(*x.shape[:-1], packed.size(0))
 
 
 def replace_linears(model, kind):

@@ -195,7 +195,7 @@ def main(argv=None):
     device = pick_device(args.device)
     source = args.init_from or args.out_dir
     model, tokenizer, what = load(source, device, hub=bool(args.init_from))
-    model = for_decoding(model, device, args.weights, args.compile)
+    model = for_decoding(model, device, args.weights)
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw

@@ -235,7 +235,7 @@ class Playground:
                 task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len
             )
         model, tokenizer, _ = sample.load(out_dir, self.device)
-        model = for_decoding(model, self.device, weights, self.compile)
+        model = for_decoding(model, self.device, weights)
         decoder = Decoder(Engine(model, self.rows, compile=self.compile))
         return dict(task="lm", model=model, tokenizer=tokenizer, decoder=decoder)
 

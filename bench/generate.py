@@ -119,7 +119,7 @@ def gpt2_shape(out, new_tokens):
     results = {"bandwidth_GB_s": speed / 1e9}
     for name, weights, compile in MODES:
         run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
-        read = bytes_per_token(for_decoding(model, "cpu", weights, compile), context)
+        read = bytes_per_token(for_decoding(model, "cpu", weights), context)
         bound = speed / read
         results[name] = dict(**run, bytes=read, bound=bound, of_bound=run["tokens_s"] / bound)
         model = GPT.from_pretrained(hf_dir)  # for_decoding changed the weights in place
@@ -164,7 +164,7 @@ def batches(out, new_tokens, sizes=(1, 8, 32)):
     results = {}
     for compile in (False, True):
         model, _ = from_checkpoint(path)
-        model = for_decoding(model, "cpu", compile=compile)
+        model = for_decoding(model, "cpu")
         for size in sizes:
             name = f"{size}_compiled" if compile else str(size)
             results[name] = batch_run(Engine(model, size, compile=compile), size, new_tokens)

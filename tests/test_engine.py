@@ -11,12 +11,10 @@ from decoding import NextToken, Options
 from engine import (
     Engine,
     Int8Linear,
-    RowLinear,
-    fastest_product,
+    PackedLinear,
     for_decoding,
     generate,
     resolve_weights,
-    transpose_storage,
 )
 from lib.common import Error
 from model import GPT, GPTConfig, KVCache
@@ -183,7 +181,7 @@ def test_n_samples_from_one_prefill_equal_n_separate_runs():
 
 
 def test_the_compiled_step_decodes_as_the_eager_one():
-    """torch.compile's one-token step, its one-row products RowLinear's sums: a row alone and
+    """torch.compile's one-token step, its products PackedLinear's op: a row alone and
     rows of different lengths in a batch (the compiler's two graphs), past block_size, greedy
     and seeded, get the tokens the eager engine gives them, and log-probabilities within ATOL
     (the same sums in another order)."""
@@ -194,7 +192,7 @@ def test_the_compiled_step_decodes_as_the_eager_one():
     ]
     answers = []
     for compile in (False, True):
-        model = for_decoding(tiny_gpt(**MODERN), "cpu", "float32", compile)
+        model = for_decoding(tiny_gpt(**MODERN), "cpu", "float32")
         engine = Engine(model, rows=3, compile=compile)
         alone = engine.submit([3, 1, 4], picks({}, [1]), 40, logprobs=0)
         while engine.busy():
@@ -204,7 +202,7 @@ def test_the_compiled_step_decodes_as_the_eager_one():
             engine.step()
         rows = [alone.rows[0]] + [request.rows[0] for request in batch]
         answers.append(rows)
-    assert isinstance(model.lm_head, RowLinear) and model.lm_head.weight is model.wte.weight
+    assert isinstance(model.lm_head, PackedLinear)
     for eager, compiled in zip(*answers):
         assert compiled.generated == eager.generated
         assert compiled.token_logprobs == pytest.approx(eager.token_logprobs, abs=ATOL)
@@ -215,7 +213,7 @@ def test_a_compile_that_fails_is_one_line_naming_why():
     torch._dynamo.reset()  # compile afresh: an earlier test's graph would serve this model
     settings = dict(fx_graph_cache=False, **{"cpp.cxx": ("/nonexistent/c++",)})
     with torch._inductor.config.patch(settings), pytest.raises(Error) as failed:
-        Engine(for_decoding(tiny_gpt(), "cpu", "float32", True), rows=1, compile=True)
+        Engine(for_decoding(tiny_gpt(), "cpu", "float32"), rows=1, compile=True)
     message = str(failed.value)
     assert "\n" not in message and "torch.compile failed" in message and "C++" in message
     torch._dynamo.reset()
@@ -310,38 +308,32 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
     """With the body in bfloat16 the head stays float32: token 5 wins every step, whichever of
     the rules that mean "the most likely token" picks it."""
     model = for_decoding(tied_top_two(), "cpu", "bfloat16")
-    assert model.blocks[0].attn.qkv.weight.dtype == torch.bfloat16
+    assert model.blocks[0].attn.qkv.packed.dtype == torch.bfloat16
     greedy_pick = pick.pop("greedy", False)
     next_token = NextToken(Options(**pick), greedy_pick, torch.Generator().manual_seed(0))
     assert lone(model, [1, 2, 3], next_token, 20) == [5] * 20
 
 
-def test_compiled_products_are_row_linears_and_bfloat16_keeps_a_float32_head():
-    """for_decoding's formats on a CPU: auto is float32; with compile each one-row product is a
-    RowLinear's (bfloat16 too); bfloat16's head stays float32, laid out as float32's timed
-    storage."""
+def test_products_on_a_cpu_are_packed_and_bfloat16_keeps_a_float32_head():
+    """for_decoding's formats on a CPU: auto is float32; every product is a PackedLinear, and
+    bfloat16 packs the body in bfloat16 and the head in float32."""
     assert resolve_weights("auto", "cpu") == "float32"
-    compiled = for_decoding(tiny_gpt(), "cpu", "bfloat16", compile=True)
-    assert isinstance(compiled.blocks[0].mlp.fc, RowLinear)
-    assert compiled.blocks[0].mlp.fc.weight.dtype == torch.bfloat16
     model = for_decoding(tiny_gpt(), "cpu", "bfloat16")
-    head = model.lm_head.weight
-    assert head.dtype == torch.float32
-    assert head.is_contiguous() == (fastest_product() == "rows")
-    assert model.blocks[0].mlp.fc.weight.is_contiguous()
+    assert isinstance(model.blocks[0].mlp.fc, PackedLinear)
+    assert model.blocks[0].mlp.fc.packed.dtype == torch.bfloat16
+    assert model.lm_head.packed.dtype == torch.float32
 
 
-def test_weights_stored_transposed_keep_the_logits():
-    """The same [out, in] weights stored [in, out]: another kernel sums in another order, and the
-    head stays tied to the token table."""
-    model = tiny_gpt()
+def test_packed_weights_keep_the_logits_and_the_greedy_tokens():
+    """oneDNN's products over the packed layout: the same sums in another order (ATOL), for a
+    prefill of 9 positions in 2 rows and for one-token steps; the head packs a copy, and the
+    token table it is tied to still looks tokens up."""
     idx = torch.randint(0, 50, (2, 9))
-    before, _ = model(idx)
-    transpose_storage(model)
-    assert not model.blocks[0].mlp.fc.weight.is_contiguous()
-    assert model.lm_head.weight is model.wte.weight
+    before, _ = tiny_gpt()(idx)
+    model = for_decoding(tiny_gpt(), "cpu", "float32")
+    assert model.wte.weight.is_contiguous()
     after, _ = model(idx)
-    assert torch.allclose(before, after, atol=ATOL)
+    assert (after - before).abs().max() <= ATOL
     assert lone(model, [1, 2], greedy(), 30) == lone(tiny_gpt(), [1, 2], greedy(), 30)
 
 
