@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import engine
 from decoding import NextToken, Options
 from engine import (
     Engine,
@@ -314,10 +315,15 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
     assert lone(model, [1, 2, 3], next_token, 20) == [5] * 20
 
 
-def test_products_on_a_cpu_are_packed_and_bfloat16_keeps_a_float32_head():
-    """for_decoding's formats on a CPU: auto is float32; every product is a PackedLinear, and
-    bfloat16 packs the body in bfloat16 and the head in float32."""
+def test_products_on_a_cpu_are_packed_and_bfloat16_keeps_a_float32_head(monkeypatch):
+    """for_decoding's formats on a CPU: auto is bfloat16 where the CPU multiplies it natively,
+    else float32; every product is a PackedLinear, and bfloat16 packs the body in bfloat16 and
+    the head in float32."""
+    monkeypatch.setattr(engine, "cpu_has_bf16", lambda: True)
+    assert resolve_weights("auto", "cpu") == "bfloat16"
+    monkeypatch.setattr(engine, "cpu_has_bf16", lambda: False)
     assert resolve_weights("auto", "cpu") == "float32"
+    assert resolve_weights("float32", "cpu") == "float32"
     model = for_decoding(tiny_gpt(), "cpu", "bfloat16")
     assert isinstance(model.blocks[0].mlp.fc, PackedLinear)
     assert model.blocks[0].mlp.fc.packed.dtype == torch.bfloat16
