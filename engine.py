@@ -9,7 +9,7 @@ its tokens never depend on what else is in the batch.
   request = engine.submit(prompt, picks, max_new_tokens=100)    one row per pick
   while engine.busy(): engine.step()                            request.rows[i].tokens grow
 With compile=True the one-token step runs through torch.compile (gpt-fast's compiled decode):
-compiled once at construction, it pays on long generations and in a server (BENCHMARKS.md).
+compiled once at construction; on a CPU it pays with int8 weights (BENCHMARKS.md).
 The window past block_size is the model's rule: once a row's context would pass it, it restarts
 from the last block_size // 2 tokens (positions are absolute, so a full cache cannot slide); the
 uncached path (use_cache=False, for comparison) runs each row's whole window every step instead.
@@ -320,7 +320,7 @@ def for_decoding(model, device, weights="auto"):
     if weights == "int8":
         replace_linears(model, Int8Linear)
     on_cpu = torch.device(device).type == "cpu"
-    if weights != "int8" and on_cpu and torch.backends.mkldnn.is_available():
+    if weights != "int8" and on_cpu and onednn_multiplies(weights):
         replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
     return model
 
@@ -363,10 +363,9 @@ class Int8Linear(nn.Module):
 
 class PackedLinear(nn.Module):
     """A Linear whose weight is stored once in oneDNN's blocked layout for this CPU's vector unit
-    (the layout inductor's frozen CPU graphs use), its products oneDNN's: they read the weights
-    at 70 to 85% of the memory's speed, at any batch size, where torch's F.linear (MKL's gemm)
-    reads them at 30 to 50% of it on some CPUs (BENCHMARKS.md). The layout is chosen for ROWS
-    rows at a time; any number multiplies."""
+    (the layout inductor's frozen CPU graphs use), its products oneDNN's: on some CPUs they read
+    the weights about twice as fast as torch's F.linear (MKL), at any batch size (BENCHMARKS.md).
+    The layout is chosen for ROWS rows at a time; any number multiplies."""
 
     ROWS = 8
 
@@ -381,7 +380,7 @@ class PackedLinear(nn.Module):
     def forward(self, x):
         if torch.compiler.is_compiling():
             return packed_linear(x, self.packed, self.bias)
-        # eager, the op itself: the custom op's wrapper costs 8 us a call
+        # eager, the op itself: the custom op's Python wrapper adds to every call
         return onednn_linear(x, self.packed, self.bias)
 
 
@@ -399,8 +398,16 @@ def packed_linear(
 
 
 @packed_linear.register_fake
-def _(x, packed, bias):
+def packed_linear_shape(x, packed, bias):
+    """The output's shape and dtype, for the compiler's tracing."""
     return x.new_empty(*x.shape[:-1], packed.size(0))
+
+
+def onednn_multiplies(weights):
+    """Whether this torch's oneDNN multiplies the format on this CPU (bfloat16 needs AVX-512)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return weights == "float32" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def replace_linears(model, kind):

@@ -1,14 +1,16 @@
 """
 Generation speed, side by side in one run, on one device:
+  0. F.linear against PackedLinear (oneDNN's layout), float32 and bfloat16, at 1 to 256 rows;
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
-     weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with its
-     defaults, --compile, --weights=bfloat16 and int8 with and without it, against the bound
-     bandwidth / bytes read per token, and Hugging Face's generate on the same weights in float32
-     and bfloat16;
+     weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with
+     --weights float32, bfloat16 and int8, each with and without --compile (its defaults are the
+     format auto resolves to here, "defaults" in the results), against the bound bandwidth /
+     bytes read per token, and Hugging Face's generate on the same weights in float32 and
+     bfloat16;
   2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (the same six) and, with
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
-  3. the engine at batch 1, 8 and 32 on that shape, eager and compiled: time to first token and
-     tokens/s;
+  3. the engine at batch 1, 8 and 32 on that shape, in the default format, eager and compiled:
+     time to first token and tokens/s;
   4. with --val_model, bfloat16's and int8's change in validation loss on a trained checkpoint.
   python bench/generate.py --old /tmp/old --val_model out-shakespeare-char --json gen.json
 Run from anywhere; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE offline.
@@ -23,21 +25,23 @@ import tempfile
 import time
 
 import torch
+import torch.nn as nn
 
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
-from engine import Engine, for_decoding  # noqa: E402
+from engine import Engine, PackedLinear, for_decoding, resolve_weights  # noqa: E402
 from lib.batches import load_split  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from model import GPT, GPTConfig, from_checkpoint  # noqa: E402
 
 PROMPT = "The meaning of life is"
-# sample.py's modes: (name, --weights, --compile)
+# sample.py's modes: (name, --weights, --compile); its defaults are the mode of
+# resolve_weights("auto", "cpu"), without --compile
 MODES = [
-    ("auto", "auto", False),
-    ("compiled", "auto", True),
+    ("float32", "float32", False),
+    ("float32_compiled", "float32", True),
     ("bfloat16", "bfloat16", False),
     ("bfloat16_compiled", "bfloat16", True),
     ("int8", "int8", False),
@@ -56,6 +60,37 @@ def bandwidth(megabytes=256, repeats=5):
         x.sum()
         best = min(best, time.perf_counter() - t0)
     return x.numel() * 4 / best
+
+
+def products(sizes=(1, 8, 32, 256), matrices=24, repeats=5):
+    """Section 0: F.linear against PackedLinear, in float32 and bfloat16, over matrices of GPT-2's
+    MLP shape (3072 x 768, too many for the caches, as a model's are) at sizes rows: the median
+    ms of a pass over them, and the GB/s of weights it reads."""
+    torch.manual_seed(0)
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        plain = [nn.Linear(768, 3072).to(dtype) for _ in range(matrices)]
+        packed = [PackedLinear(linear) for linear in plain]
+        read = sum(linear.weight.numel() * linear.weight.element_size() for linear in plain)
+        for size in sizes:
+            x = torch.randn(size, 768, dtype=dtype)
+            for name, layers in (("linear", plain), ("packed", packed)):
+                seconds = median_pass(x, layers, repeats)
+                key = f"{str(dtype)[6:]}_{name}_{size}"
+                results[key] = dict(ms=1e3 * seconds, weights_GB_s=read / seconds / 1e9)
+    return results
+
+
+@torch.no_grad()
+def median_pass(x, layers, repeats):
+    """The median seconds of repeats passes of x through every layer (after one untimed)."""
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        for layer in layers:
+            layer(x)
+        times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[repeats // 2]
 
 
 def bytes_per_token(model, context):
@@ -150,7 +185,7 @@ def small_shape(out, old, new_tokens):
         run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
         results[name] = run
     if old:
-        # the older sample.py names its autocast dtype; float32 is what ours runs
+        # the older sample.py names its autocast dtype: float32, as its default was
         results["old"] = sample_run(old, flags + ["--dtype", "float32"])["tokens_s"]
         for name, _, _ in MODES:
             results[f"{name}_over_old"] = results[name]["tokens_s"] / results["old"]
@@ -228,7 +263,8 @@ def main(argv=None):
     if args.val_model and not os.path.isfile(os.path.join(args.val_model, "config.json")):
         p.error(f"--val_model {args.val_model}: no checkpoint there (config.json)")
     scale = 10 if args.quick else 1
-    results = {}
+    results = dict(defaults=resolve_weights("auto", "cpu"))
+    results["products"] = products()
     with tempfile.TemporaryDirectory() as out:
         results["gpt2"] = gpt2_shape(out, 200 // scale)
         results["shakespeare"] = small_shape(out, args.old, 500 // scale)
