@@ -89,7 +89,8 @@ class Engine:
         # one spare position: a slice of the keys is never the whole cache, so a compiled step
         # never specializes on a full window
         length = self.block_size + 1
-        self.cache = KVCache(model.config, rows, length, self.device, weight.dtype)
+        dtype = cache_dtype(weight)
+        self.cache = KVCache(model.config, rows, length, self.device, dtype)
         self.free = list(range(rows))
         self.waiting = deque()
         self.active = []
@@ -263,6 +264,12 @@ class Engine:
         for row in [row for row in self.active if row.done]:
             self.active.remove(row)
             self.free.append(row.slot)
+
+
+def cache_dtype(weight):
+    """The KV cache's dtype for weights like weight: attention runs in it, and a CPU's bfloat16
+    attention is several times slower than its float32 one (BENCHMARKS.md)."""
+    return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
 def record_logprobs(row, logits, token):

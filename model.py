@@ -171,8 +171,8 @@ class CacheStep:
         K = self.cache.k[layer]
         V = self.cache.v[layer]
         # [B, T, h, d_k] places: row b, every head, position positions[b, t]
-        K[self.rows[:, None], :, self.positions] = k.transpose(1, 2)
-        V[self.rows[:, None], :, self.positions] = v.transpose(1, 2)
+        K[self.rows[:, None], :, self.positions] = k.transpose(1, 2).to(K.dtype)
+        V[self.rows[:, None], :, self.positions] = v.transpose(1, 2).to(V.dtype)
         if self.every_row:
             return K[:, :, : self.keys], V[:, :, : self.keys]
         return K[self.rows, :, : self.keys], V[self.rows, :, : self.keys]
@@ -222,6 +222,7 @@ class MultiHeadAttention(nn.Module):
             k = rotary(k, *rope)
         if cache is not None:
             k, v = cache.store(k, v)
+            q = q.to(k.dtype)  # attention in the cache's dtype
         causal = self.causal and mask is None
         dropout_p = self.config.dropout if self.training else 0.0
         if need_weights or self.config.attn_impl == "explicit":
@@ -231,7 +232,7 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
             )
             weights = None
-        y = y.transpose(1, 2).reshape(B, T, C)  # concatenate the heads
+        y = y.transpose(1, 2).reshape(B, T, C).to(x.dtype)  # concatenate the heads
         return self.resid_dropout(self.proj(y)), weights
 
 

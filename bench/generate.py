@@ -1,12 +1,14 @@
 """
 Generation speed, side by side in one run, on one device:
   0. F.linear against PackedLinear (oneDNN's layout), float32 and bfloat16, at 1 to 256 rows;
+     one query's attention in float32 and bfloat16;
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with
      --weights float32, bfloat16 and int8, each with and without --compile (its defaults are the
      format auto resolves to here, "defaults" in the results), against the bound bandwidth /
      bytes read per token, and Hugging Face's generate on the same weights in float32 and
-     bfloat16;
+     bfloat16; 1b. the engine there from position 900, float32 and bfloat16 weights, the
+     latter with a float32 cache (the engine's on a CPU) and a bfloat16 one;
   2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (the same six) and, with
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape, in the default format, eager and compiled:
@@ -16,6 +18,7 @@ Generation speed, side by side in one run, on one device:
 Run from anywhere; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE offline.
 """
 
+import functools
 import json
 import os
 import re
@@ -26,15 +29,22 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
-from engine import Engine, PackedLinear, for_decoding, resolve_weights  # noqa: E402
+from engine import (  # noqa: E402
+    Engine,
+    PackedLinear,
+    cache_dtype,
+    for_decoding,
+    resolve_weights,
+)
 from lib.batches import load_split  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from model import GPT, GPTConfig, from_checkpoint  # noqa: E402
+from model import GPT, GPTConfig, KVCache, from_checkpoint  # noqa: E402
 
 PROMPT = "The meaning of life is"
 # sample.py's modes: (name, --weights, --compile); its defaults are the mode of
@@ -82,6 +92,27 @@ def products(sizes=(1, 8, 32, 256), matrices=24, repeats=5):
 
 
 @torch.no_grad()
+def attention_dtypes(keys=(64, 256, 1024), repeats=200):
+    """Section 0: one query's attention (torch's CPU kernel; 12 heads of 64, GPT-2's) over keys
+    cached keys, in float32 and bfloat16: microseconds a call."""
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in keys:
+            q = torch.randn(1, 12, 1, 64, dtype=dtype)
+            k = torch.randn(1, 12, n, 64, dtype=dtype)
+            v = torch.randn(1, 12, n, 64, dtype=dtype)
+            mask = torch.ones(1, 1, 1, n, dtype=torch.bool)
+            attend = functools.partial(F.scaled_dot_product_attention, q, k, v, mask)
+            attend()
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                attend()
+            us = 1e6 * (time.perf_counter() - t0) / repeats
+            results[f"{str(dtype)[6:]}_{n}"] = us
+    return results
+
+
+@torch.no_grad()
 def median_pass(x, layers, repeats):
     """The median seconds of repeats passes of x through every layer (after one untimed)."""
     times = []
@@ -95,7 +126,8 @@ def median_pass(x, layers, repeats):
 
 def bytes_per_token(model, context):
     """What one decoding step reads: every weight a token multiplies (the blocks' matrices and the
-    head, in their stored format; norms and biases too) and the KV cache of context positions."""
+    head, in their stored format; norms and biases too) and the KV cache of context positions
+    (in the engine's cache dtype)."""
     total = 0
     # the tables are looked up, one row a token; named_parameters lists a tied head as wte
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
@@ -105,7 +137,8 @@ def bytes_per_token(model, context):
     if getattr(model.lm_head, "weight", None) is table:  # tied: the head multiplies wte
         total += table.numel() * table.element_size()
     config = model.config
-    total += 2 * config.n_layer * context * config.n_embd * table.element_size()
+    itemsize = cache_dtype(table).itemsize
+    total += 2 * config.n_layer * context * config.n_embd * itemsize
     return total
 
 
@@ -164,6 +197,33 @@ def gpt2_shape(out, new_tokens):
     best_hf = max(results["hf_float32"]["tokens_s"], results["hf_bfloat16"]["tokens_s"])
     for name, _, _ in MODES:
         results[f"{name}_over_hf"] = results[name]["tokens_s"] / best_hf
+    return results
+
+
+def long_context(out, new_tokens, start=900):
+    """Section 1b: the engine on section 1's weights from position start, batch 1, greedy, with
+    float32 and bfloat16 weights, and bfloat16 with its cache (so its attention) in bfloat16
+    too: tokens/s."""
+    hf_dir = os.path.join(out, "gpt2-random")
+    runs = [
+        ("float32", "float32", None),
+        ("bfloat16", "bfloat16", None),
+        ("bfloat16_cache", "bfloat16", torch.bfloat16),
+    ]
+    results = {}
+    for name, weights, dtype in runs:
+        model = for_decoding(GPT.from_pretrained(hf_dir), "cpu", weights)
+        engine = Engine(model, 1)
+        if dtype is not None:
+            length = engine.block_size + 1
+            engine.cache = KVCache(model.config, 1, length, "cpu", dtype)
+        engine.submit([1] * start, [NextToken(Options(), greedy=True)], new_tokens)
+        engine.step()  # the prefill: timed are the steps after it
+        t0 = time.perf_counter()
+        tokens = 0
+        while engine.busy():
+            tokens += len(engine.step())
+        results[name] = tokens / (time.perf_counter() - t0)
     return results
 
 
@@ -265,8 +325,10 @@ def main(argv=None):
     scale = 10 if args.quick else 1
     results = dict(defaults=resolve_weights("auto", "cpu"))
     results["products"] = products()
+    results["attention_us"] = attention_dtypes()
     with tempfile.TemporaryDirectory() as out:
         results["gpt2"] = gpt2_shape(out, 200 // scale)
+        results["long_context"] = long_context(out, 60 // scale)
         results["shakespeare"] = small_shape(out, args.old, 500 // scale)
         results["batches"] = batches(out, 200 // scale)
     if args.val_model:
