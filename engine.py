@@ -9,7 +9,7 @@ its tokens never depend on what else is in the batch.
   request = engine.submit(prompt, picks, max_new_tokens=100)    one row per pick
   while engine.busy(): engine.step()                            request.rows[i].tokens grow
 With compile=True the one-token step runs through torch.compile (gpt-fast's compiled decode):
-compiled once at construction; on a CPU it pays with int8 weights (BENCHMARKS.md).
+compiled once at construction; on a CPU it pays with bfloat16 and int8 weights (BENCHMARKS.md).
 The window past block_size is the model's rule: once a row's context would pass it, it restarts
 from the last block_size // 2 tokens (positions are absolute, so a full cache cannot slide); the
 uncached path (use_cache=False, for comparison) runs each row's whole window every step instead.
@@ -324,10 +324,10 @@ def for_decoding(model, device, weights="auto"):
         head = model.lm_head.weight.detach().float()
         model = model.to(torch.bfloat16)
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
+    on_cpu = torch.device(device).type == "cpu"
     if weights == "int8":
         replace_linears(model, Int8Linear)
-    on_cpu = torch.device(device).type == "cpu"
-    if weights != "int8" and on_cpu and onednn_multiplies(weights):
+    elif on_cpu and onednn_multiplies(weights):
         replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
     return model
 
