@@ -173,7 +173,7 @@ def hugging_face(hf_dir, dtype, new_tokens):
 
 
 def gpt2_shape(out, new_tokens):
-    """Section 1: the bound, sample.py's two formats, Hugging Face's two dtypes."""
+    """Section 1: the bound, sample.py's MODES, Hugging Face's two dtypes."""
     import transformers
 
     hf_dir = os.path.join(out, "gpt2-random")
