@@ -81,6 +81,11 @@ def started(device, deterministic=False):
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
     try:
         yield Run(device, None, True, rank, world_size)
+        # Every rank leaves once rank 0 has written its files. A rank that exits right after its
+        # last collective can reach the interpreter's teardown while gloo's worker thread still
+        # holds that collective's tensors: their release then takes the GIL, and the process
+        # aborts ("terminate called without an active exception", pytorch/pytorch#190489).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -572,13 +572,13 @@ def test_64_connections_at_once_are_all_answered(server):
 
 
 def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline(strict):
-    """16 streams of 8 traced choices of 64 tokens (232 KB each), each client reading 2 KB a
-    second: their slots go back when their decoding ends (2.4 s for all here), so another client
-    is answered within seconds, and each slow stream is cut at its 6 s deadline, not read to its
-    end."""
+    """16 streams of 4 traced choices of 64 tokens (116 KB each), each client reading 2 KB a
+    second: their slots go back when their decoding ends (3.5 s for all on 2 cores), so another
+    client is answered before the slow streams reach their 6 s deadline, where each is cut, not
+    read to its end. Were the slots held to the streams' ends, it would wait past that."""
     address, playground = strict
     host, port = address.split(":")
-    body = json.dumps(dict(prompt="ab", n=8, max_tokens=64, trace=20, stream=True)).encode()
+    body = json.dumps(dict(prompt="ab", n=4, max_tokens=64, trace=20, stream=True)).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -593,7 +593,7 @@ def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline
     start = time.perf_counter()
     status, answer = request(address, "POST", "/v1/completions", dict(prompt="ab", max_tokens=8))
     assert status == 200 and len(answer["choices"][0]["text"]) == 8, answer
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 6
     received = [0] * len(readers)
     closed = [False] * len(readers)
     when = [None] * len(readers)
@@ -615,8 +615,8 @@ def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline
     for s in readers:
         s.close()
     assert all(closed) and cut < 9, (cut, when)
-    # a whole stream (232 KB: every token's trace) is more than twice what was read
-    assert max(received) < 100_000, received
+    # a whole stream (116 KB: every token's trace) is more than twice what was read
+    assert max(received) < 58_000, received
 
 
 def test_a_rebinding_host_a_text_plain_post_and_a_foreign_origin_are_refused(strict):
