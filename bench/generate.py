@@ -1,7 +1,7 @@
 """
 Generation speed, side by side in one run, on one device:
-  0. F.linear against PackedLinear (oneDNN's layout), float32 and bfloat16, at 1 to 256 rows;
-     one query's attention in float32 and bfloat16;
+  0. F.linear against PackedLinear (oneDNN's layout), float32 and bfloat16 (packed only on CPUs
+     with AVX-512), at 1 to 256 rows; one query's attention in float32 and bfloat16;
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with
      --weights float32, bfloat16 and int8, each with and without --compile (its defaults are the
@@ -40,6 +40,7 @@ from engine import (  # noqa: E402
     PackedLinear,
     cache_dtype,
     for_decoding,
+    onednn_multiplies,
     resolve_weights,
 )
 from lib.batches import load_split  # noqa: E402
@@ -78,15 +79,17 @@ def products(sizes=(1, 8, 32, 256), matrices=24, repeats=5):
     ms of a pass over them, and the GB/s of weights it reads."""
     torch.manual_seed(0)
     results = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        plain = [nn.Linear(768, 3072).to(dtype) for _ in range(matrices)]
-        packed = [PackedLinear(linear) for linear in plain]
+    for dtype in ("float32", "bfloat16"):
+        plain = [nn.Linear(768, 3072).to(getattr(torch, dtype)) for _ in range(matrices)]
+        kinds = [("linear", plain)]
+        if onednn_multiplies(dtype):  # bfloat16 packs only on CPUs with AVX-512
+            kinds.append(("packed", [PackedLinear(linear) for linear in plain]))
         read = sum(linear.weight.numel() * linear.weight.element_size() for linear in plain)
         for size in sizes:
-            x = torch.randn(size, 768, dtype=dtype)
-            for name, layers in (("linear", plain), ("packed", packed)):
+            x = torch.randn(size, 768, dtype=getattr(torch, dtype))
+            for name, layers in kinds:
                 seconds = median_pass(x, layers, repeats)
-                key = f"{str(dtype)[6:]}_{name}_{size}"
+                key = f"{dtype}_{name}_{size}"
                 results[key] = dict(ms=1e3 * seconds, weights_GB_s=read / seconds / 1e9)
     return results
 
