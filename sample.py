@@ -89,7 +89,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile the one-token step with torch.compile first (10 to 15 s once): on a CPU "
+        help="compile the one-token step with torch.compile first (10 to 50 s once): on a CPU "
         "it pays with bfloat16 and int8 weights, 1.05 to 1.34x the tokens/s on GPT-2's shape, "
         "not with float32 (BENCHMARKS.md); for long or many samples",
     )
@@ -132,6 +132,10 @@ def parse_args(argv=None):
         p.error(
             f"--seed {args.seed}: must be in [-2**63, 2**64 - num_samples] "
             "(sample i is seeded seed + i)"
+        )
+    if args.compile and args.no_cache:
+        p.error(
+            "--compile compiles the cached one-token step, which --no_cache never runs: drop one"
         )
     try:
         options = decoding.Options(

@@ -188,6 +188,7 @@ def test_errors_are_one_line_and_fail(runs):
         (["--device", "gpu"], "--device gpu: Expected one of"),
         (["--weights", "float16"], "argument --weights: invalid choice: 'float16'"),
         (["--init_from", "gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
+        (["--compile", "--no_cache"], "--compile compiles the cached one-token step"),
     ],
 )
 def test_more_errors_in_process(args, message, capsys, tmp_path, monkeypatch):
