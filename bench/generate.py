@@ -80,13 +80,14 @@ def products(sizes=(1, 8, 32, 256), matrices=24, repeats=5):
     torch.manual_seed(0)
     results = {}
     for dtype in ("float32", "bfloat16"):
-        plain = [nn.Linear(768, 3072).to(getattr(torch, dtype)) for _ in range(matrices)]
+        torch_dtype = getattr(torch, dtype)
+        plain = [nn.Linear(768, 3072).to(torch_dtype) for _ in range(matrices)]
         kinds = [("linear", plain)]
         if onednn_multiplies(dtype):  # bfloat16 packs only on CPUs with AVX-512
             kinds.append(("packed", [PackedLinear(linear) for linear in plain]))
         read = sum(linear.weight.numel() * linear.weight.element_size() for linear in plain)
         for size in sizes:
-            x = torch.randn(size, 768, dtype=getattr(torch, dtype))
+            x = torch.randn(size, 768, dtype=torch_dtype)
             for name, layers in kinds:
                 seconds = median_pass(x, layers, repeats)
                 key = f"{dtype}_{name}_{size}"
