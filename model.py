@@ -232,7 +232,9 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
             )
             weights = None
-        y = y.transpose(1, 2).reshape(B, T, C).to(x.dtype)  # concatenate the heads
+        y = y.transpose(1, 2).reshape(B, T, C)  # concatenate the heads
+        if cache is not None:
+            y = y.to(x.dtype)  # back from the cache's dtype
         return self.resid_dropout(self.proj(y)), weights
 
 
