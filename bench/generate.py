@@ -100,11 +100,12 @@ def attention_dtypes(keys=(64, 256, 1024), repeats=200):
     """Section 0: one query's attention (torch's CPU kernel; 12 heads of 64, GPT-2's) over keys
     cached keys, in float32 and bfloat16: microseconds a call."""
     results = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in ("float32", "bfloat16"):
+        torch_dtype = getattr(torch, dtype)
         for n in keys:
-            q = torch.randn(1, 12, 1, 64, dtype=dtype)
-            k = torch.randn(1, 12, n, 64, dtype=dtype)
-            v = torch.randn(1, 12, n, 64, dtype=dtype)
+            q = torch.randn(1, 12, 1, 64, dtype=torch_dtype)
+            k = torch.randn(1, 12, n, 64, dtype=torch_dtype)
+            v = torch.randn(1, 12, n, 64, dtype=torch_dtype)
             mask = torch.ones(1, 1, 1, n, dtype=torch.bool)
             attend = functools.partial(F.scaled_dot_product_attention, q, k, v, mask)
             attend()
@@ -112,7 +113,7 @@ def attention_dtypes(keys=(64, 256, 1024), repeats=200):
             for _ in range(repeats):
                 attend()
             us = 1e6 * (time.perf_counter() - t0) / repeats
-            results[f"{str(dtype)[6:]}_{n}"] = us
+            results[f"{dtype}_{n}"] = us
     return results
 
 
