@@ -1,14 +1,17 @@
 """
 Generation speed, side by side in one run, on one device:
   0. F.linear against PackedLinear (oneDNN's layout), float32 and bfloat16 (packed only on CPUs
-     with AVX-512), at 1 to 256 rows; one query's attention in float32 and bfloat16;
+     with AVX-512), at 1 to 256 rows; 0b. one row's float32 products every way we know, against
+     a sum over as many bytes, in one thread and in all; one query's attention in float32 and
+     bfloat16;
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with
      --weights float32, bfloat16 and int8, each with and without --compile (its defaults are the
      format auto resolves to here, "defaults" in the results), against the bound bandwidth /
      bytes read per token, and Hugging Face's generate on the same weights in float32 and
      bfloat16; 1b. the engine there from position 900, float32 and bfloat16 weights, the
-     latter with a float32 cache (the engine's on a CPU) and a bfloat16 one;
+     latter with a float32 cache (the engine's on a CPU) and a bfloat16 one; 1c. where a
+     batch-1 step's time goes: its products' share, on both shapes;
   2. the 6 x 384 Shakespeare shape, batch 1, 500 tokens: sample.py here (the same six) and, with
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape, in the default format, eager and compiled:
@@ -40,6 +43,7 @@ from engine import (  # noqa: E402
     PackedLinear,
     cache_dtype,
     for_decoding,
+    onednn_linear,
     onednn_multiplies,
     resolve_weights,
 )
@@ -93,6 +97,58 @@ def products(sizes=(1, 8, 32, 256), matrices=24, repeats=5):
                 key = f"{dtype}_{name}_{size}"
                 results[key] = dict(ms=1e3 * seconds, weights_GB_s=read / seconds / 1e9)
     return results
+
+
+@torch.no_grad()
+def one_row(matrices=24, rounds=15):
+    """Section 0b: one row's float32 products over section 0's matrices, each way of
+    multiplying against a sum over 256 MB, in one thread and in every thread: GB/s (the best of
+    rounds, interleaved) and the share of the sum's rate. The ways: F.linear (MKL, over [out, in]
+    as trained), x @ w over [in, out] (MKL), PackedLinear (oneDNN), and a sum of elementwise
+    products compiled by inductor (a fused pass, as a compiled step could do)."""
+    torch.manual_seed(0)
+    weights = [torch.randn(3072, 768) for _ in range(matrices)]
+    columns = [w.t().contiguous() for w in weights]
+    packs = [PackedLinear(nn.Linear(768, 3072)).packed for _ in range(matrices)]
+    x = torch.randn(1, 768)
+    compiled = torch.compile(row_sums)
+    compiled(x, weights)
+    packed_product = functools.partial(onednn_linear, bias=None)
+    ways = {
+        "F.linear": functools.partial(each, F.linear, x, weights),
+        "x @ [in, out]": functools.partial(each, torch.matmul, x, columns),
+        "packed": functools.partial(each, packed_product, x, packs),
+        "compiled sum": functools.partial(compiled, x, weights),
+    }
+    read = matrices * 3072 * 768 * 4
+    threads = torch.get_num_threads()
+    results = {}
+    for n in sorted({1, threads}):
+        torch.set_num_threads(n)
+        best = dict.fromkeys(ways, float("inf"))
+        rates = {"sum": 0.0}
+        for _ in range(rounds):  # interleaved: each way sees the machine as the others do
+            rates["sum"] = max(rates["sum"], bandwidth(repeats=1) / 1e9)
+            for name, way in ways.items():
+                t0 = time.perf_counter()
+                way()
+                best[name] = min(best[name], time.perf_counter() - t0)
+        for name, seconds in best.items():
+            rates[name] = read / seconds / 1e9
+        shares = {name: rates[name] / rates["sum"] for name in ways}
+        results[f"{n}_threads"] = dict(GB_s=rates, of_sum=shares)
+    torch.set_num_threads(threads)
+    return results
+
+
+def each(multiply, x, weights):
+    """x by every weight, multiply's way."""
+    return [multiply(x, w) for w in weights]
+
+
+def row_sums(x, weights):
+    """x [1, in] by each weight [out, in] as a sum of elementwise products -> [1, out] each."""
+    return [(w * x).sum(-1) for w in weights]
 
 
 @torch.no_grad()
@@ -232,6 +288,34 @@ def long_context(out, new_tokens, start=900):
     return results
 
 
+def step_split(steps=20):
+    """Section 1c: where a batch-1 step's time goes in the default format, GPT-2's shape and the
+    6 x 384 one (random weights, greedy): ms a step, and the ms and share of it in the products
+    (their operators' time under torch.profiler, in a second run of as many steps)."""
+    shapes = dict(
+        gpt2=GPTConfig(vocab_size=50257), shakespeare=GPTConfig(**SHAKESPEARE, bias=False)
+    )
+    greedy = NextToken(Options(), greedy=True)
+    products = ("mkldnn::_linear_pointwise", "aten::linear", "aten::_weight_int8pack_mm")
+    results = {}
+    for name, config in shapes.items():
+        engine = Engine(for_decoding(GPT(config), "cpu"), rows=1)
+        engine.submit([0], [greedy], 3 * steps)
+        for _ in range(steps // 2):  # warm: the first steps allocate
+            engine.step()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        step = (time.perf_counter() - t0) / steps
+        with torch.profiler.profile() as profiled:
+            for _ in range(steps):
+                engine.step()
+        events = profiled.key_averages()
+        spent = sum(e.cpu_time_total for e in events if e.key in products) / steps / 1e6
+        results[name] = dict(step_ms=1e3 * step, products_ms=1e3 * spent, share=spent / step)
+    return results
+
+
 def shakespeare_checkpoint(out):
     """A 6 x 384 character model with random weights, saved as train.py saves one."""
     torch.manual_seed(0)
@@ -330,10 +414,12 @@ def main(argv=None):
     scale = 10 if args.quick else 1
     results = dict(defaults=resolve_weights("auto", "cpu"))
     results["products"] = products()
+    results["one_row"] = one_row()
     results["attention_us"] = attention_dtypes()
     with tempfile.TemporaryDirectory() as out:
         results["gpt2"] = gpt2_shape(out, 200 // scale)
         results["long_context"] = long_context(out, 60 // scale)
+        results["step_split"] = step_split()
         results["shakespeare"] = small_shape(out, args.old, 500 // scale)
         results["batches"] = batches(out, 200 // scale)
     if args.val_model:
