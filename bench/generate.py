@@ -1,8 +1,8 @@
 """
 Generation speed, side by side in one run, on one device:
   0. F.linear against PackedLinear (oneDNN's layout), float32 and bfloat16 (packed only on CPUs
-     with AVX-512), at 1 to 256 rows; 0b. one row's float32 products every way we know, against
-     a sum over as many bytes, in one thread and in all; one query's attention in float32 and
+     with AVX-512), at 1 to 256 rows; 0b. one row's float32 products four ways, against a sum
+     over 256 MB, in one thread and in all; one query's attention in float32 and
      bfloat16;
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with
