@@ -1,9 +1,8 @@
 """
 Generation speed, side by side in one run, on one device:
   0. F.linear against PackedLinear (oneDNN's layout), float32 and bfloat16 (packed only on CPUs
-     with AVX-512), at 1 to 256 rows; 0b. one row's float32 products four ways, against a sum
-     over 256 MB, in one thread and in all; one query's attention in float32 and
-     bfloat16;
+     with AVX-512), at 1 to 256 rows; one query's attention in float32 and bfloat16; 0b. one
+     row's float32 products four ways against a sum over 256 MB, in one thread and in all;
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with
      --weights float32, bfloat16 and int8, each with and without --compile (its defaults are the
@@ -107,9 +106,10 @@ def one_row(matrices=24, rounds=15):
     as trained), x @ w over [in, out] (MKL), PackedLinear (oneDNN), and a sum of elementwise
     products compiled by inductor (a fused pass, as a compiled step could do)."""
     torch.manual_seed(0)
-    weights = [torch.randn(3072, 768) for _ in range(matrices)]
+    linears = [nn.Linear(768, 3072, bias=False) for _ in range(matrices)]
+    weights = [linear.weight.detach() for linear in linears]
     columns = [w.t().contiguous() for w in weights]
-    packs = [PackedLinear(nn.Linear(768, 3072)).packed for _ in range(matrices)]
+    packs = [PackedLinear(linear).packed for linear in linears]
     x = torch.randn(1, 768)
     compiled = torch.compile(row_sums)
     compiled(x, weights)
@@ -296,7 +296,7 @@ def step_split(steps=20):
         gpt2=GPTConfig(vocab_size=50257), shakespeare=GPTConfig(**SHAKESPEARE, bias=False)
     )
     greedy = NextToken(Options(), greedy=True)
-    products = ("mkldnn::_linear_pointwise", "aten::linear", "aten::_weight_int8pack_mm")
+    products = ("mkldnn::_linear_pointwise", "aten::linear")  # packed, or torch's own
     results = {}
     for name, config in shapes.items():
         engine = Engine(for_decoding(GPT(config), "cpu"), rows=1)
