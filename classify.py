@@ -28,7 +28,7 @@ from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
 from lib.plots import pyplot
 from lib.prepare import read_labelled
 from lib.tokenizer import get_tokenizer
-from model import from_checkpoint
+from lib.weights import from_checkpoint
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 

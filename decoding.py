@@ -231,3 +231,13 @@ def make_next_token(greedy=False, generator=None, **options):
         if name not in names:
             raise Error(f"{name} is not a decoding option (they are {', '.join(names)})")
     return NextToken(Options(**options), greedy, generator)
+
+
+def make_picks(options, greedy, seed, n, vocab_size):
+    """One NextToken per sample, each drawing from a generator of its own seeded
+    seed + i: a sample never depends on how many others are drawn beside it."""
+    picks = []
+    for i in range(n):
+        generator = torch.Generator().manual_seed(seed + i)
+        picks.append(NextToken(options, greedy, generator, vocab_size))
+    return picks

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
 from lib.tokenizer import check_vocabulary, get_tokenizer
-from model import from_checkpoint
+from lib.weights import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
 

@@ -10,24 +10,16 @@ then runs. Rotary positions and QK-norm, from later models, are off by default: 
 GPT-2's, and load its weights exactly.
 """
 
-import json
 import math
-import os
-import secrets
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import load_file, save_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lib.common import Error, atomic_path, read_json
-from lib.schema import check_card, check_hf_shapes, check_shapes
+from lib.common import Error
 
-# OpenAI's weights on the Hugging Face hub
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
 # cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -113,7 +105,7 @@ def rotary(x, cos, sin):
 class KVCache:
     """Keys and values of every layer, preallocated for rows x length positions and written in
     place (gpt-fast's static cache), and each row's length: the position its next token takes.
-    step() hands one forward its rows; reset() and copy() manage rows between forwards."""
+    step() readies the cache for one forward; reset() and copy() manage rows between forwards."""
 
     def __init__(self, config, rows, length, device, dtype=torch.float32):
         d_k = config.n_embd // config.n_head
@@ -124,8 +116,36 @@ class KVCache:
         self.lengths = [0] * rows  # on the host: reading them costs no device sync
 
     def step(self, rows, T):
-        """The CacheStep of one forward of T new tokens for rows (a list of row indices)."""
-        return CacheStep(self, rows, T)
+        """The cache for one forward of T new tokens for rows (a list of row indices), each
+        writing at its own next positions, which it takes: sets positions [B, T] and keys, how
+        many of the rows' keys their queries may read. Returns self."""
+        device = self.k[0].device
+        start = torch.tensor([self.lengths[row] for row in rows])
+        self.rows = torch.tensor(rows, device=device)
+        self.positions = (start[:, None] + torch.arange(T)).to(device)
+        self.keys = int(start.max()) + T
+        # every row in order: the cache's own views serve, no copies
+        self.every_row = rows == list(range(len(self.lengths)))
+        for row in rows:
+            self.lengths[row] += T
+        return self
+
+    def mask(self):
+        """[B, 1, T, keys]: the query at position p sees its row's keys at positions <= p."""
+        keys = torch.arange(self.keys, device=self.positions.device)
+        return keys <= self.positions[:, None, :, None]
+
+    def update(self, layer, k, v):
+        """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
+        [B, h, keys, d_k]."""
+        K = self.k[layer]
+        V = self.v[layer]
+        # [B, T, h, d_k] places: row b, every head, position positions[b, t]
+        K[self.rows[:, None], :, self.positions] = k.transpose(1, 2).to(K.dtype)
+        V[self.rows[:, None], :, self.positions] = v.transpose(1, 2).to(V.dtype)
+        if self.every_row:
+            return K[:, :, : self.keys], V[:, :, : self.keys]
+        return K[self.rows, :, : self.keys], V[self.rows, :, : self.keys]
 
     def reset(self, row):
         self.lengths[row] = 0
@@ -141,64 +161,15 @@ class KVCache:
             self.lengths[row] = n
 
 
-class CacheStep:
-    """One forward's part of a KVCache: rows [B], each writing T new tokens at its own next
-    positions, which it takes; positions [B, T] and mask() follow from the rows' lengths."""
-
-    def __init__(self, cache, rows, T):
-        device = cache.k[0].device
-        start = torch.tensor([cache.lengths[row] for row in rows])
-        self.cache = cache
-        self.rows = torch.tensor(rows, device=device)
-        self.positions = (start[:, None] + torch.arange(T)).to(device)
-        self.keys = int(start.max()) + T  # how many of the rows' keys their queries may read
-        # every row in order: the cache's own views serve, no copies
-        self.every_row = rows == list(range(len(cache.lengths)))
-        for row in rows:
-            cache.lengths[row] += T
-
-    def mask(self):
-        """[B, 1, T, keys]: the query at position p sees its row's keys at positions <= p."""
-        keys = torch.arange(self.keys, device=self.positions.device)
-        return keys <= self.positions[:, None, :, None]
-
-    def layer(self, i):
-        return LayerStep(self, i)
-
-    def store(self, layer, k, v):
-        """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
-        [B, h, keys, d_k]."""
-        K = self.cache.k[layer]
-        V = self.cache.v[layer]
-        # [B, T, h, d_k] places: row b, every head, position positions[b, t]
-        K[self.rows[:, None], :, self.positions] = k.transpose(1, 2).to(K.dtype)
-        V[self.rows[:, None], :, self.positions] = v.transpose(1, 2).to(V.dtype)
-        if self.every_row:
-            return K[:, :, : self.keys], V[:, :, : self.keys]
-        return K[self.rows, :, : self.keys], V[self.rows, :, : self.keys]
-
-
-class LayerStep:
-    """A CacheStep as one layer's attention sees it."""
-
-    def __init__(self, step, layer):
-        self.step = step
-        self.layer = layer
-
-    def store(self, k, v):
-        return self.step.store(self.layer, k, v)
-
-
 class MultiHeadAttention(nn.Module):
     """h heads of size d_k = d/h from one fused Q/K/V projection (3d x d) plus W_O (d x d):
     4 d^2 weights for any h."""
 
-    def __init__(self, config, causal):
+    def __init__(self, config, causal, layer=0):
         super().__init__()
-        if config.n_embd % config.n_head:
-            raise Error(f"n_embd={config.n_embd} must be divisible by n_head={config.n_head}")
         self.config = config
         self.causal = causal
+        self.layer = layer  # its place in the KV cache
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -207,8 +178,8 @@ class MultiHeadAttention(nn.Module):
         """x [B, T, d]. mask: boolean, True = may attend, broadcastable to [B, h, T, keys], made
         once per forward by the model; a mask given is the whole mask (a causal one included),
         and None on a causal model is the causal kernel (each token sees those before it in x).
-        rope: rotation()'s (cos, sin) for these positions. cache: this layer's part of a KVCache
-        step, which stores these keys and values and returns all of their rows'. need_weights
+        rope: rotation()'s (cos, sin) for these positions. cache: a KVCache readied by step(),
+        which stores these keys and values and returns all of their rows'. need_weights
         also returns the maps (the explicit path)."""
         B, T, C = x.shape
         h = self.config.n_head
@@ -221,7 +192,7 @@ class MultiHeadAttention(nn.Module):
             q = rotary(q, *rope)
             k = rotary(k, *rope)
         if cache is not None:
-            k, v = cache.store(k, v)
+            k, v = cache.update(self.layer, k, v)
             q = q.to(k.dtype)  # attention in the cache's dtype
         causal = self.causal and mask is None
         dropout_p = self.config.dropout if self.training else 0.0
@@ -242,11 +213,11 @@ class Block(nn.Module):
     """Pre-norm block: x + Attention(LN(x)), then x + FFN(LN(x)).
     Causal is a flag, not a second class."""
 
-    def __init__(self, config, causal):
+    def __init__(self, config, causal, layer=0):
         super().__init__()
         d = config.n_embd
         self.ln_1 = nn.LayerNorm(d, bias=config.bias)
-        self.attn = MultiHeadAttention(config, causal)
+        self.attn = MultiHeadAttention(config, causal, layer)
         self.ln_2 = nn.LayerNorm(d, bias=config.bias)
         fc = nn.Linear(d, 4 * d, bias=config.bias)
         proj = nn.Linear(4 * d, d, bias=config.bias)
@@ -274,7 +245,7 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = None if config.rope else nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, causal) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, causal, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
 
     def init_weights(self):
@@ -288,8 +259,9 @@ class Transformer(nn.Module):
 
     def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
         """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones).
-        Without a cache the tokens sit at positions 0 ... T - 1; with a KVCache step, each row at
-        its own positions, and the mask over the cached keys is made here, once for every layer."""
+        Without a cache the tokens sit at positions 0 ... T - 1; with a KVCache readied by
+        step(), each row at its own positions, and the mask over the cached keys is made here,
+        once for every layer."""
         T = idx.size(1)
         longest = T if cache is None else cache.keys  # known on the host: no device sync
         if longest > self.config.block_size:
@@ -307,9 +279,8 @@ class Transformer(nn.Module):
             rope = rotation(positions, self.config.n_embd // self.config.n_head)
         x = self.drop(x)
         maps = []
-        for i, block in enumerate(self.blocks):
-            layer_cache = None if cache is None else cache.layer(i)
-            x, weights = block(x, mask, rope, layer_cache, need_weights)
+        for block in self.blocks:
+            x, weights = block(x, mask, rope, cache, need_weights)
             maps.append(weights)
         return self.ln_f(x), maps
 
@@ -361,22 +332,6 @@ class Transformer(nn.Module):
             )
         return optimizers
 
-    def save_pretrained(self, out_dir, **extra):
-        """model.safetensors + config.json, as on the Hugging Face hub. Both are written whole to
-        temporary files first, then renamed, the weights before the card; the card names the
-        weights' id (stored in the weights' header), so a crash between the two renames is a
-        mismatch that from_checkpoint reports, never a new model paired with an old card.
-        extra: task, tokenizer, label names."""
-        os.makedirs(out_dir, exist_ok=True)
-        token = secrets.token_hex(8)
-        card = {"architecture": type(self).__name__, "model": asdict(self.config), **extra}
-        with atomic_path(os.path.join(out_dir, "config.json")) as card_tmp:
-            with atomic_path(os.path.join(out_dir, "model.safetensors")) as weights_tmp:
-                # drops a tied head's duplicate tensor
-                save_model(self, weights_tmp, metadata={"format": "pt", "weights_id": token})
-                with open(card_tmp, "w") as f:
-                    json.dump({**card, "weights_id": token}, f, indent=2)
-
     def load_weights(self, state, new=()):
         """Load a state dict in place of the current tensors (assign: a model built on the meta
         device takes the loaded tensors without a second copy in memory).
@@ -388,7 +343,9 @@ class Transformer(nn.Module):
             state = {**state, **{f"{name}.{k}": v for k, v in module.state_dict().items()}}
         # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's own
         expected = self.state_dict()
-        state = {k: cast_like(v, expected.get(k)) for k, v in state.items()}
+        for k, v in state.items():
+            if k in expected and v.is_floating_point():
+                state[k] = v.to(expected[k].dtype)
         missing, unexpected = self.load_state_dict(state, strict=False, assign=True)
         if missing or unexpected:
             raise Error(
@@ -454,58 +411,6 @@ class GPT(Transformer):
         super().load_weights(state, new)
         self.lm_head.weight = self.wte.weight
         return self
-
-    @classmethod
-    def from_pretrained(cls, name_or_dir, dropout=0.0):
-        """GPT-2 weights in the Hugging Face layout (model.safetensors + config.json): a local
-        directory, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl downloaded from the hub.
-        The model is built on the meta device and takes the loaded tensors, so loading holds one
-        copy of the weights in memory, not two."""
-        path = name_or_dir
-        if not os.path.isdir(path):
-            if name_or_dir not in GPT2_NAMES:
-                names = ", ".join(GPT2_NAMES)
-                raise Error(f"{name_or_dir!r} is neither a directory nor one of {names}")
-            from huggingface_hub import snapshot_download
-
-            repo = f"openai-community/{name_or_dir}"
-            path = snapshot_download(repo, allow_patterns=["model.safetensors", "config.json"])
-        hf = read_json(os.path.join(path, "config.json"), "Hugging Face config")
-        try:
-            config = GPTConfig(
-                vocab_size=hf["vocab_size"],
-                block_size=hf["n_positions"],
-                n_layer=hf["n_layer"],
-                n_head=hf["n_head"],
-                n_embd=hf["n_embd"],
-                dropout=dropout,
-                bias=True,
-            )
-            loaded = load_file(os.path.join(path, "model.safetensors"))
-        except Exception as e:
-            raise Error(
-                f"{path} is not a GPT-2 checkpoint in the Hugging Face layout "
-                f"({type(e).__name__}: {e})"
-            ) from None
-        state = {}
-        for key in list(loaded):
-            # dropped from the loaded dict as it moves: one copy at a time
-            tensor = loaded.pop(key)
-            if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
-                continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
-            key = key.removeprefix("transformer.")
-            key = "blocks." + key[2:] if key.startswith("h.") else key
-            for old, new in (("c_attn", "qkv"), ("c_proj", "proj"), ("c_fc", "fc")):
-                key = key.replace(old, new)
-            # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
-            if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
-                tensor = tensor.t().contiguous()
-            state[key] = tensor
-        shapes = {name: list(tensor.shape) for name, tensor in state.items()}
-        check_hf_shapes(hf, os.path.join(path, "config.json"), shapes)
-        with torch.device("meta"):
-            model = cls(config)
-        return model.load_weights(state)
 
 
 class EncoderClassifier(Transformer):
@@ -591,101 +496,9 @@ class EncoderClassifier(Transformer):
 ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}
 
 
-def cast_like(tensor, target):
-    """tensor in target's floating dtype (the one the model runs in); anything else as it is."""
-    if target is None or not tensor.is_floating_point() or not target.is_floating_point():
-        return tensor
-    return tensor.to(target.dtype)
-
-
-# each architecture's config fields and their kinds, which check_card holds config.json's to
-CONFIG_KINDS = {
-    name: {f.name: f.type for f in fields(config_cls)}
-    for name, (_, config_cls) in ARCHITECTURES.items()
-}
-
-
 def build_model(task, settings):
     """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching
     keys of settings."""
     cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
     kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
     return cls(config_cls(**kwargs))
-
-
-def from_checkpoint(out_dir, device="cpu"):
-    """Load what save_pretrained wrote: (model in eval mode, the config.json dict)."""
-    path = os.path.join(out_dir, "config.json")
-    if not os.path.isfile(path):
-        raise Error(
-            f"no checkpoint in {str(out_dir)!r} (config.json missing): "
-            f"train one with train.py first"
-        )
-    info = check_card(read_json(path, "checkpoint config"), path, CONFIG_KINDS)
-    header = read_header(os.path.join(out_dir, "model.safetensors"))
-    # a header that cannot be read is the load's error to report
-    if header is not None:
-        metadata, shapes = header
-        check_weights_id(out_dir, info, metadata)
-        check_shapes(info, path, shapes)
-    try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
-        cls, config_cls = ARCHITECTURES[info["architecture"]]
-        known = {f.name for f in fields(config_cls)}
-        with torch.device("meta"):
-            model = cls(config_cls(**{k: v for k, v in info["model"].items() if k in known}))
-        model.load_weights(load_file(os.path.join(out_dir, "model.safetensors")))
-    except Exception as e:
-        raise Error(
-            f"{str(out_dir)!r} is not a readable checkpoint of this project ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''})"
-        ) from None
-    return model.to(device).eval(), info
-
-
-def read_header(path):
-    """(the metadata, {tensor name: shape}) of a safetensors file's header, read without its
-    tensors; None when there is no such file or no readable header."""
-    try:
-        with safe_open(path, "pt") as f:
-            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
-            return f.metadata() or {}, shapes
-    except Exception:
-        return None
-
-
-def check_weights_id(out_dir, info, metadata):
-    """The weights (their header's metadata) are the ones config.json was saved with (a card
-    without an id predates the id: unchecked)."""
-    expected = info.get("weights_id")
-    if expected is None:
-        return
-    found = metadata.get("weights_id")
-    if found != expected:
-        path = os.path.join(out_dir, "model.safetensors")
-        raise Error(
-            f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
-            f"(weights_id {found!r} there, {expected!r} in config.json): a save was cut short "
-            "between the two; resume from trainer_state.pt or train again"
-        )
-
-
-def load_pretrained(name_or_dir, device="cpu"):
-    """A checkpoint of this project (its config.json names an architecture) or GPT-2's weights
-    (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info names
-    its BPE tokenizer)."""
-    config = os.path.join(name_or_dir, "config.json")
-    # this project's card has an architecture and a model; anything else is a Hugging Face config
-    if os.path.isfile(config) and not is_hf_config(read_json(config)):
-        return from_checkpoint(name_or_dir, device)
-    model = GPT.from_pretrained(name_or_dir).to(device).eval()
-    # export.py names this project's tokenizer in config.json; GPT-2's folders have none
-    tokenizer = {"type": "bpe", "encoding": "r50k_base"}
-    if os.path.isfile(config):
-        tokenizer = read_json(config, "Hugging Face config").get("tokenizer", tokenizer)
-    return model, {"architecture": "GPT", "tokenizer": tokenizer}
-
-
-def is_hf_config(config):
-    """Whether a config.json is a Hugging Face one: an object with neither of this project's card
-    keys (a card that lost one of them is still checked as a card)."""
-    return isinstance(config, dict) and not {"architecture", "model"} & config.keys()

@@ -5,24 +5,16 @@ loaded and the speed go to stderr, so the output can be piped. Examples:
   python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream"""
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import fields
 
-import torch
-
 import decoding
-from engine import WEIGHTS, Engine, for_decoding, resolve_weights
-from lib.common import (
-    ArgumentParser,
-    Error,
-    at_least,
-    pick_device,
-    run_script,
-)
-from lib.tokenizer import check_vocabulary, get_tokenizer
-from model import GPT2_NAMES, load_pretrained
+from engine import Engine
+from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
+from lib.formats import WEIGHTS, for_decoding, resolve_weights
+from lib.text import continuations, printable
+from lib.weights import GPT2_NAMES, load_gpt
 
 SEPARATOR = "-" * 40
 # this script's own defaults for decoding.Options (nanoGPT's); every other option starts off
@@ -159,48 +151,11 @@ def read_prompt(parser, path):
         parser.error(f"--start FILE:{path}: not UTF-8 text; save the prompt as UTF-8")
 
 
-def load(source, device, hub=False):
-    """(model in eval mode on device, tokenizer, a line saying what was loaded) from a checkpoint
-    folder of this project, or with hub, GPT-2's weights (a name, or a Hugging Face folder)."""
-    if not hub and not os.path.isfile(os.path.join(source, "config.json")):
-        raise Error(
-            f"no checkpoint in {source!r}: train one with "
-            "`python train.py config/shakespeare_char.py`, point --out_dir at one, "
-            "or sample GPT-2 with --init_from gpt2"
-        )
-    model, info = load_pretrained(source, device)
-    if info["architecture"] != "GPT":
-        raise Error(
-            f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): "
-            "sample.py needs a GPT; classify.py runs a classifier"
-        )
-    where = os.path.join(source, "config.json")
-    tokenizer = get_tokenizer(info.get("tokenizer"), where)
-    check_vocabulary(tokenizer, model.config.vocab_size, where)
-    millions = model.num_params() / 1e6
-    kind = info["tokenizer"]["type"]
-    what = f"loaded {source}: {millions:.2f}M parameters, {kind} tokenizer"
-    return model, tokenizer, what
-
-
-def printable(text, stops=()):
-    """The part of a growing continuation that can be printed now: never a trailing half of a
-    multi-byte character (tiktoken decodes it to U+FFFD) nor a tail that may turn out to be the
-    start of a stop string."""
-    text = text.rstrip("\ufffd")
-    held = 0  # characters at the end that may begin a stop string
-    for stop in stops:
-        for n in range(1, min(len(stop) - 1, len(text)) + 1):
-            if stop.startswith(text[-n:]):
-                held = max(held, n)
-    return text[: len(text) - held]
-
-
 def main(argv=None):
     args, options = parse_args(argv)
     device = pick_device(args.device)
     source = args.init_from or args.out_dir
-    model, tokenizer, what = load(source, device, hub=bool(args.init_from))
+    model, tokenizer, what = load_gpt(source, device, hub=bool(args.init_from))
     model = for_decoding(model, device, args.weights)
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
@@ -214,7 +169,9 @@ def main(argv=None):
             f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}",
             file=sys.stderr,
         )
-    picks = make_picks(options, args.greedy, args.seed, args.num_samples, tokenizer.vocab_size)
+    picks = decoding.make_picks(
+        options, args.greedy, args.seed, args.num_samples, tokenizer.vocab_size
+    )
     t0 = time.perf_counter()
     engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
     if args.compile:
@@ -236,44 +193,6 @@ def main(argv=None):
             file=sys.stderr,
         )
         raise SystemExit(130)
-
-
-def make_picks(options, greedy, seed, n, vocab_size):
-    """One decoding.NextToken per sample, each drawing from a generator of its own seeded
-    seed + i: a sample never depends on how many others are drawn beside it."""
-    picks = []
-    for i in range(n):
-        generator = torch.Generator().manual_seed(seed + i)
-        picks.append(decoding.NextToken(options, greedy, generator, vocab_size))
-    return picks
-
-
-def continuations(engine, request, tokenizer, stops=()):
-    """Step engine until request is done; after every step yield (the texts of its rows so far,
-    which have stopped). A text ends right before the first of stops it holds (the continuation
-    is searched, not the prompt), and its row stops decoding there."""
-    rows = request.rows
-    texts = [""] * len(rows)
-    stopped = [False] * len(rows)
-    while not request.done:
-        engine.step()
-        for i, row in enumerate(rows):
-            if stopped[i]:
-                continue
-            # the whole continuation decoded: bytes split over tokens join up
-            texts[i] = tokenizer.decode(row.generated)
-            cut = first_stop(texts[i], stops)
-            if cut >= 0:
-                texts[i] = texts[i][:cut]
-                stopped[i] = True
-                row.finish()
-        yield texts, [row.done for row in rows]
-
-
-def first_stop(text, stops):
-    """Where the first of stops begins in text, or -1."""
-    found = [text.find(stop) for stop in stops]
-    return min([c for c in found if c >= 0], default=-1)
 
 
 def decode_samples(engine, request, tokenizer, args):

@@ -52,8 +52,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import classify
 import decoding
-import sample
-from engine import WEIGHTS, Engine, for_decoding
+from engine import Engine
 from lib.common import (
     ArgumentParser,
     Error,
@@ -62,6 +61,9 @@ from lib.common import (
     read_json,
     run_script,
 )
+from lib.formats import WEIGHTS, for_decoding
+from lib.text import first_stop, printable
+from lib.weights import load_gpt
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
 MAX_BODY = 1 << 20  # bytes of one request's JSON (batches of token-id prompts are long)
@@ -234,7 +236,7 @@ class Playground:
             return dict(
                 task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len
             )
-        model, tokenizer, _ = sample.load(out_dir, self.device)
+        model, tokenizer, _ = load_gpt(out_dir, self.device)
         model = for_decoding(model, self.device, weights)
         decoder = Decoder(Engine(model, self.rows, compile=self.compile))
         return dict(task="lm", model=model, tokenizer=tokenizer, decoder=decoder)
@@ -477,7 +479,7 @@ class Completion:
         vocab_size = self.tokenizer.vocab_size
         for text, ids in self.prompts:
             # generators of the request's own: a choice draws as it would alone
-            picks = sample.make_picks(self.options, False, self.seed, req.n, vocab_size)
+            picks = decoding.make_picks(self.options, False, self.seed, req.n, vocab_size)
             traces = [[] for _ in picks]
             if req.trace:
                 picks = [traced(p, req.trace, self.tokenizer, t) for p, t in zip(picks, traces)]
@@ -550,12 +552,12 @@ class Completion:
         c.count += 1
         self.playground.tokens_generated += 1
         c.text = self.tokenizer.decode(c.row.generated[: c.count])
-        cut = sample.first_stop(c.text, self.stops)
+        cut = first_stop(c.text, self.stops)
         if cut >= 0:
             c.text = c.text[:cut]
             c.finished = True
             c.row.finish()
-        out = c.text if c.finished else sample.printable(c.text, self.stops)
+        out = c.text if c.finished else printable(c.text, self.stops)
         trace = [c.trace[c.count - 1]] if c.trace else []
         reason = "stop" if c.finished else None
         new = out[c.sent :]

@@ -42,7 +42,8 @@ from lib.distributed import (
 )
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord
-from model import GPT2_NAMES, build_model, load_pretrained
+from lib.weights import GPT2_NAMES, load_pretrained
+from model import build_model
 
 KEYS = dict(
     # run

@@ -37,18 +37,18 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
-from engine import (  # noqa: E402
-    Engine,
+from engine import Engine, cache_dtype  # noqa: E402
+from lib.batches import load_split  # noqa: E402
+from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from lib.formats import (  # noqa: E402
     PackedLinear,
-    cache_dtype,
     for_decoding,
     onednn_linear,
     onednn_multiplies,
     resolve_weights,
 )
-from lib.batches import load_split  # noqa: E402
-from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from model import GPT, GPTConfig, KVCache, from_checkpoint  # noqa: E402
+from lib.weights import from_checkpoint, from_pretrained, save_pretrained  # noqa: E402
+from model import GPT, GPTConfig, KVCache  # noqa: E402
 
 PROMPT = "The meaning of life is"
 # sample.py's modes: (name, --weights, --compile); its defaults are the mode of
@@ -243,7 +243,7 @@ def gpt2_shape(out, new_tokens):
     speed = bandwidth()
     flags = ["--init_from", hf_dir, "--start", PROMPT, "--greedy"]
     flags += ["--max_new_tokens", str(new_tokens)]
-    model = GPT.from_pretrained(hf_dir)
+    model = from_pretrained(hf_dir)
     context = len(PROMPT) // 4 + new_tokens // 2  # the mean position, roughly
     results = {"bandwidth_GB_s": speed / 1e9}
     for name, weights, compile in MODES:
@@ -251,7 +251,7 @@ def gpt2_shape(out, new_tokens):
         read = bytes_per_token(for_decoding(model, "cpu", weights), context)
         bound = speed / read
         results[name] = dict(**run, bytes=read, bound=bound, of_bound=run["tokens_s"] / bound)
-        model = GPT.from_pretrained(hf_dir)  # for_decoding changed the weights in place
+        model = from_pretrained(hf_dir)  # for_decoding changed the weights in place
     for dtype in ("float32", "bfloat16"):
         rate = hugging_face(hf_dir, getattr(torch, dtype), new_tokens)
         results[f"hf_{dtype}"] = dict(tokens_s=rate)
@@ -273,7 +273,7 @@ def long_context(out, new_tokens, start=900):
     ]
     results = {}
     for name, weights, dtype in runs:
-        model = for_decoding(GPT.from_pretrained(hf_dir), "cpu", weights)
+        model = for_decoding(from_pretrained(hf_dir), "cpu", weights)
         engine = Engine(model, 1)
         if dtype is not None:
             length = engine.block_size + 1
@@ -321,7 +321,7 @@ def shakespeare_checkpoint(out):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAKESPEARE, bias=False))
     path = os.path.join(out, "shakespeare-random")
-    model.save_pretrained(path, task="lm", tokenizer={"type": "char", "chars": CHARS})
+    save_pretrained(model, path, task="lm", tokenizer={"type": "char", "chars": CHARS})
     return path
 
 

@@ -15,6 +15,7 @@ import torch
 
 from lib.common import TEMPORARY, Error, atomic_path, fsync
 from lib.distributed import plain_class
+from lib.weights import save_pretrained
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
 SHAPE = (
@@ -150,14 +151,14 @@ def save_model(model, out_dir, run, **extra):
     CPU."""
     if not run.sharded:
         if run.master:
-            model.save_pretrained(out_dir, **extra)
+            save_pretrained(model, out_dir, **extra)
         return
     state = gathered_model(model)
     if not run.master:
         return
     with torch.device("meta"):
         copy = plain_class(model)(model.config)
-    copy.load_weights(state).save_pretrained(out_dir, **extra)
+    save_pretrained(copy.load_weights(state), out_dir, **extra)
 
 
 def drop_model(out_dir):

@@ -18,7 +18,8 @@ from conftest import ROOT, needs_shared
 
 import classify
 from lib.common import run_script
-from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, from_checkpoint
+from lib.weights import from_checkpoint, save_pretrained
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcd "
 NAMES = ["alpha", "beta", "gamma"]
@@ -107,7 +108,8 @@ def ckpt(tmp_path_factory):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.save_pretrained(
+    save_pretrained(
+        model,
         out_dir,
         task="classify",
         tokenizer={"type": "char", "chars": CHARS},
@@ -297,8 +299,11 @@ def in_process_error(argv, capsys):
 
 
 def test_errors(ckpt, tmp_path, capsys, monkeypatch):
-    GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=8)).save_pretrained(
-        tmp_path / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS}
+    save_pretrained(
+        GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=8)),
+        tmp_path / "gpt",
+        task="lm",
+        tokenizer={"type": "char", "chars": CHARS},
     )
     assert "sample.py" in in_process_error(["--out_dir", str(tmp_path / "gpt"), "abc"], capsys)
     (tmp_path / "cols.csv").write_text("sentence,category\nabc,1\n")
@@ -363,7 +368,8 @@ def test_bpe_checkpoint_truncates_to_block_size(tmp_path, capsys):
             pad_token_id=tok.start_token,
         )
     )
-    model.save_pretrained(
+    save_pretrained(
+        model,
         tmp_path,
         task="classify",
         tokenizer=tok.spec,

@@ -7,17 +7,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-import engine
 from decoding import NextToken, Options
-from engine import (
-    Engine,
-    Int8Linear,
-    PackedLinear,
-    for_decoding,
-    generate,
-    resolve_weights,
-)
+from engine import Engine, generate
+from lib import formats
 from lib.common import Error
+from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights
 from model import GPT, GPTConfig, KVCache
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
@@ -316,15 +310,15 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
 
 
 def test_auto_is_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch):
-    monkeypatch.setattr(engine, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(formats, "cpu_has_bf16", lambda: True)
     assert resolve_weights("auto", "cpu") == "bfloat16"
-    monkeypatch.setattr(engine, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(formats, "cpu_has_bf16", lambda: False)
     assert resolve_weights("auto", "cpu") == "float32"
     assert resolve_weights("float32", "cpu") == "float32"
 
 
 @pytest.mark.skipif(
-    not engine.onednn_multiplies("bfloat16"),
+    not formats.onednn_multiplies("bfloat16"),
     reason="this CPU's oneDNN multiplies no bfloat16 (it needs AVX-512)",
 )
 def test_bfloat16_packs_the_body_in_bfloat16_and_the_head_in_float32():

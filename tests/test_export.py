@@ -13,6 +13,7 @@ from decoding import NextToken, Options
 from engine import generate
 from export import export
 from lib.common import Error
+from lib.weights import save_pretrained
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip(
@@ -30,7 +31,8 @@ def checkpoint(path, tokenizer, **options):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
-    model.save_pretrained(
+    save_pretrained(
+        model,
         path,
         task="lm",
         dataset="toy",
@@ -114,8 +116,7 @@ def test_a_half_precision_char_export_samples_with_its_own_tokenizer(tmp_path):
     model runs in; a character model's export is sampled with its characters, not GPT-2's BPE."""
     from safetensors.torch import load_file, save_file
 
-    from model import load_pretrained
-    from sample import load
+    from lib.weights import load_gpt, load_pretrained
 
     ours = checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
     export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
@@ -127,10 +128,10 @@ def test_a_half_precision_char_export_samples_with_its_own_tokenizer(tmp_path):
         idx = torch.randint(0, 8, (2, 20))
         with torch.no_grad():
             assert torch.allclose(model(idx)[0], ours(idx)[0], atol=0.05)
-    model, tokenizer, _ = load(str(tmp_path / "hf"), "cpu", hub=True)
+    model, tokenizer, _ = load_gpt(str(tmp_path / "hf"), "cpu", hub=True)
     assert tokenizer.decode(tokenizer.encode("hgfabc")) == "hgfabc" and tokenizer.vocab_size == 8
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["tokenizer"]["chars"] = "abcdefghij"
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(Error, match="config.json: the tokenizer has 10 tokens, the model's vocab"):
-        load(str(tmp_path / "hf"), "cpu", hub=True)
+        load_gpt(str(tmp_path / "hf"), "cpu", hub=True)

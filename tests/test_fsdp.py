@@ -23,7 +23,8 @@ from lib import distributed
 from lib.batches import load_split
 from lib.common import Error
 from lib.distributed import Run
-from model import GPT, GPTConfig, from_checkpoint
+from lib.weights import from_checkpoint
+from model import GPT, GPTConfig
 
 # 4 micro-steps a step (2 on each of the 2 processes), evaluations (and saves) at 0, 10 and 20, and
 # a schedule whose learning rate still moves the weights at step 20

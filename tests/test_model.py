@@ -9,13 +9,13 @@ import torch.nn.functional as F
 
 from lib.common import Error
 from lib.mfu import flops_per_token
+from lib.weights import from_checkpoint, from_pretrained, save_pretrained
 from model import (
     GPT,
     EncoderClassifier,
     EncoderConfig,
     GPTConfig,
     attention,
-    from_checkpoint,
     rotary,
     rotation,
 )
@@ -145,7 +145,7 @@ def test_logits_to_keep_is_the_last_rows_of_the_full_forward():
 def test_save_and_load_roundtrip(tmp_path):
     for model in (tiny_gpt(), tiny_classifier()):
         model.eval()
-        model.save_pretrained(tmp_path / type(model).__name__, task="x")
+        save_pretrained(model, tmp_path / type(model).__name__, task="x")
         loaded, info = from_checkpoint(tmp_path / type(model).__name__)
         idx = torch.randint(1, 50, (2, 8))
         assert info["task"] == "x" and info["model"]["n_embd"] == 16
@@ -217,18 +217,18 @@ def test_from_pretrained_matches_independent_gpt2(tmp_path):
             x = x + conv1d(gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
         return ln(x, "ln_f") @ sd["wte.weight"].T
 
-    model = GPT.from_pretrained(str(tmp_path)).eval()
+    model = from_pretrained(str(tmp_path)).eval()
     idx = torch.randint(0, V, (1, 10))
     assert torch.allclose(model(idx)[0], reference(idx), atol=1e-5)
 
 
 def test_from_pretrained_rejects_unknown_names():
     with pytest.raises(Error, match="neither a directory"):
-        GPT.from_pretrained("gpt3")
+        from_pretrained("gpt3")
 
 
 def test_broken_checkpoint_is_one_clear_error(tmp_path):
-    tiny_gpt().save_pretrained(tmp_path, task="lm")
+    save_pretrained(tiny_gpt(), tmp_path, task="lm")
     (tmp_path / "model.safetensors").write_bytes(b"half a file")
     with pytest.raises(Error, match="is not a readable checkpoint of this project"):
         from_checkpoint(tmp_path)
@@ -288,9 +288,9 @@ def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
     size = sum(t.numel() * 4 for t in sd.values())
     script = (
         "import resource, sys, torch; "
-        "sys.path.insert(0, sys.argv[1]); import model; torch.zeros(1)\n"
+        "sys.path.insert(0, sys.argv[1]); import lib.weights; torch.zeros(1)\n"
         "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
-        "base = rss(); model.GPT.from_pretrained(sys.argv[2]); print(rss() - base)"
+        "base = rss(); lib.weights.from_pretrained(sys.argv[2]); print(rss() - base)"
     )
     from conftest import ROOT
 

@@ -28,6 +28,7 @@ import train
 from export import export
 from lib.common import Error
 from lib.prepare import save_array, write_classification_split, write_meta
+from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefghij"
@@ -127,18 +128,15 @@ def files(tmp_path_factory):
         damage(meta)
         (d / name / "meta.json").write_text(json.dumps(meta))
     torch.manual_seed(0)
-    GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)).save_pretrained(
-        d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS}
-    )
-    GPT(
-        GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, rope=True)
-    ).save_pretrained(d / "rope", task="lm", tokenizer={"type": "char", "chars": CHARS})
-    EncoderClassifier(
-        EncoderConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, n_classes=2)
-    ).save_pretrained(
+    char = {"type": "char", "chars": CHARS}
+    shape = dict(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    save_pretrained(GPT(GPTConfig(**shape)), d / "gpt", task="lm", tokenizer=char)
+    save_pretrained(GPT(GPTConfig(**shape, rope=True)), d / "rope", task="lm", tokenizer=char)
+    save_pretrained(
+        EncoderClassifier(EncoderConfig(**shape, n_classes=2)),
         d / "clf",
         task="classify",
-        tokenizer={"type": "char", "chars": CHARS},
+        tokenizer=char,
         label_names=["a", "b"],
         max_length=16,
     )
@@ -682,7 +680,7 @@ def check_killed_run(out_dir, saved):
     dropped), one line per evaluation and step; the model loads, or says that a save was cut
     short between its two files. Returns the state's step."""
     from lib.records import read_metrics
-    from model import from_checkpoint
+    from lib.weights import from_checkpoint
 
     step = torch.load(out_dir / "trainer_state.pt", weights_only=True)["step"]
     records = read_metrics(str(out_dir))
@@ -1023,12 +1021,12 @@ def test_atomic_writes_reach_the_disk_before_and_after_the_rename(tmp_path, monk
 def test_a_model_with_another_saves_card_is_refused(tmp_path):
     """A crash between the weights' rename and the card's pairs new weights with an old card: the
     card names its weights' id, and the pair is refused in one line naming both files."""
-    from model import from_checkpoint
+    from lib.weights import from_checkpoint
 
     tiny = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)
     tokenizer = {"type": "char", "chars": CHARS}
     for name in ("old", "new"):
-        GPT(tiny).save_pretrained(tmp_path / name, task="lm", tokenizer=tokenizer)
+        save_pretrained(GPT(tiny), tmp_path / name, task="lm", tokenizer=tokenizer)
     from_checkpoint(tmp_path / "old")
     (tmp_path / "old" / "model.safetensors").write_bytes(
         (tmp_path / "new" / "model.safetensors").read_bytes()

@@ -13,8 +13,10 @@ from conftest import ROOT, needs_shared
 from decoding import NextToken, Options
 from engine import generate
 from lib.common import run_script
-from model import GPT, GPTConfig, from_checkpoint
-from sample import SEPARATOR, main, printable
+from lib.text import printable
+from lib.weights import from_checkpoint, save_pretrained
+from model import GPT, GPTConfig
+from sample import SEPARATOR, main
 
 CHARS = (
     "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65
@@ -60,7 +62,7 @@ def char_model(tmp_path_factory):
     ):  # weights larger than training's init: greedy text that varies instead of one repeated char
         for p in model.parameters():
             p.normal_(0.0, 0.1)
-    model.save_pretrained(out_dir, task="lm", tokenizer={"type": "char", "chars": CHARS})
+    save_pretrained(model, out_dir, task="lm", tokenizer={"type": "char", "chars": CHARS})
     return str(out_dir)
 
 

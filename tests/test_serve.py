@@ -23,6 +23,7 @@ from conftest import ROOT
 import classify
 import decoding
 import serve
+from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefgh .\n"
@@ -49,7 +50,7 @@ def checkpoints(tmp_path_factory):
     with torch.no_grad():  # weights larger than training's init: text that varies
         for p in gpt.parameters():
             p.normal_(0.0, 0.1)
-    gpt.save_pretrained(d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS})
+    save_pretrained(gpt, d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS})
     clf = EncoderClassifier(
         EncoderConfig(
             vocab_size=len(CHARS),
@@ -64,7 +65,8 @@ def checkpoints(tmp_path_factory):
     with torch.no_grad():
         for p in clf.parameters():
             p.normal_(0.0, 0.3)
-    clf.save_pretrained(
+    save_pretrained(
+        clf,
         d / "clf",
         task="classify",
         tokenizer={"type": "char", "chars": CHARS},

@@ -1,0 +1,197 @@
+"""Reading and writing weights: this project's checkpoints (model.safetensors + config.json, as on
+the Hugging Face hub) and GPT-2's weights in the Hugging Face layout. Every config.json is read
+once per load and checked against its weights' header before a model of its shape is built."""
+
+import json
+import os
+import secrets
+from dataclasses import asdict, fields
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_model
+
+from lib.common import Error, atomic_path, read_json
+from lib.schema import check_card, check_hf_shapes, check_shapes
+from lib.tokenizer import check_vocabulary, get_tokenizer
+from model import ARCHITECTURES, GPT, GPTConfig
+
+# OpenAI's weights on the Hugging Face hub
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# each architecture's config fields and their kinds, which check_card holds config.json's to
+CONFIG_KINDS = {
+    name: {f.name: f.type for f in fields(config_cls)}
+    for name, (_, config_cls) in ARCHITECTURES.items()
+}
+
+
+def save_pretrained(model, out_dir, **extra):
+    """model.safetensors + config.json. Both are written whole to temporary files first, then
+    renamed, the weights before the card; the card names the weights' id (stored in the weights'
+    header), so a crash between the two renames is a mismatch that from_checkpoint reports, never
+    a new model paired with an old card. extra: task, tokenizer, label names."""
+    os.makedirs(out_dir, exist_ok=True)
+    token = secrets.token_hex(8)
+    card = {"architecture": type(model).__name__, "model": asdict(model.config), **extra}
+    with atomic_path(os.path.join(out_dir, "config.json")) as card_tmp:
+        with atomic_path(os.path.join(out_dir, "model.safetensors")) as weights_tmp:
+            # drops a tied head's duplicate tensor
+            save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
+            with open(card_tmp, "w") as f:
+                json.dump({**card, "weights_id": token}, f, indent=2)
+
+
+def from_checkpoint(out_dir, device="cpu", info=None):
+    """Load what save_pretrained wrote: (model in eval mode, the config.json dict). info: the
+    config.json already read."""
+    path = os.path.join(out_dir, "config.json")
+    if info is None:
+        if not os.path.isfile(path):
+            raise Error(
+                f"no checkpoint in {str(out_dir)!r} (config.json missing): "
+                f"train one with train.py first"
+            )
+        info = read_json(path, "checkpoint config")
+    check_card(info, path, CONFIG_KINDS)
+    weights = os.path.join(out_dir, "model.safetensors")
+    header = read_header(weights)
+    # a header that cannot be read is the load's error to report
+    if header is not None:
+        metadata, shapes = header
+        check_weights_id(out_dir, info, metadata)
+        check_shapes(info, path, shapes)
+    try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
+        cls, config_cls = ARCHITECTURES[info["architecture"]]
+        known = {f.name for f in fields(config_cls)}
+        config = config_cls(**{k: v for k, v in info["model"].items() if k in known})
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_weights(load_file(weights))
+    except Exception as e:
+        raise Error(
+            f"{str(out_dir)!r} is not a readable checkpoint of this project ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
+    return model.to(device).eval(), info
+
+
+def read_header(path):
+    """(the metadata, {tensor name: shape}) of a safetensors file's header, read without its
+    tensors; None when there is no such file or no readable header."""
+    try:
+        with safe_open(path, "pt") as f:
+            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+            return f.metadata() or {}, shapes
+    except Exception:
+        return None
+
+
+def check_weights_id(out_dir, info, metadata):
+    """The weights (their header's metadata) are the ones config.json was saved with (a card
+    without an id predates the id: unchecked)."""
+    expected = info.get("weights_id")
+    if expected is None:
+        return
+    found = metadata.get("weights_id")
+    if found != expected:
+        path = os.path.join(out_dir, "model.safetensors")
+        raise Error(
+            f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
+            f"(weights_id {found!r} there, {expected!r} in config.json): a save was cut short "
+            "between the two; resume from trainer_state.pt or train again"
+        )
+
+
+def from_pretrained(name_or_dir, hf=None):
+    """A GPT of GPT-2's weights in the Hugging Face layout (model.safetensors + config.json): a
+    local directory, or one of GPT2_NAMES downloaded from the hub; hf: its config.json already
+    read. The model is built on the meta device and takes the loaded tensors, so loading holds
+    one copy of the weights in memory, not two."""
+    path = name_or_dir
+    if not os.path.isdir(path):
+        if name_or_dir not in GPT2_NAMES:
+            names = ", ".join(GPT2_NAMES)
+            raise Error(f"{name_or_dir!r} is neither a directory nor one of {names}")
+        from huggingface_hub import snapshot_download
+
+        repo = f"openai-community/{name_or_dir}"
+        path = snapshot_download(repo, allow_patterns=["model.safetensors", "config.json"])
+    config_path = os.path.join(path, "config.json")
+    if hf is None:
+        hf = read_json(config_path, "Hugging Face config")
+    try:
+        config = GPTConfig(
+            vocab_size=hf["vocab_size"],
+            block_size=hf["n_positions"],
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            n_embd=hf["n_embd"],
+            bias=True,
+        )
+        loaded = load_file(os.path.join(path, "model.safetensors"))
+    except Exception as e:
+        raise Error(
+            f"{path} is not a GPT-2 checkpoint in the Hugging Face layout ({type(e).__name__}: {e})"
+        ) from None
+    state = {}
+    for key in list(loaded):
+        # dropped from the loaded dict as it moves: one copy at a time
+        tensor = loaded.pop(key)
+        if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
+            continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
+        key = key.removeprefix("transformer.")
+        key = "blocks." + key[2:] if key.startswith("h.") else key
+        for old, new in (("c_attn", "qkv"), ("c_proj", "proj"), ("c_fc", "fc")):
+            key = key.replace(old, new)
+        # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
+        if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
+            tensor = tensor.t().contiguous()
+        state[key] = tensor
+    shapes = {name: list(tensor.shape) for name, tensor in state.items()}
+    check_hf_shapes(hf, config_path, shapes)
+    with torch.device("meta"):
+        model = GPT(config)
+    return model.load_weights(state)
+
+
+def load_pretrained(name_or_dir, device="cpu"):
+    """A checkpoint of this project (its config.json names an architecture) or GPT-2's weights
+    (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info
+    names its BPE tokenizer, or the one export.py wrote into its config.json)."""
+    path = os.path.join(name_or_dir, "config.json")
+    config = read_json(path, "checkpoint config") if os.path.isfile(path) else None
+    # a Hugging Face config has neither of this project's card keys (a card that lost one of them
+    # is still checked as a card)
+    hf = isinstance(config, dict) and not {"architecture", "model"} & config.keys()
+    if config is not None and not hf:
+        return from_checkpoint(name_or_dir, device, config)
+    model = from_pretrained(name_or_dir, config).to(device).eval()
+    tokenizer = {"type": "bpe", "encoding": "r50k_base"}
+    if config is not None:
+        tokenizer = config.get("tokenizer", tokenizer)
+    return model, {"architecture": "GPT", "tokenizer": tokenizer}
+
+
+def load_gpt(source, device, hub=False):
+    """(a GPT in eval mode on device, its tokenizer, a line saying what was loaded) from a
+    checkpoint folder of this project, or with hub, GPT-2's weights (a name, or a Hugging Face
+    folder): what sample.py and the playground decode."""
+    where = os.path.join(source, "config.json")
+    if not hub and not os.path.isfile(where):
+        raise Error(
+            f"no checkpoint in {source!r}: train one with "
+            "`python train.py config/shakespeare_char.py`, point --out_dir at one, "
+            "or sample GPT-2 with --init_from gpt2"
+        )
+    model, info = load_pretrained(source, device)
+    if info["architecture"] != "GPT":
+        raise Error(
+            f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): "
+            "sample.py needs a GPT; classify.py runs a classifier"
+        )
+    tokenizer = get_tokenizer(info.get("tokenizer"), where)
+    check_vocabulary(tokenizer, model.config.vocab_size, where)
+    millions = model.num_params() / 1e6
+    kind = info["tokenizer"]["type"]
+    what = f"loaded {source}: {millions:.2f}M parameters, {kind} tokenizer"
+    return model, tokenizer, what
