@@ -211,8 +211,18 @@ class NextToken:
             )
         return f"{name} overflows the logits (try a value nearer its off value)"
 
+    def reads_context(self):
+        """Whether an option that is on reads the context (the penalties, n-gram blocking)."""
+        o = self.options
+        penalties = o.frequency_penalty or o.presence_penalty or o.no_repeat_ngram_size
+        return bool(penalties) or o.repetition_penalty != 1
+
     def __call__(self, logits, context):
-        processed = self.process(logits, context)
+        return self.draw(self.process(logits, context), logits, context)
+
+    def draw(self, processed, logits, context):
+        """The tokens [B] from the processed logits: the argmax, or a draw from their softmax; an
+        Error naming the option that left no distribution (from logits and context, as given)."""
         probs = torch.softmax(processed, dim=-1)
         if not torch.isfinite(probs).all():
             raise Error(self.no_distribution(logits, context))
@@ -241,3 +251,54 @@ def make_picks(options, greedy, seed, n, vocab_size):
         generator = torch.Generator().manual_seed(seed + i)
         picks.append(NextToken(options, greedy, generator, vocab_size))
     return picks
+
+
+def pick_tokens(picks, logits, contexts):
+    """Row i's next token (an int) from logits [B, V] by picks[i], with contexts[i] its token ids
+    so far, or the Error that leaves it none. Rows whose NextTokens share their options run
+    through them as one batch (where an option reads the context, rows of one length); each row
+    then draws from its own generator, so its tokens never depend on the batch. Any other pick
+    (a callable of logits and context) runs alone."""
+    groups = {}
+    for i, pick in enumerate(picks):
+        groups.setdefault(batch_key(pick, contexts[i]), []).append(i)
+    tokens = [None] * len(picks)
+    for rows in groups.values():
+        group = [picks[i] for i in rows]
+        picked = pick_group(group, logits[rows], [contexts[i] for i in rows])
+        for i, token in zip(rows, picked):
+            tokens[i] = token
+    return tokens
+
+
+def pick_group(picks, logits, contexts):
+    """pick_tokens for rows of one batch_key: the context tensor built only where a pick reads
+    it, the options applied once, then each row's draw."""
+    first = picks[0]
+    batched = isinstance(first, NextToken)
+    context = None
+    if not batched or first.reads_context():
+        context = torch.tensor(contexts, device=logits.device)
+    processed = first.process(logits, context) if batched else None
+    tokens = []
+    for j, pick in enumerate(picks):
+        row = logits[j : j + 1]
+        own = None if context is None else context[j : j + 1]
+        try:
+            if batched:
+                token = pick.draw(processed[j : j + 1], row, own)
+            else:
+                token = pick(row, own)
+            tokens.append(int(token))
+        except Error as e:  # no token left to draw: this row's options, not the others'
+            tokens.append(e)
+    return tokens
+
+
+def batch_key(pick, context):
+    """What rows must share to pick as one batch: a NextToken's options, greedy and vocabulary
+    (and the context's length, where an option reads it); any other pick is a batch of its own."""
+    if not isinstance(pick, NextToken):
+        return id(pick)
+    length = len(context) if pick.reads_context() else 0
+    return pick.options, pick.greedy, pick.vocab_size, length

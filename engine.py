@@ -21,6 +21,7 @@ from collections import deque
 import torch
 from torch.nn.attention import sdpa_kernel
 
+from decoding import pick_tokens
 from lib.common import Error
 from model import VARYING_LENGTHS, KVCache
 
@@ -147,7 +148,7 @@ class Engine:
                 self.decode(decoding)
             else:
                 for row in decoding:
-                    self.take(row, self.window_logits(row))
+                    self.take([row], self.window_logits(row))
         self.release()
         return joined + decoding
 
@@ -173,8 +174,7 @@ class Engine:
                 logits = self.window_logits(rows[0], keep)
             if request.echo:
                 score_prompt(request, logits, rows[0].logprobs)
-            for row in rows:
-                self.take(row, logits[-1:])
+            self.take(rows, logits[-1:].expand(len(rows), -1))
             request.first_token = time.perf_counter()
             self.active.extend(rows)
             joined.extend(rows)
@@ -204,7 +204,7 @@ class Engine:
         batched = []
         for row in rows:
             if self.slide(row):
-                self.take(row, self.prefill(row))
+                self.take([row], self.prefill(row))
             else:
                 batched.append(row)
         if not batched:
@@ -212,8 +212,7 @@ class Engine:
         idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)
         step = self.cache.step([row.slot for row in batched], 1)
         logits, _ = self.one_token(idx, cache=step, logits_to_keep=1)
-        for i, row in enumerate(batched):
-            self.take(row, logits[i : i + 1, -1])
+        self.take(batched, logits[:, -1])
 
     def slide(self, row):
         """Whether the row's window must restart: its last token would take it past
@@ -223,25 +222,27 @@ class Engine:
         row.start = len(row.tokens) - max(1, self.block_size // 2)
         return True
 
-    def take(self, row, logits):
-        """The row's next token from its logits [1, vocab], picked with its whole context; a row
-        asked for no tokens is done instead."""
-        if row.remaining == 0:
-            row.done = True
+    def take(self, rows, logits):
+        """Each row's next token from its row of logits [len(rows), vocab], picked with its whole
+        context (decoding.pick_tokens: rows that share their options pick as one batch); rows
+        asked for no tokens are done instead."""
+        if not rows[0].remaining:  # a request's rows share max_new_tokens
+            for row in rows:
+                row.done = True
             return
-        context = torch.tensor([row.tokens], device=self.device)
-        try:
-            token = row.pick(logits, context)
-        except Error as e:  # no token left to draw: this row's options, not the others'
-            row.error = str(e)
-            row.done = True
-            return
-        if row.logprobs is not None:
-            record_logprobs(row, logits[0].float(), int(token))
-        row.tokens.append(int(token))
-        row.remaining -= 1
-        if row.remaining == 0:
-            row.done = True
+        contexts = [row.tokens for row in rows]
+        tokens = pick_tokens([row.pick for row in rows], logits, contexts)
+        for row, row_logits, token in zip(rows, logits, tokens):
+            if isinstance(token, Error):
+                row.error = str(token)
+                row.done = True
+                continue
+            if row.logprobs is not None:
+                record_logprobs(row, row_logits.float(), token)
+            row.tokens.append(token)
+            row.remaining -= 1
+            if row.remaining == 0:
+                row.done = True
 
     def fail(self, message):
         """Every row in the engine ends with message as its error (a bug in a step)."""

@@ -11,7 +11,7 @@ GPT-2's, and load its weights exactly.
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -32,34 +32,77 @@ def init_module(module):
         nn.init.zeros_(module.bias)
 
 
+def setting(default, help, **limits):
+    """A config field that train.py takes as a setting of the same name: its default, what it
+    does and its range (lib/config.Key's at_least, below, choices)."""
+    return field(default=default, metadata=dict(help=help, **limits))
+
+
 @dataclass
 class GPTConfig:
+    """The model's shape and options; the defaults are train.py's (nanoGPT's Shakespeare model),
+    GPT-2's shape comes with its weights (lib/weights.from_pretrained) or config/gpt2.py."""
+
     vocab_size: int = 50304  # GPT-2's 50,257 padded up to a multiple of 64, which matmuls prefer
-    block_size: int = 1024
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    # biases in Linears and LayerNorms, as GPT-2; False is a little faster and no worse
-    bias: bool = True
-    # sdpa: F.scaled_dot_product_attention (fused); explicit: attention() below, the math
-    attn_impl: str = "sdpa"
-    # rotary position embeddings (RoFormer) instead of the learned position table
-    rope: bool = False
-    # RMS-normalise each head's queries and keys before the scores (stabler at high lr)
-    qk_norm: bool = False
+    block_size: int = setting(
+        256, "tokens of context (classify: the most tokens of a row the model reads)", at_least=1
+    )
+    n_layer: int = setting(6, "transformer blocks", at_least=1)
+    n_head: int = setting(6, "attention heads per block, dividing n_embd", at_least=1)
+    n_embd: int = setting(384, "width of the residual stream", at_least=1)
+    dropout: float = setting(
+        0.0, "dropout on embeddings, attention weights and residual branches", at_least=0, below=1
+    )
+    bias: bool = setting(
+        False, "biases in Linears and LayerNorms, as GPT-2 (False is a little faster, no worse)"
+    )
+    attn_impl: str = setting(
+        "sdpa",
+        "sdpa: fused F.scaled_dot_product_attention; explicit: model.attention(), the math to edit",
+        choices=("sdpa", "explicit"),
+    )
+    rope: bool = setting(False, "rotary position embeddings instead of the learned position table")
+    qk_norm: bool = setting(
+        False, "RMS-normalise queries and keys per head (stabler at a high learning rate)"
+    )
+
+    def __post_init__(self):
+        """The rules the shape keeps together, checked wherever a model is built."""
+        head = f"n_head={self.n_head!r}: must be"
+        if self.n_head < 1 or self.n_embd % self.n_head:
+            raise Error(f"{head} a divisor of n_embd={self.n_embd}")
+        if self.rope and self.n_embd // self.n_head % 2:
+            even = "the head size n_embd / n_head even: rotary embeddings rotate pairs"
+            raise Error(f"{head} such that {even}")
 
 
 @dataclass
 class EncoderConfig(GPTConfig):
     n_classes: int = 4
     pad_token_id: int = 0
-    # training only: hide this fraction of each row's tokens, as if padding (augmentation)
-    token_dropout: float = 0.0
-    # fastText beside the encoder: a linear classifier over the tokens, trained by its own loss
-    bow_head: bool = False
-    # > 0: bow_head also counts each (previous token, token) pair, hashed into this many rows
-    bow_buckets: int = 0
+    token_dropout: float = setting(
+        0.0,
+        "classify: hide this fraction of each training row's tokens (augmentation for small data)",
+        at_least=0,
+        below=1,
+    )
+    bow_head: bool = setting(
+        False,
+        "classify: a fastText classifier beside the encoder, "
+        "the two models' probabilities multiplied",
+    )
+    bow_buckets: int = setting(
+        0,
+        "classify: > 0: bow_head also counts (previous token, token) pairs, "
+        "hashed into this many rows",
+        at_least=0,
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.bow_buckets and not self.bow_head:
+            what = "0 unless bow_head=True (its classifier's bigrams)"
+            raise Error(f"bow_buckets={self.bow_buckets!r}: must be {what}")
 
 
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -496,9 +539,15 @@ class EncoderClassifier(Transformer):
 ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}
 
 
-def build_model(task, settings):
-    """A fresh GPT (task lm) or EncoderClassifier (classify), its config taken from the matching
-    keys of settings."""
+def model_config(task, settings):
+    """The config of a GPT (task lm) or an EncoderClassifier (classify), from the matching keys of
+    settings: (the model's class, its config)."""
     cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
     kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
-    return cls(config_cls(**kwargs))
+    return cls, config_cls(**kwargs)
+
+
+def build_model(task, settings):
+    """A fresh model of model_config's."""
+    cls, config = model_config(task, settings)
+    return cls(config)

@@ -81,9 +81,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile the one-token step with torch.compile first (10 to 50 s once): on a CPU "
-        "it pays with bfloat16 and int8 weights, 1.05 to 1.34x the tokens/s on GPT-2's shape, "
-        "not with float32 (BENCHMARKS.md); for long or many samples",
+        help="compile the one-token step with torch.compile first (once, seconds to a minute): "
+        "on a CPU it pays with bfloat16 and int8 weights, not with float32 (BENCHMARKS.md); "
+        "for long or many samples",
     )
     p.add_argument(
         "--stream",

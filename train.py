@@ -17,7 +17,6 @@ model, the optimizer, the loop, the end.
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -27,8 +26,8 @@ import torch
 from tqdm import tqdm
 
 from lib import checkpoint, config
-from lib.batches import load_split
-from lib.common import Error, autocast, run_script, write_json
+from lib.batches import load_data, to_device
+from lib.common import Error, autocast, run_script
 from lib.config import Key
 from lib.distributed import (
     StepGuard,
@@ -36,14 +35,15 @@ from lib.distributed import (
     clip_gradients,
     grad_scaler,
     held_bytes,
+    memory_lines,
     micro_step,
     parallel,
     started,
 )
 from lib.mfu import Speed, peak_flops
-from lib.records import RunRecord
+from lib.records import RunRecord, start_wandb
 from lib.weights import GPT2_NAMES, load_pretrained
-from model import build_model
+from model import EncoderConfig, build_model, model_config
 
 KEYS = dict(
     # run
@@ -112,41 +112,10 @@ KEYS = dict(
     gradient_accumulation_steps=Key(
         1, "micro-steps per optimizer step, over all processes together", at_least=1
     ),
-    block_size=Key(
-        256, "tokens of context (classify: the most tokens of a row the model reads)", at_least=1
-    ),
     vocab_size=Key(0, "0: the dataset's", at_least=0),
-    n_layer=Key(6, "transformer blocks", at_least=1),
-    n_head=Key(6, "attention heads per block, dividing n_embd", at_least=1),
-    n_embd=Key(384, "width of the residual stream", at_least=1),
-    dropout=Key(
-        0.0, "dropout on embeddings, attention weights and residual branches", at_least=0, below=1
-    ),
-    bias=Key(False, "biases in Linears and LayerNorms (GPT-2 has them)"),
-    attn_impl=Key(
-        "sdpa",
-        "sdpa: fused F.scaled_dot_product_attention; explicit: model.attention(), the math to edit",
-        choices=("sdpa", "explicit"),
-    ),
-    rope=Key(False, "rotary position embeddings instead of the learned position table"),
-    qk_norm=Key(False, "RMS-normalise queries and keys per head"),
-    token_dropout=Key(
-        0.0,
-        "classify: hide this fraction of each training row's tokens (augmentation for small data)",
-        at_least=0,
-        below=1,
-    ),
-    bow_head=Key(
-        False,
-        "classify: a fastText classifier beside the encoder, "
-        "the two models' probabilities multiplied",
-    ),
-    bow_buckets=Key(
-        0,
-        "classify: > 0: bow_head also counts (previous token, token) pairs, "
-        "hashed into this many rows",
-        at_least=0,
-    ),
+    # the model's keys, declared with its config: block_size, n_layer, n_head, n_embd, dropout,
+    # bias, attn_impl, rope, qk_norm, token_dropout, bow_head, bow_buckets
+    **config.model_keys(EncoderConfig),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
     optimizer=Key(
         "adamw",
@@ -171,11 +140,6 @@ def check_rules(cfg, resuming):
     came from, which need not exist any more."""
     processes = int(os.environ.get("WORLD_SIZE", 1))
     forms = ("scratch", "resume") + GPT2_NAMES
-    if cfg.n_embd % cfg.n_head:
-        raise broken(cfg, "n_head", f"a divisor of n_embd={cfg.n_embd}")
-    if cfg.rope and cfg.n_embd // cfg.n_head % 2:
-        even = "such that the head size n_embd / n_head is even: rotary embeddings rotate pairs"
-        raise broken(cfg, "n_head", even)
     if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
         raise broken(cfg, "min_lr", f"<= learning_rate={cfg.learning_rate}")
     known = cfg.init_from in forms or os.path.isdir(cfg.init_from)
@@ -193,11 +157,11 @@ def check_rules(cfg, resuming):
     if cfg.gradient_accumulation_steps % processes:
         share = f"a multiple of the {processes} processes: each takes an equal share"
         raise broken(cfg, "gradient_accumulation_steps", share)
-    if cfg.bow_buckets and not cfg.bow_head:
-        raise broken(cfg, "bow_buckets", "0 unless bow_head=True (its classifier's bigrams)")
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
+    # the model's own rules (its config checks them): a shape's
+    model_config(cfg.task, asdict(cfg))
 
 
 def broken(cfg, name, what):
@@ -220,30 +184,25 @@ def main(argv):
 
         def open_run():
             """Rank 0 holds out_dir for the run; every rank reads a resumed run's state and
-            settings, and checks them. -> (state, settings, whether this new run replaces a
-            checkpoint in out_dir: known on rank 0, which writes the files)."""
-            found = []
+            settings, and checks them. -> (state or None, settings)."""
             if run.master:
-                lock = checkpoint.locked_out_dir(settings.out_dir, new_run)
-                found = held.enter_context(lock)
+                held.enter_context(checkpoint.locked_out_dir(settings.out_dir, new_run))
             if not resuming:
-                return None, settings, bool(found)
+                return None, settings
             state, resumed = checkpoint.resume(settings, user_keys)
             check_rules(resumed, resuming)
-            return state, resumed, False
+            return state, resumed
 
         # a refusal on any rank is every rank's one line
-        state, settings, replacing = agreed(run, open_run)
+        state, settings = agreed(run, open_run)
         run = run.resolved(settings.dtype, settings.strategy)
         with StepGuard(run) as guard:
-            return train(settings, run, guard, state, replacing)
+            return train(settings, run, guard, state)
 
 
-def train(cfg, run, guard, state, replacing=False):
+def train(cfg, run, guard, state):
     """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if
-    asked, take one optimizer step, log. replacing: out_dir holds another run's checkpoint, which
-    stays whole until this run's first save. Returns (the model, the last evaluation's
-    metrics)."""
+    asked, take one optimizer step, log. Returns (the model, the last evaluation's metrics)."""
     train_data, val_data = load_data(cfg, run.master)
     source = load_source(cfg, state)
     # the settings' last values: the dataset's vocabulary, a pretrained model's shape
@@ -262,7 +221,7 @@ def train(cfg, run, guard, state, replacing=False):
     sharded_model = raw_model if run.sharded else None
     step, best, seconds = checkpoint.restore(state, optimizers, scaler, sharded_model)
     resumed_step = None if state is None else step
-    record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, resumed_step, replacing)
+    record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, resumed_step)
     card = checkpoint.model_card(cfg, train_data.meta)
     ctx = autocast(run.device, run.dtype)
     metric, goal = train_data.best
@@ -280,7 +239,6 @@ def train(cfg, run, guard, state, replacing=False):
         # before this point leaves nothing of the new run to clean up or to mistake for the
         # old run's.
         if run.master and record.holding:
-            write_settings(cfg)
             record.commit()
 
     micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
@@ -385,38 +343,6 @@ def train(cfg, run, guard, state, replacing=False):
 # ---------------------------------------------------------------------- the pieces, in order used
 
 
-def load_data(cfg, master):
-    """(train, val) of the dataset, checked against the task; a dataset never prepared is prepared
-    first by its prepare.py (a single process only), or the error names the command."""
-    if os.sep in cfg.dataset:
-        path = cfg.dataset
-    else:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
-    command = f"python data/{cfg.dataset}/prepare.py"
-    if not os.path.exists(os.path.join(path, "meta.json")):
-        if "RANK" in os.environ or not os.path.isfile(os.path.join(path, "prepare.py")):
-            raise Error(f"no prepared data in {path}: run {command} first")
-        print(f"no prepared data in {path}: running {command}", file=sys.stderr)
-        if subprocess.run([sys.executable, os.path.join(path, "prepare.py")]).returncode:
-            raise Error(
-                f"{command} failed (message above); offline, prepare from local files: "
-                f"{command} --source DIR"
-            )
-    train_data = load_split(path, "train", cfg.block_size)
-    val_data = load_split(path, "val", cfg.block_size)
-    task = train_data.meta["task"]
-    if task != cfg.task:
-        raise Error(f"dataset {cfg.dataset} is prepared for task={task}, but task={cfg.task}")
-    if master and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
-        print(
-            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
-            "learning rate will not have decayed to min_lr by the end "
-            f"(lr_decay_iters={cfg.max_iters} gives a full schedule)",
-            file=sys.stderr,
-        )
-    return train_data, val_data
-
-
 def load_source(cfg, state):
     """The pretrained GPT a new run starts from (init_from names one), or None."""
     if state is not None or cfg.init_from == "scratch":
@@ -462,57 +388,24 @@ def make_model(cfg, meta, state, source):
     return model.load_body(source.state_dict())
 
 
-def start_records(cfg, run, model, seconds, resumed_step, replacing):
-    """(metrics.jsonl's writer, the wandb run or None, the speed meter): the master's; the
-    settings saved as train_config.json (replacing another run's checkpoint: at the first save),
-    and the run's first line on stderr."""
+def start_records(cfg, run, model, seconds, resumed_step):
+    """(metrics.jsonl's writer, the wandb run or None, the speed meter): the master's, and the
+    run's first line on stderr. A new run in an out_dir that holds a checkpoint replaces it: its
+    settings and records are held until its first save."""
     peak, peak_source = peak_flops(run.device, run.dtype)
     speed = Speed(model, peak, clamp=run.device_type == "cpu")
     if not run.master:
         return None, None, speed
-    if not replacing:
-        write_settings(cfg)
     millions = model.num_params() / 1e6
     print(
         f"{millions:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
         f"MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})",
         file=sys.stderr,
     )
-    wandb_run = None
-    if cfg.wandb_log:
-        # files in out_dir/wandb; the run named wandb_run_name, or after out_dir and the start time
-        import wandb
-
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        folder = os.path.basename(os.path.abspath(cfg.out_dir))
-        name = cfg.wandb_run_name or f"{folder}-{stamp}"
-        wandb_run = wandb.init(
-            project=cfg.wandb_project, name=name, config=asdict(cfg), dir=cfg.out_dir
-        )
-        wandb_run.summary["parameters"] = model.num_params()
-    record = RunRecord(cfg.out_dir, wandb_run, seconds, resumed_step, hold=replacing)
+    wandb_run = start_wandb(cfg, model.num_params()) if cfg.wandb_log else None
+    replacing = bool(checkpoint.saved_files(cfg.out_dir)) and resumed_step is None
+    record = RunRecord(cfg.out_dir, asdict(cfg), wandb_run, seconds, resumed_step, replacing)
     return record, wandb_run, speed
-
-
-def write_settings(cfg):
-    """The run's settings as train_config.json, as --print_config prints them."""
-    write_json(os.path.join(cfg.out_dir, "train_config.json"), asdict(cfg))
-
-
-def memory_lines(held, sharded):
-    """Among the run's first lines, one for each process: the bytes of parameters, gradients and
-    optimizer state it holds (held_bytes: measured from the tensors; under FSDP its shards)."""
-    how = "its shards" if sharded else "whole tensors"
-    lines = []
-    for rank, sizes in enumerate(held):
-        parameters, gradients, states = sizes.values()
-        total = sum(sizes.values()) / 2**30
-        lines.append(
-            f"process {rank} of {len(held)} holds {parameters:,} bytes of parameters, "
-            f"{gradients:,} of gradients and {states:,} of optimizer state "
-            f"({total:.2f} GiB, {how})"
-        )
-    return "\n".join(lines)
 
 
 def get_lr(step, cfg):
@@ -533,18 +426,6 @@ def improves(value, best, goal):
     if best is None:
         return True
     return value > best if goal == "max" else value < best
-
-
-def to_device(batch, device):
-    """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue
-    to drain first, a copy from pinned memory runs beside it."""
-    pin = device.startswith("cuda")
-    moved = {}
-    for k, v in batch.items():
-        if pin:
-            v = v.pin_memory()
-        moved[k] = v.to(device, non_blocking=True)
-    return moved
 
 
 def check_finite(loss, norm, step, scaler, out_dir):

@@ -62,6 +62,7 @@ MODES = [
     ("int8_compiled", "int8", True),
 ]
 SHAKESPEARE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
+GPT2 = dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True)
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
@@ -292,9 +293,7 @@ def step_split(steps=20):
     """Section 1c: where a batch-1 step's time goes in the default format, GPT-2's shape and the
     6 x 384 one (random weights, greedy): ms a step, and the ms and share of it in the products
     (their operators' time under torch.profiler, in a second run of as many steps)."""
-    shapes = dict(
-        gpt2=GPTConfig(vocab_size=50257), shakespeare=GPTConfig(**SHAKESPEARE, bias=False)
-    )
+    shapes = dict(gpt2=GPTConfig(**GPT2), shakespeare=GPTConfig(**SHAKESPEARE, bias=False))
     greedy = NextToken(Options(), greedy=True)
     products = ("mkldnn::_linear_pointwise", "aten::linear")  # packed, or torch's own
     results = {}

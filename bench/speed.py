@@ -340,7 +340,7 @@ def bench_generate(device, new_tokens, use_cache, repeats):
     shape."""
     torch.manual_seed(0)
     model = (
-        GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384))
+        GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, bias=True))
         .to(device)
         .eval()
     )

@@ -4,6 +4,8 @@ its slice of it: the data order survives a resume and does not depend on how man
 the work."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -11,6 +13,8 @@ import torch
 from lib.common import Error, read_json
 from lib.schema import check_meta
 
+# the repository: data/<name>/ holds each dataset's prepare.py and files
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what each task's meta.json must hold (data/README.md)
 META_KEYS = {
     "lm": ("tokenizer", "vocab_size", "dtype", "splits"),
@@ -206,3 +210,47 @@ def load_split(data_dir, split, block_size):
     )
     cls = LMData if meta["task"] == "lm" else ClassificationData
     return cls(data_dir, split, block_size, meta)
+
+
+def load_data(cfg, master):
+    """(train, val) of the dataset, checked against the task; a dataset never prepared is prepared
+    first by its prepare.py (a single process only), or the error names the command."""
+    if os.sep in cfg.dataset:
+        path = cfg.dataset
+    else:
+        path = os.path.join(ROOT, "data", cfg.dataset)
+    command = f"python data/{cfg.dataset}/prepare.py"
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        if "RANK" in os.environ or not os.path.isfile(os.path.join(path, "prepare.py")):
+            raise Error(f"no prepared data in {path}: run {command} first")
+        print(f"no prepared data in {path}: running {command}", file=sys.stderr)
+        if subprocess.run([sys.executable, os.path.join(path, "prepare.py")]).returncode:
+            raise Error(
+                f"{command} failed (message above); offline, prepare from local files: "
+                f"{command} --source DIR"
+            )
+    train_data = load_split(path, "train", cfg.block_size)
+    val_data = load_split(path, "val", cfg.block_size)
+    task = train_data.meta["task"]
+    if task != cfg.task:
+        raise Error(f"dataset {cfg.dataset} is prepared for task={task}, but task={cfg.task}")
+    if master and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
+        print(
+            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
+            "learning rate will not have decayed to min_lr by the end "
+            f"(lr_decay_iters={cfg.max_iters} gives a full schedule)",
+            file=sys.stderr,
+        )
+    return train_data, val_data
+
+
+def to_device(batch, device):
+    """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue
+    to drain first, a copy from pinned memory runs beside it."""
+    pin = device.startswith("cuda")
+    moved = {}
+    for k, v in batch.items():
+        if pin:
+            v = v.pin_memory()
+        moved[k] = v.to(device, non_blocking=True)
+    return moved

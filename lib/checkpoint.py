@@ -39,7 +39,7 @@ CHECKPOINT = ("model.safetensors", "trainer_state.pt")
 def locked_out_dir(out_dir, new_run):
     """Make out_dir and hold a lock on it for the run (flock: the OS releases it when the process
     dies, kill -9 included); a new run (new_run: not a resume) never replaces a checkpoint that is
-    there. Yields the names of the checkpoint files out_dir holds (empty: none)."""
+    there."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = open(os.path.join(out_dir, ".lock"), "a+")
@@ -70,16 +70,21 @@ def locked_out_dir(out_dir, new_run):
     lock.flush()
     drop_leftovers(out_dir)
     try:
-        saved = [f for f in CHECKPOINT if os.path.exists(os.path.join(out_dir, f))]
+        saved = saved_files(out_dir)
         if saved and new_run:
             raise Error(
                 f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it "
                 "with --init_from=resume, replace it with --overwrite_out_dir=True, or pick "
                 "another --out_dir"
             )
-        yield saved
+        yield
     finally:
         lock.close()
+
+
+def saved_files(out_dir):
+    """The names of the checkpoint files out_dir holds (empty: none)."""
+    return [f for f in CHECKPOINT if os.path.exists(os.path.join(out_dir, f))]
 
 
 def drop_leftovers(out_dir):

@@ -137,8 +137,8 @@ def native_bf16_gpu():
 
 
 def cpu_has_bf16():
-    """AMX or AVX-512 BF16: bf16 matmuls then run 2x (AVX-512) to several times (AMX) faster than
-    fp32. Read from Linux's /proc/cpuinfo; elsewhere no flags are known."""
+    """AMX or AVX-512 BF16: bf16 matmuls then run faster than fp32 (BENCHMARKS.md). Read from
+    Linux's /proc/cpuinfo; elsewhere no flags are known."""
     if not os.path.isfile("/proc/cpuinfo"):
         return False
     flags = open("/proc/cpuinfo").read()

@@ -8,7 +8,7 @@ import difflib
 import math
 import os
 import traceback
-from dataclasses import dataclass, make_dataclass
+from dataclasses import dataclass, fields, make_dataclass
 
 from lib.common import Error
 
@@ -38,6 +38,12 @@ class Key:
         if self.choices is not None and value not in self.choices:
             choices = ", ".join(map(str, self.choices))
             raise Error(f"{name}={value!r}: must be one of {choices}")
+
+
+def model_keys(config_cls):
+    """A Key for each of a model config's fields that is a setting (model.setting(): its help and
+    range in the field's metadata)."""
+    return {f.name: Key(f.default, **f.metadata) for f in fields(config_cls) if f.metadata}
 
 
 def settings_class(keys):

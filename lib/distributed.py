@@ -316,3 +316,19 @@ class StepGuard:
             "resume with --init_from=resume\n"
         )
         raise SystemExit(128 + signum)
+
+
+def memory_lines(held, sharded):
+    """Among the run's first lines, one for each process: the bytes of parameters, gradients and
+    optimizer state it holds (held_bytes: measured from the tensors; under FSDP its shards)."""
+    how = "its shards" if sharded else "whole tensors"
+    lines = []
+    for rank, sizes in enumerate(held):
+        parameters, gradients, states = sizes.values()
+        total = sum(sizes.values()) / 2**30
+        lines.append(
+            f"process {rank} of {len(held)} holds {parameters:,} bytes of parameters, "
+            f"{gradients:,} of gradients and {states:,} of optimizer state "
+            f"({total:.2f} GiB, {how})"
+        )
+    return "\n".join(lines)

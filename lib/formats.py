@@ -36,9 +36,9 @@ def for_decoding(model, device, weights="auto"):
 def resolve_weights(weights, device):
     """auto -> bfloat16 where the device multiplies it natively, as train.py's dtype=auto: GPUs
     of compute capability 8.0 and up, and CPUs with AVX-512 BF16 or AMX, where oneDNN's packed
-    bfloat16 products decode faster than float32 (1.05 to 1.16x on GPT-2's shape,
-    BENCHMARKS.md); float32 elsewhere. The CPU's flags decide, not a timing, so one seed's
-    samples never vary with the machine's load. An explicit format as it is."""
+    bfloat16 products decode faster than float32 (BENCHMARKS.md); float32 elsewhere. The CPU's
+    flags decide, not a timing, so one seed's samples never vary with the machine's load. An
+    explicit format as it is."""
     if weights != "auto":
         return weights
     kind = torch.device(device).type
@@ -72,7 +72,7 @@ class Int8Linear(nn.Module):
 class PackedLinear(nn.Module):
     """A Linear whose weight is stored once in oneDNN's blocked layout for this CPU's vector unit
     (the layout inductor's frozen CPU graphs use), its products oneDNN's: on some CPUs they read
-    the weights about twice as fast as torch's F.linear (MKL), at any batch size (BENCHMARKS.md).
+    the weights faster than torch's F.linear (MKL), at any batch size (BENCHMARKS.md).
     The layout is chosen for ROWS rows at a time; any number multiplies."""
 
     ROWS = 8

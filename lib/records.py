@@ -5,8 +5,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 
-from lib.common import Error, atomic_path
+from lib.common import Error, atomic_path, write_json
 
 
 def read_metrics(out_dir):
@@ -59,26 +60,31 @@ class RunRecord:
     same to wandb, if given. seconds: since this run's start, plus a resumed run's earlier ones;
     time: Unix time, to line runs up."""
 
-    def __init__(self, out_dir, wandb_run=None, resumed_seconds=0.0, resumed_step=None, hold=False):
+    def __init__(self, out_dir, settings, wandb_run, resumed_seconds, resumed_step, hold):
         """A new run starts the file afresh; a resumed one keeps the lines before the step it
         resumes from (a run that crashed after its last save had logged steps that it will now run
-        again). hold: the lines stay in memory, the file as it is, until commit() (a run that
-        replaces another's checkpoint leaves the old records whole until its first save)."""
+        again). settings: written beside as train_config.json, as --print_config prints them.
+        hold: the settings and lines stay in memory, the files as they are, until commit() (a run
+        that replaces another's checkpoint leaves the old records whole until its first save)."""
         self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.settings_path = os.path.join(out_dir, "train_config.json")
+        self.settings = settings
         self.wandb = wandb_run
         self.t0 = time.perf_counter() - resumed_seconds
-        self.held = [] if hold else None
+        self.held = []
         if not hold:
-            self.write(self.kept_lines(out_dir, resumed_step))
+            self.commit(self.kept_lines(out_dir, resumed_step))
 
     @property
     def holding(self):
         """Whether the lines so far are held in memory (commit() has not written them)."""
         return self.held is not None
 
-    def commit(self):
-        """The held lines replace the file; later lines are appended to it."""
-        self.write(self.held)
+    def commit(self, lines=()):
+        """The settings, then lines and the held lines in place of the files; later lines are
+        appended."""
+        write_json(self.settings_path, self.settings)
+        self.write([*lines, *self.held])
         self.held = None
 
     def write(self, lines):
@@ -117,3 +123,17 @@ class RunRecord:
                 f.write(line)
         if self.wandb:
             self.wandb.log(metrics, step=step)
+
+
+def start_wandb(cfg, parameters):
+    """The run's wandb run: files in out_dir/wandb, named wandb_run_name or after out_dir and the
+    start time, the settings as its config and the parameter count in its summary."""
+    import wandb
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder = os.path.basename(os.path.abspath(cfg.out_dir))
+    name = cfg.wandb_run_name or f"{folder}-{stamp}"
+    settings = asdict(cfg)
+    wandb_run = wandb.init(project=cfg.wandb_project, name=name, config=settings, dir=cfg.out_dir)
+    wandb_run.summary["parameters"] = parameters
+    return wandb_run

@@ -160,10 +160,6 @@ def check_shapes(info, path, shapes):
         given = model.get(key)
         if given is not None and given != found:
             c.fail(f"'model.{key}' is {shown(given)}, the weights' shapes say {shown(found)}")
-    n_embd = model.get("n_embd")
-    n_head = model.get("n_head")
-    if n_embd is not None and n_head is not None and (n_head < 1 or n_embd % n_head):
-        c.fail(f"'model.n_head' {n_head} does not divide 'model.n_embd' {n_embd}")
     return info
 
 

@@ -60,10 +60,13 @@ def from_checkpoint(out_dir, device="cpu", info=None):
         metadata, shapes = header
         check_weights_id(out_dir, info, metadata)
         check_shapes(info, path, shapes)
-    try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
-        cls, config_cls = ARCHITECTURES[info["architecture"]]
-        known = {f.name for f in fields(config_cls)}
+    cls, config_cls = ARCHITECTURES[info["architecture"]]
+    known = {f.name for f in fields(config_cls)}
+    try:  # the config's own rules, in the card's name
         config = config_cls(**{k: v for k, v in info["model"].items() if k in known})
+    except Error as e:
+        raise Error(f"{path}: {e}") from None
+    try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
             model = cls(config)
         model.load_weights(load_file(weights))

@@ -51,7 +51,7 @@ def test_no_projections_symmetric_scores_asymmetric_weights():
 
 def test_permutation_equivariance_and_causal_breaks_it():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(GPTConfig(n_embd=8, n_head=2), causal=False).eval()
+    mha = MultiHeadAttention(GPTConfig(n_embd=8, n_head=2, bias=True), causal=False).eval()
     x, perm = torch.randn(1, 5, 8), torch.tensor([3, 0, 4, 1, 2])
     y, _ = mha(x)
     y_perm, _ = mha(x[:, perm])
@@ -101,7 +101,7 @@ def test_parameter_count_is_4d2_for_any_h(d, h):
 @pytest.mark.parametrize("padded", [False, True])
 def test_fused_and_explicit_paths_agree(causal, padded):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(GPTConfig(n_embd=32, n_head=4), causal).eval()
+    mha = MultiHeadAttention(GPTConfig(n_embd=32, n_head=4, bias=True), causal).eval()
     x = torch.randn(3, 7, 32)
     mask = None
     if padded:  # row 0 real throughout, rows 1-2 end in padding

@@ -92,6 +92,7 @@ def ckpt(tmp_path_factory):
             n_layer=2,
             n_head=2,
             n_embd=16,
+            bias=True,
             n_classes=3,
             pad_token_id=PAD,
         )
@@ -300,7 +301,7 @@ def in_process_error(argv, capsys):
 
 def test_errors(ckpt, tmp_path, capsys, monkeypatch):
     save_pretrained(
-        GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=8)),
+        GPT(GPTConfig(vocab_size=5, block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True)),
         tmp_path / "gpt",
         task="lm",
         tokenizer={"type": "char", "chars": CHARS},
@@ -364,6 +365,7 @@ def test_bpe_checkpoint_truncates_to_block_size(tmp_path, capsys):
             n_layer=1,
             n_head=2,
             n_embd=16,
+            bias=True,
             n_classes=4,
             pad_token_id=tok.start_token,
         )

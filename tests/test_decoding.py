@@ -249,7 +249,9 @@ def test_out_of_range_values_raise(kw, message):
 
 def test_with_the_engine():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50, block_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
+    model = GPT(
+        GPTConfig(vocab_size=50, block_size=64, n_layer=1, n_head=2, n_embd=16, bias=True)
+    ).eval()
     prompts = torch.randint(0, 50, (2, 4)).tolist()
 
     def rows(pick):
@@ -278,3 +280,42 @@ def test_a_seeded_generator_gives_the_same_draws():
         )
 
     assert torch.equal(draw(), draw())
+
+
+def test_rows_that_share_options_pick_as_one_batch_each_with_its_own_draws(monkeypatch):
+    """pick_tokens gives each row what its own NextToken gives it alone, draws included, while the
+    options run once per group of rows that share them; the context tensor is built only for
+    options that read it, and an error stays in its row."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, 12)
+    contexts = [[1, 2, 3], [4, 5, 6], [7, 8], [1, 1, 1], [2, 3]]
+    sampled = d.Options(temperature=0.9, top_p=0.8)
+    penalised = d.Options(frequency_penalty=1.0, top_k=3)
+    overflowing = d.Options(temperature=1e-300)
+    specs = [sampled, sampled, penalised, overflowing, penalised]
+
+    def picks():
+        return [
+            d.NextToken(o, False, torch.Generator().manual_seed(i)) for i, o in enumerate(specs)
+        ]
+
+    alone = []
+    for pick, row, context in zip(picks(), logits, contexts):
+        try:
+            alone.append(int(pick(row[None], torch.tensor([context]))))
+        except Error as e:
+            alone.append(str(e))
+    calls = []
+    process = d.NextToken.process
+
+    def counted(self, logits, context):
+        calls.append((len(logits), context is not None))
+        return process(self, logits, context)
+
+    monkeypatch.setattr(d.NextToken, "process", counted)
+    batched = d.pick_tokens(picks(), logits, contexts)
+    assert [t if isinstance(t, int) else str(t) for t in batched] == alone
+    assert "temperature overflows the logits" in alone[3] and isinstance(alone[4], int)
+    # the two sampled rows in one call without a context, the two penalised ones (of one length)
+    # in one with theirs, the overflowing row alone
+    assert sorted(calls) == [(1, False), (2, False), (2, True)]

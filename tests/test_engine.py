@@ -14,7 +14,7 @@ from lib.common import Error
 from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights
 from model import GPT, GPTConfig, KVCache
 
-TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
 # the defaults, and every option on
 OPTIONS = pytest.mark.parametrize("options", [{}, MODERN], ids=["gpt2", "modern"])

@@ -25,7 +25,9 @@ def checkpoint(path, tokenizer, **options):
     torch.manual_seed(0)
     vocab = 50304 if tokenizer["type"] == "bpe" else len(tokenizer["chars"])
     model = GPT(
-        GPTConfig(vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, **options)
+        GPTConfig(
+            vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, bias=True, **options
+        )
     )
     # weights larger than training's init, so the logits differ visibly between tokens
     with torch.no_grad():

@@ -252,7 +252,9 @@ def test_recomputed_blocks_keep_their_names_and_gradients(monkeypatch):
     """recompute_blocks changes no state dict name, gives the gradients of the plain model, and
     checkpoints only in training: evaluation runs the plain forward."""
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
+    config = GPTConfig(
+        vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=16, bias=True, dropout=0.1
+    )
     plain = GPT(config)
     recomputed = copy.deepcopy(plain)
     distributed.recompute_blocks(recomputed)
@@ -284,7 +286,7 @@ def test_a_process_out_of_evaluation_rows_runs_as_many_forward_passes_as_rank_0(
     rank 6 runs a second, stand-in pass and counts nothing of it."""
     data = load_split(lm_dir, "val", 16)
     cfg = SimpleNamespace(eval_iters=9, batch_size=4)
-    model = GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    model = GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True))
     calls = []
 
     def count(module, args, kwargs):

@@ -20,7 +20,7 @@ from model import (
     rotation,
 )
 
-TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
 OPTIONS = pytest.mark.parametrize(
     "options", [{}, MODERN], ids=["gpt2", "modern"]

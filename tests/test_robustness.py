@@ -129,7 +129,7 @@ def files(tmp_path_factory):
         (d / name / "meta.json").write_text(json.dumps(meta))
     torch.manual_seed(0)
     char = {"type": "char", "chars": CHARS}
-    shape = dict(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    shape = dict(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True)
     save_pretrained(GPT(GPTConfig(**shape)), d / "gpt", task="lm", tokenizer=char)
     save_pretrained(GPT(GPTConfig(**shape, rope=True)), d / "rope", task="lm", tokenizer=char)
     save_pretrained(
@@ -914,7 +914,7 @@ DAMAGED_FILES = [
     ("gpt", "config.json", "model.block_size", 10**9, "'model.block_size' is 1000000000"),
     ("gpt", "config.json", "model.bias", False, "'model.bias' is False, the weights' shapes"),
     ("gpt", "config.json", "model.rope", True, "'model.rope' is True, the weights' shapes say"),
-    ("gpt", "config.json", "model.n_head", 3, "'model.n_head' 3 does not divide 'model.n_embd'"),
+    ("gpt", "config.json", "model.n_head", 3, "n_head=3: must be a divisor of n_embd=16"),
     ("clf", "config.json", "model.n_layer", 10**6, "'model.n_layer' is 1000000, the weights'"),
     ("clf", "config.json", "model.bow_head", True, "'model.bow_head' is True, the weights'"),
     ("gpt_hf", "config.json", "n_layer", 10**6, "'n_layer' is 1000000, the weights' shapes say 1"),
@@ -1023,7 +1023,7 @@ def test_a_model_with_another_saves_card_is_refused(tmp_path):
     card names its weights' id, and the pair is refused in one line naming both files."""
     from lib.weights import from_checkpoint
 
-    tiny = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    tiny = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=16, bias=True)
     tokenizer = {"type": "char", "chars": CHARS}
     for name in ("old", "new"):
         save_pretrained(GPT(tiny), tmp_path / name, task="lm", tokenizer=tokenizer)

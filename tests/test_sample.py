@@ -56,7 +56,9 @@ def split(out):
 def char_model(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("char")
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=32))
+    model = GPT(
+        GPTConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=32, bias=True)
+    )
     with (
         torch.no_grad()
     ):  # weights larger than training's init: greedy text that varies instead of one repeated char

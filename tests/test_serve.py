@@ -46,7 +46,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("checkpoints")
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=32))
+    gpt = GPT(
+        GPTConfig(vocab_size=len(CHARS), block_size=32, n_layer=2, n_head=2, n_embd=32, bias=True)
+    )
     with torch.no_grad():  # weights larger than training's init: text that varies
         for p in gpt.parameters():
             p.normal_(0.0, 0.1)
@@ -58,6 +60,7 @@ def checkpoints(tmp_path_factory):
             n_layer=2,
             n_head=2,
             n_embd=16,
+            bias=True,
             n_classes=3,
             pad_token_id=CHARS.index(" "),
         )
