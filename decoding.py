@@ -234,15 +234,6 @@ class NextToken:
         return token.squeeze(-1).to(logits.device)
 
 
-def make_next_token(greedy=False, generator=None, **options):
-    """NextToken for the options named (the rest stay off); an unknown one raises Error."""
-    names = [f.name for f in fields(Options)]
-    for name in options:
-        if name not in names:
-            raise Error(f"{name} is not a decoding option (they are {', '.join(names)})")
-    return NextToken(Options(**options), greedy, generator)
-
-
 def make_picks(options, greedy, seed, n, vocab_size):
     """One NextToken per sample, each drawing from a generator of its own seeded
     seed + i: a sample never depends on how many others are drawn beside it."""

@@ -290,16 +290,3 @@ def score_prompt(request, logits, top):
     request.prompt_top_logprobs = [None]
     for pairs in zip(ids.tolist(), values.tolist()):
         request.prompt_top_logprobs.append(list(zip(*pairs)))
-
-
-def generate(model, prompts, max_new_tokens, picks, use_cache=True):
-    """Decode rows of prompts (token id lists) together, one engine request per distinct prompt
-    run: yields each step's tokens, [len(prompts)] (-1 once a row is done). picks: one per row."""
-    engine = Engine(model, len(prompts), use_cache)
-    requests = [
-        engine.submit(prompt, [pick], max_new_tokens) for prompt, pick in zip(prompts, picks)
-    ]
-    rows = [request.rows[0] for request in requests]
-    while engine.busy():
-        stepped = set(map(id, engine.step()))
-        yield [row.tokens[-1] if id(row) in stepped else -1 for row in rows]

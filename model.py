@@ -429,20 +429,16 @@ class GPT(Transformer):
         top_k=1 would not be greedy."""
         x, _ = self.hidden_states(idx, cache=cache)
         if logits_to_keep:
-            return self.last_logits(x[:, -logits_to_keep:]), None
+            # fed float32 whatever autocast's dtype (an engine's weight format keeps the head's
+            # input float32 too)
+            with torch.autocast(x.device.type, enabled=False):
+                return self.lm_head(x[:, -logits_to_keep:].float()), None
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
             flat = logits.view(-1, logits.size(-1)).float()
             loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
         return logits, loss
-
-    def last_logits(self, x):
-        """The head over the positions decoding samples from, fed float32 whatever autocast's
-        dtype (an engine's weight format keeps the head's input float32): in bfloat16 nearby logits
-        round to ties, and top_k=1 would not be greedy."""
-        with torch.autocast(x.device.type, enabled=False):
-            return self.lm_head(x.float())
 
     def load_weights(self, state, new=()):
         """The base's load, then the head tied again (assign gives the two modules a tensor each).
@@ -545,9 +541,3 @@ def model_config(task, settings):
     cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
     kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
     return cls, config_cls(**kwargs)
-
-
-def build_model(task, settings):
-    """A fresh model of model_config's."""
-    cls, config = model_config(task, settings)
-    return cls(config)

@@ -43,7 +43,7 @@ from lib.distributed import (
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
 from lib.weights import GPT2_NAMES, load_pretrained
-from model import EncoderConfig, build_model, model_config
+from model import EncoderConfig, model_config
 
 KEYS = dict(
     # run
@@ -379,10 +379,11 @@ def make_model(cfg, meta, state, source):
     n_classes = len(meta.get("label_names", []))
     pad_token_id = meta.get("pad_token_id", 0)
     settings = {**asdict(cfg), "n_classes": n_classes, "pad_token_id": pad_token_id}
+    cls, config = model_config(cfg.task, settings)
     if state is None and source is None:
-        return build_model(cfg.task, settings)
+        return cls(config)
     with torch.device("meta"):
-        model = build_model(cfg.task, settings)
+        model = cls(config)
     if state is not None:
         return model.load_weights(state["model"])
     return model.load_body(source.state_dict())

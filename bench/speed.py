@@ -45,7 +45,7 @@ from tqdm import tqdm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
-from engine import generate
+from engine import Engine
 from lib.batches import read_meta
 from lib.common import (
     ArgumentParser,
@@ -57,7 +57,7 @@ from lib.common import (
 )
 from lib.mfu import flops_per_token, matmul_flops
 from lib.plots import pyplot, read_metrics
-from model import GPT, GPTConfig, MultiHeadAttention, build_model
+from model import GPT, GPTConfig, MultiHeadAttention, model_config
 
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
 META_FALLBACK = {
@@ -201,14 +201,11 @@ def load_shape(config_file):
 def new_model(c, meta):
     """The model train.py builds for config c, with its seed."""
     torch.manual_seed(c["seed"])
-    return build_model(
-        c["task"],
-        {
-            **c,
-            "n_classes": len(meta.get("label_names", [])),
-            "pad_token_id": meta.get("pad_token_id", 0),
-        },
-    )
+    n_classes = len(meta.get("label_names", []))
+    pad_token_id = meta.get("pad_token_id", 0)
+    settings = {**c, "n_classes": n_classes, "pad_token_id": pad_token_id}
+    cls, config = model_config(c["task"], settings)
+    return cls(config)
 
 
 def make_batch(c, meta, rows, device, seed):
@@ -347,8 +344,10 @@ def bench_generate(device, new_tokens, use_cache, repeats):
     greedy = NextToken(Options(), greedy=True)
 
     def run(n):
-        for _ in generate(model, [[0]], n, [greedy], use_cache):
-            pass
+        engine = Engine(model, 1, use_cache)
+        engine.submit([0], [greedy], n)
+        while engine.busy():
+            engine.step()
 
     r = timed(lambda: run(new_tokens), repeats, device, warm_fn=lambda: run(min(new_tokens, 20)))
     return {**rates(r, new_tokens, "tokens_per_s"), "new_tokens": new_tokens}

@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from engine import Engine
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 sys.path.insert(0, ROOT)
@@ -62,3 +64,16 @@ def run_distributed(script, argv, processes=2):
         str(script),
     ]
     return subprocess.run(command + argv, capture_output=True, text=True, timeout=120)
+
+
+def generate(model, prompts, max_new_tokens, picks, use_cache=True):
+    """Decode rows of prompts (token id lists) together, one engine request per distinct prompt
+    run: yields each step's tokens, [len(prompts)] (-1 once a row is done). picks: one per row."""
+    engine = Engine(model, len(prompts), use_cache)
+    requests = [
+        engine.submit(prompt, [pick], max_new_tokens) for prompt, pick in zip(prompts, picks)
+    ]
+    rows = [request.rows[0] for request in requests]
+    while engine.busy():
+        stepped = set(map(id, engine.step()))
+        yield [row.tokens[-1] if id(row) in stepped else -1 for row in rows]

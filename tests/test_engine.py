@@ -6,9 +6,10 @@ and the weight formats."""
 import pytest
 import torch
 import torch.nn as nn
+from conftest import generate
 
 from decoding import NextToken, Options
-from engine import Engine, generate
+from engine import Engine
 from lib import formats
 from lib.common import Error
 from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights

@@ -7,10 +7,9 @@ import os
 
 import pytest
 import torch
-from conftest import needs_shared
+from conftest import generate, needs_shared
 
 from decoding import NextToken, Options
-from engine import generate
 from export import export
 from lib.common import Error
 from lib.weights import save_pretrained
@@ -26,7 +25,12 @@ def checkpoint(path, tokenizer, **options):
     vocab = 50304 if tokenizer["type"] == "bpe" else len(tokenizer["chars"])
     model = GPT(
         GPTConfig(
-            vocab_size=vocab, block_size=32, n_layer=2, n_head=2, n_embd=16, bias=True, **options
+            vocab_size=vocab,
+            block_size=32,
+            n_layer=2,
+            n_head=2,
+            n_embd=16,
+            **{"bias": True, **options},
         )
     )
     # weights larger than training's init, so the logits differ visibly between tokens

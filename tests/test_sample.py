@@ -8,10 +8,9 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, needs_shared
+from conftest import ROOT, generate, needs_shared
 
 from decoding import NextToken, Options
-from engine import generate
 from lib.common import run_script
 from lib.text import printable
 from lib.weights import from_checkpoint, save_pretrained
