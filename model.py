@@ -6,8 +6,9 @@ two models share that Block:
 The math follows the course notes: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V,
 d_k the size of one head.
 To try an idea in attention, edit attention() and train with attn_impl="explicit", the path that
-then runs. Rotary positions and QK-norm, from later models, are off by default: the defaults are
-GPT-2's, and load its weights exactly.
+then runs. Rotary positions and QK-norm, from later models, are off by default: with biases
+(bias=True) the layout is GPT-2's, and loads its weights exactly (lib/weights.py reads and writes
+weights; the configs' fields double as train.py's keys).
 """
 
 import math
