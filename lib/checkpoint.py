@@ -2,8 +2,8 @@
 trainer_state.pt (model, optimizers, step, best metric, settings) that init_from=resume continues
 exactly, and config.json beside the model. A sharded model's (FSDP's) state is gathered whole onto
 rank 0 and saved in the layout of one process's: the same trainer_state.pt resumes under any
-strategy and number of processes (torch.distributed.checkpoint's functions, imported when a run
-shards: the import adds about a second to every start)."""
+strategy and number of processes (torch's DTensor module, imported when a run shards: the import
+adds about a second to every start)."""
 
 import os
 import socket
@@ -137,7 +137,7 @@ def resume(settings, user_keys):
 def save_state(out_dir, model, optimizers, scaler, progress, run):
     """The whole trainer state in one file, atomically, written by rank 0; progress: step, best,
     seconds and settings (config). Under FSDP every rank takes part in gathering it."""
-    model_state, optimizer_states = gathered(model, optimizers, run.sharded)
+    model_state, optimizer_states = gathered(model, optimizers, run)
     if not run.master:
         return
     state = {
@@ -158,7 +158,7 @@ def save_model(model, out_dir, run, **extra):
         if run.master:
             save_pretrained(model, out_dir, **extra)
         return
-    state = gathered_model(model)
+    state = whole(model.state_dict(keep_vars=True), run.master)
     if not run.master:
         return
     with torch.device("meta"):
@@ -177,108 +177,77 @@ def drop_model(out_dir):
     fsync(os.path.abspath(out_dir))
 
 
-def gathered(model, optimizers, sharded):
+def gathered(model, optimizers, run):
     """(the model's state dict, the optimizers' state dicts) with whole tensors, in the layout of
     model.state_dict() and optimizer.state_dict(): the saved format of every strategy. A sharded
-    model's through torch.distributed.checkpoint's full state dicts, on rank 0 (empty elsewhere)."""
-    if not sharded:
+    model's are gathered from the shards onto rank 0 (whole())."""
+    if not run.sharded:
         return model.state_dict(), [o.state_dict() for o in optimizers]
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     optimizer_states = []
     for optimizer in optimizers:
-        named = get_optimizer_state_dict(model, optimizer, options=whole_onto_rank_0())
-        optimizer_states.append(by_index(named))
-    return gathered_model(model), optimizer_states
+        saved = optimizer.state_dict()
+        state = {i: whole(moments, run.master) for i, moments in saved["state"].items()}
+        optimizer_states.append({**saved, "state": state})
+    return whole(model.state_dict(keep_vars=True), run.master), optimizer_states
 
 
-def whole_onto_rank_0():
-    """The options of a sharded state gathered whole into rank 0's CPU memory; the other ranks
-    receive empty dicts."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+def whole(state, master):
+    """A state dict (a model's, with keep_vars: its parameters themselves; or one parameter's
+    optimizer state) with whole tensors in rank 0's CPU memory; the other ranks get an empty dict.
+    A sharded tensor (a DTensor) is gathered from the shards, every rank taking part. Each copy is
+    memory of its own size (a gather leaves some as views into a padded buffer, which torch.save
+    would write whole and safetensors refuses), and a tensor under two names (GPT's head and token
+    table) is copied once: torch.save then writes it once, and the names stay one parameter."""
+    from torch.distributed.tensor import DTensor
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def gathered_model(model):
-    """A sharded model's state dict gathered whole onto rank 0, as model.state_dict() gives it."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return retied(model, get_model_state_dict(model, options=whole_onto_rank_0()))
-
-
-def retied(model, state):
-    """A gathered state as model.state_dict() gives it: each tensor in memory of its own size (the
-    gather leaves some as views into a padded buffer, which torch.save would write whole and
-    safetensors refuses), and the names of one shared parameter (GPT's head and token table)
-    pointing at one tensor, which torch.save then writes once (the gather copies it per name)."""
-    for name, tensor in state.items():
-        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-            state[name] = tensor.clone()
-    first = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        kept = first.setdefault(id(p), name)
-        if kept != name and name in state:
-            state[name] = state[kept]
-    return state
-
-
-def by_index(named):
-    """An optimizer state dict keyed by parameter names (torch.distributed.checkpoint's) keyed by
-    index instead, as optimizer.state_dict() numbers the parameters: in order through the groups.
-    An empty dict (a rank other than 0) stays empty."""
-    if not named:
+    copies = {}
+    for tensor in state.values():
+        if id(tensor) in copies:
+            continue
+        found = tensor.detach()
+        if isinstance(found, DTensor):
+            found = found.full_tensor()
+        copies[id(tensor)] = found.to("cpu", copy=True) if master else None
+    if not master:
         return {}
-    index = {}
-    groups = []
-    for group in named["param_groups"]:
-        for name in group["params"]:
-            index[name] = len(index)
-        settings = {k: v for k, v in group.items() if k != "params"}
-        groups.append({**settings, "params": [index[name] for name in group["params"]]})
-    state = {index[name]: s for name, s in named["state"].items()}
-    return {"state": state, "param_groups": groups}
-
-
-def by_name(saved, model, optimizer):
-    """by_index's inverse for this model and optimizer: the saved numbers are the optimizer's
-    parameters in order through its groups, each named as model.named_parameters() names it."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    groups = []
-    for group in saved["param_groups"]:
-        settings = {k: v for k, v in group.items() if k != "params"}
-        groups.append({**settings, "params": [ordered[i] for i in group["params"]]})
-    state = {ordered[i]: s for i, s in saved["state"].items()}
-    return {"state": state, "param_groups": groups}
+    return {name: copies[id(tensor)] for name, tensor in state.items()}
 
 
 def restore(state, optimizers, scaler, sharded_model=None):
     """(step, best metric or None, seconds so far) of a resumed state, its optimizer states loaded;
     from scratch (0, None, 0.0). sharded_model: the FSDP model the optimizers update, whose
-    processes each take their shards' slices of the saved whole tensors. fp16's loss scale carries
-    over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which an enabled one cannot
-    load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
+    processes each take their shards' slices of the saved whole tensors (sharded()). fp16's loss
+    scale carries over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which an
+    enabled one cannot load: it keeps its initial scale then (and a disabled one ignores a saved
+    scale)."""
     if state is None:
         return 0, None, 0.0
     for optimizer, saved in zip(optimizers, state["optimizers"]):
-        if sharded_model is None:
-            optimizer.load_state_dict(saved)
-        else:
-            load_sharded(sharded_model, optimizer, saved)
+        if sharded_model is not None:
+            saved = sharded(optimizer, saved)
+        optimizer.load_state_dict(saved)
     if scaler.is_enabled() and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     return state["step"], state["best"], state.get("seconds", 0.0)
 
 
-def load_sharded(model, optimizer, saved):
-    """A saved optimizer state (whole tensors, by index) into the optimizer of a sharded model:
-    every process holds the whole state (mmapped) and takes its shards' slices of it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def sharded(optimizer, saved):
+    """A saved optimizer state (whole tensors) as the optimizer of a sharded model holds it: each
+    tensor of a parameter's shape (its moments) split over the processes as the parameter is, rank
+    0's copy the one sent (every process holds the whole state, mmapped); the step counts stay
+    whole."""
+    from torch.distributed.tensor import distribute_tensor
 
-    options = StateDictOptions(full_state_dict=True)
-    named = by_name(saved, model, optimizer)
-    set_optimizer_state_dict(model, optimizer, named, options=options)
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {}
+    for i, moments in saved["state"].items():
+        p = parameters[i]
+        state[i] = {}
+        for key, value in moments.items():
+            if value.shape == p.shape:
+                value = distribute_tensor(value, p.device_mesh, p.placements)
+            state[i][key] = value
+    return {**saved, "state": state}
 
 
 def model_card(settings, meta):
