@@ -170,6 +170,7 @@ def eval_numbers(model, rows):
     return sum(cm[i][i] for i in range(3)) / len(rows), per_class, cm
 
 
+@pytest.mark.slow
 def test_eval_matches_the_model(ckpt, data, runs):
     d, rows, _ = data
     rc, out, err = runs["eval"]
@@ -198,6 +199,7 @@ def test_eval_matches_the_model(ckpt, data, runs):
     assert (d / "cm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_eval_reads_jsonl_and_parquet_with_class_names(ckpt, data, runs, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
@@ -217,6 +219,7 @@ def parse_line(line):
     return label, [float(p.split()[1]) for p in probs.split(", ")], text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["args", "file"])
 def test_predict_texts_and_file(ckpt, data, runs, run, capsys):
     d, _, texts = data
@@ -237,6 +240,7 @@ def test_predict_texts_and_file(ckpt, data, runs, run, capsys):
         assert shown == pytest.approx(probs.tolist(), abs=0.006)
 
 
+@pytest.mark.slow
 def test_predict_stdin_json(ckpt, data, runs):
     _, _, texts = data
     rc, out, err = runs["stdin"]
@@ -252,6 +256,7 @@ def test_predict_stdin_json(ckpt, data, runs):
         assert list(o["probs"].values()) == pytest.approx(probs.tolist(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_attention_maps(ckpt, data, runs):
     d, _, _ = data
     rc, out, err = runs["attn"]
@@ -284,6 +289,7 @@ def one_line_error(rc, err, *words):
     assert all(w in err for w in words), err
 
 
+@pytest.mark.slow
 def test_error_from_the_command_line(runs):
     one_line_error(*runs["missing"][::2], "no checkpoint", "python train.py config/agnews.py")
 

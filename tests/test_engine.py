@@ -176,6 +176,7 @@ def test_n_samples_from_one_prefill_equal_n_separate_runs():
     assert len(set(map(tuple, separate))) == 4
 
 
+@pytest.mark.slow
 def test_the_compiled_step_decodes_as_the_eager_one():
     """torch.compile's one-token step, its products PackedLinear's op: a row alone and
     rows of different lengths in a batch (the compiler's two graphs), past block_size, greedy
@@ -204,6 +205,7 @@ def test_the_compiled_step_decodes_as_the_eager_one():
         assert compiled.token_logprobs == pytest.approx(eager.token_logprobs, abs=ATOL)
 
 
+@pytest.mark.slow
 def test_a_compile_that_fails_is_one_line_naming_why():
     """No working C++ compiler: the engine says so in one line instead of inductor's traceback."""
     torch._dynamo.reset()  # compile afresh: an earlier test's graph would serve this model

@@ -52,6 +52,8 @@ COMMON = TINY + [
 WEIGHTS = 1e-6
 LOGGED = 1e-6
 
+pytestmark = pytest.mark.slow  # torchrun runs of gloo processes
+
 
 def torchrun(tmp_path, argv, processes=2):
     """train.main under torchrun (gloo; torchrun gives each process one thread), with a test's peak

@@ -253,6 +253,7 @@ def test_token_dropout_never_hides_every_token_of_a_row():
     assert 0.45 < 1 - seen[1].float().mean() < 0.55 and seen[1].any(1).all()
 
 
+@pytest.mark.slow
 def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
     """Built on the meta device, the model takes the loaded tensors: peak memory grows by about one
     model, not two (a random model and the loaded tensors at once). Measured in a fresh process, as

@@ -153,6 +153,7 @@ def test_agnews_csv_splits_labels_and_round_trip(agnews):
     assert "train: " in r.stdout and "val: " in r.stdout and "World" in r.stdout
 
 
+@pytest.mark.slow
 @needs_shared
 def test_agnews_parquet_jsonl_and_malformed_rows(tmp_path):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
@@ -226,6 +227,7 @@ def test_agnews_file_without_valid_rows_fails_and_writes_nothing(tmp_path):
     assert (tmp_path / "out" / "meta.json").read_text() == "an earlier, complete run"
 
 
+@pytest.mark.slow
 def test_agnews_offline_without_source_fails(tmp_path):
     env = {**hf_env(tmp_path), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     line = one_line(prepare("agnews", "--out_dir", tmp_path / "out", env=env))
@@ -317,6 +319,7 @@ def test_shakespeare_matches_nanogpt(tmp_path, name, vocab, n_train, n_val):
         assert decode(ids) == f.read()
 
 
+@pytest.mark.slow
 @needs_shared
 def test_openwebtext_local_folder(tmp_path):
     docs = [f"Document {i}.\nIt has two lines, and ünïcode — {i * 7}.\n" for i in range(6)] + [""]

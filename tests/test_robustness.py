@@ -508,6 +508,7 @@ def new_records(out_dir, since):
     return records and all(r["time"] >= since for r in records)
 
 
+@pytest.mark.slow
 def test_an_overwrite_run_leaves_the_old_checkpoint_whole_until_its_first_save(
     files, tmp_path, monkeypatch
 ):
@@ -566,6 +567,7 @@ def test_an_overwrite_run_stopped_before_its_first_evaluation_saves_its_own_stat
     assert (out / "model.safetensors").exists() and metrics
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(files, tmp_path):
     command = [
         sys.executable,
@@ -696,6 +698,7 @@ def check_killed_run(out_dir, saved):
     return step
 
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_loses_at_most_the_steps_since_the_last_save(files, tmp_path):
     """SIGKILL at 5 moments of a run that saves every 5 steps (seeded: the same moments every
     time), two of them during a save and one right after: after each, --init_from=resume works
@@ -784,6 +787,7 @@ def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
         run([f"--out_dir={tmp_path / 'b'}", "--init_from=resume", "--max_iters=12", "--n_embd=32"])
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_sample_keeps_what_was_generated(files):
     """Ctrl-C as a terminal sends it. The child's SIGINT starts at its default: a suite launched in
     the background (`cmd &` in a script) ignores SIGINT, its children inherit that, and Python then

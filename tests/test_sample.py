@@ -120,6 +120,7 @@ def runs(char_model, greedy_text, tmp_path_factory):
 PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
 
 
+@pytest.mark.slow
 def test_stdout_holds_only_the_samples_and_stream_does_not_change_it(runs):
     rc, out, err = runs["batch"]
     samples = split(out)
@@ -136,12 +137,14 @@ def test_stdout_holds_only_the_samples_and_stream_does_not_change_it(runs):
     )  # the same seed, the same samples; streaming changes only the timing
 
 
+@pytest.mark.slow
 def test_greedy_is_identical_with_and_without_the_kv_cache(runs, greedy_text):
     (rc, out, _), (rc2, out2, err2) = runs["greedy"], runs["greedy_no_cache"]
     assert rc == rc2 == 0 and out == out2 and "no KV cache" in err2
     assert split(out) == [greedy_text, greedy_text]  # both rows, and what engine.generate gives
 
 
+@pytest.mark.slow
 def test_stop_cuts_the_sample_and_ends_generation(runs, greedy_text):
     rc, out, err = runs["stop"]
     continuation = greedy_text[6:]
@@ -152,6 +155,7 @@ def test_stop_cuts_the_sample_and_ends_generation(runs, greedy_text):
     )  # both rows stopped on the token that completed the stop string
 
 
+@pytest.mark.slow
 def test_start_from_a_file_and_empty_start(runs):
     rc, out, err = runs["file"]
     assert rc == 0 and out.startswith(PROMPT) and len(out) == len(PROMPT) + 5 + 1
@@ -160,6 +164,7 @@ def test_start_from_a_file_and_empty_start(runs):
     assert rc == 0 and len(out) == 10 + 1  # starts from the newline token, which is not printed
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_and_fail(runs):
     for name, message in [
         ("unknown_char", "--start: characters not in this model's vocabulary: 'é'"),
@@ -215,6 +220,7 @@ def test_printable_holds_back_half_characters_and_a_possible_stop():
     )  # the longest tail any stop string may start with
 
 
+@pytest.mark.slow
 @needs_shared
 def test_init_from_a_hugging_face_gpt2_directory_with_bpe(tmp_path):
     """A tiny random GPT-2 in the Hugging Face layout (see test_model.py), GPT-2's 50,257 tokens:

@@ -189,6 +189,7 @@ def test_options_are_decodings_own_declaration(server):
 @pytest.mark.parametrize(
     "options", [SAMPLING, dict(temperature=0.0, stop=["h."])], ids=["sampled", "greedy-stop"]
 )
+@pytest.mark.slow
 def test_completions_are_sample_py_samples(server, checkpoints, options):
     """The same checkpoint, prompt, seed and flags: the same texts as sample.py's, sample for
     sample."""
@@ -246,6 +247,7 @@ def test_the_stream_adds_up_to_the_whole_answer_and_traces_each_token(server):
             assert all(a[2] >= b[2] for s in t["stages"] for a, b in zip(s["top"], s["top"][1:]))
 
 
+@pytest.mark.slow
 def test_classify_gives_classify_py_probabilities_and_every_head(server, checkpoints, tmp_path):
     texts = ["abc", "hhh gg", "a", "dead beef cafe", "bag"]
     answer = post(server, "/v1/classify", {"input": texts})
@@ -438,6 +440,7 @@ def rss_mb():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+@pytest.mark.slow
 def test_a_bounded_load_answers_every_request_correctly_with_flat_memory(server):
     """200 requests, 8 at a time, after a warm-up round of the same: every answer equals the one
     each request gets alone (interleaved decoding steps do not mix their draws), and the process's
@@ -576,6 +579,7 @@ def test_64_connections_at_once_are_all_answered(server):
         assert list(pool.map(classification, range(40))) == [200] * 40
 
 
+@pytest.mark.slow
 def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline(strict):
     """16 streams of 4 traced choices of 64 tokens (116 KB each), each client reading 2 KB a
     second: their slots go back when their decoding ends (3.5 s for all on 2 cores), so another
@@ -828,6 +832,7 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, sets prlimit")
 def test_out_of_file_descriptors_the_server_waits_instead_of_spinning(checkpoints):
     """With its descriptor limit 8 past what it holds, 24 clients, more than it can accept:

@@ -298,6 +298,7 @@ def torchrun(tmp_path, argv, processes=2):
     return run_distributed(script, argv, processes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer, micro_steps", [("adamw", 4), ("muon", 2)])
 def test_ddp_two_processes_equal_one_process(lm_dir, tmp_path, optimizer, micro_steps):
     """Two ranks share the micro-steps (DDP's no_sync on all but each rank's last) and average:
@@ -340,6 +341,7 @@ def test_ddp_two_processes_equal_one_process(lm_dir, tmp_path, optimizer, micro_
     assert len(logs) == 3 and [r["mfu"] for r in logs] == pytest.approx(per_device, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path):
     """torchrun ... --out_dir=X --init_from=resume: the saved gradient_accumulation_steps (2, a
     multiple of the 2 processes) is in before the check, not the default 1."""
@@ -357,6 +359,7 @@ def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path)
     )
 
 
+@pytest.mark.slow
 def test_a_refusal_on_rank_0_is_every_ranks_one_line(lm_dir, tmp_path):
     """A new run into an out_dir that holds a checkpoint: rank 0 refuses it (it holds the lock), and
     the other rank prints the same line and exits too, instead of waiting in the group for a rank
@@ -448,6 +451,7 @@ def test_one_device_for_several_processes_is_refused(device, monkeypatch):
             pass
 
 
+@pytest.mark.slow
 def test_two_nodes_equal_one_process(lm_dir, tmp_path):
     """The README's multi-node command, as two "nodes" on this machine:
     torchrun --nnodes=2 --node_rank=0|1 with one process each, meeting at 127.0.0.1 (gloo), give the
@@ -552,6 +556,7 @@ def test_interrupted_save_leaves_previous_checkpoint(lm_dir, tmp_path, monkeypat
     assert state(tmp_path)["step"] == good["step"] == 2
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "train.py")]
@@ -575,6 +580,7 @@ def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
     assert "stopped by signal" in err and state(tmp_path)["step"] > 0
 
 
+@pytest.mark.slow
 def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_path):
     # each rank writes its pid, so the test can signal rank 1 alone
     script = tmp_path / "ddp_run.py"
@@ -709,6 +715,7 @@ def test_bow_head_table_learns_at_its_multiple_of_the_scheduled_rate(toy_classif
     )
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_has_metrics(lm_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=2", "--wandb_log=True"])
