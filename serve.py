@@ -15,7 +15,7 @@ probabilities and every attention head.
                          every head}
   GET /tokenizer_info, POST /tokenize, POST /detokenize    vLLM's, which lm-evaluation-harness
                          reads to tokenize as the model does
-Checkpoints load and decode through sample.py's and classify.py's own functions; a GPT's requests
+Checkpoints load and decode through the library sample.py and classify.py use; a GPT's requests
 share its engine's batch, step by step. Safe by default: only Host headers that name this server
 (a page that rebinds its domain to this address sends its own), POST bodies of application/json
 only (what a page of another site cannot send without asking), no Origin but the server's own
@@ -28,17 +28,12 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import errno
-import ipaddress
 import os
 import secrets
-import socket
-import struct
 import sys
 import threading
 import time
 import traceback
-import urllib.parse
 
 import torch
 import uvicorn
@@ -48,11 +43,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-import classify
 import decoding
 from engine import Engine
+from lib import classifier
 from lib.common import (
     ArgumentParser,
     Error,
@@ -63,19 +57,24 @@ from lib.common import (
 )
 from lib.formats import WEIGHTS, for_decoding
 from lib.text import first_stop, printable
+from lib.transport import (
+    DEADLINE,
+    MAX_ACTIVE,
+    MAX_CONNECTIONS,
+    Guard,
+    Protocol,
+    RequestError,
+    Slots,
+    exposure,
+    host_names,
+    listen,
+)
 from lib.weights import load_gpt
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
-MAX_BODY = 1 << 20  # bytes of one request's JSON (batches of token-id prompts are long)
 MAX_TEXTS = 64  # texts in one classify request, prompts in one completion request
 MAX_TRACE = 20  # candidates per filter in a trace, alternatives per token in logprobs
-MAX_ACTIVE = 16  # completion requests decoding at once, and classify requests
 MAX_ROWS = 32  # a GPT's KV cache rows: the most choices decoding at once (more wait their turn)
-MAX_CONNECTIONS = 256  # open connections; past it every request gets a 503
-WAIT = 10  # seconds a request waits for one of the MAX_ACTIVE slots, then gets a 503
-DEADLINE = 120  # seconds a request may take, its head read to its last byte sent
-HEAD_SECONDS = 10  # seconds a client may take to send a request's head
-LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
 
 # ------------------------------------------------------------------------------- request bodies
@@ -148,21 +147,6 @@ class DetokenizeRequest(Body):
     tokens: list[int]
 
 
-class RequestError(Exception):
-    """A request the server refuses: (HTTP status, message, the field it names or None)."""
-
-    def __init__(self, status, message, param=None):
-        super().__init__(message)
-        self.status = status
-        self.param = param
-
-    def response(self):
-        """OpenAI's error object."""
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        error = {"message": str(self), "type": kind, "param": self.param}
-        return JSONResponse({"error": error}, self.status)
-
-
 def invalid(request, e):
     """pydantic's first complaint about a body as one RequestError naming the field."""
     first = e.errors()[0]
@@ -226,13 +210,12 @@ class Playground:
             self.models[name] = self.load(out_dir, weights)
 
     def load(self, out_dir, weights):
-        """A checkpoint through sample.py's load (a GPT) or classify.py's (a classifier),
-        by its config.json."""
+        """A checkpoint through the loads sample.py and classify.py use, by its config.json
+        (read once for a classifier)."""
         info = read_json(os.path.join(out_dir, "config.json"), "checkpoint config")
-        # anything but a classifier's goes to sample.py's load, whose checks name what is wrong
-        classifier = isinstance(info, dict) and info.get("architecture") == "EncoderClassifier"
-        if classifier:
-            model, tokenizer, names, max_len = classify.load(out_dir, self.device)
+        # anything but a classifier's goes to the GPT's load, whose checks name what is wrong
+        if isinstance(info, dict) and info.get("architecture") == "EncoderClassifier":
+            model, tokenizer, names, max_len = classifier.load(out_dir, self.device, info)
             return dict(
                 task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len
             )
@@ -382,10 +365,10 @@ class Playground:
         except Error as e:  # a character a char model never saw
             raise RequestError(400, f"input: {e}", "input") from None
         with self.lock:  # float32, as classify.py runs
-            probs = classify.predict(m["model"], rows, 64, self.device).tolist()
+            probs = classifier.predict(m["model"], rows, 64, self.device).tolist()
             maps = None
             if req.attention:
-                maps = classify.attention_maps(m["model"], rows[0], self.device)[1]
+                maps = classifier.attention_maps(m["model"], rows[0], self.device)[1]
         data = []
         for i, p in enumerate(probs):
             best = max(range(len(p)), key=p.__getitem__)
@@ -404,26 +387,6 @@ class Playground:
                 for layer in maps
             ]
         return {"object": "list", "model": name, "data": data}
-
-
-class Slots:
-    """At most `size` requests of a kind at once; one more waits up to WAIT seconds for a slot,
-    then is refused with a 503."""
-
-    def __init__(self, size):
-        self.semaphore = asyncio.Semaphore(size)
-
-    async def take(self):
-        try:
-            async with asyncio.timeout(WAIT):
-                await self.semaphore.acquire()
-        except TimeoutError:
-            raise RequestError(
-                503, "the server is busy with other requests: try again shortly"
-            ) from None
-
-    def give_back(self):
-        self.semaphore.release()
 
 
 # -------------------------------------------------------------------------------- one completion
@@ -777,159 +740,6 @@ def wake(futures):
             future.set_result(None)
 
 
-# ---------------------------------------------------------------------------- what guards a request
-def host_names(host):
-    """The names a Host header may give for a server listening on host: the loopback ones for a
-    loopback address, else the address itself; None for a wildcard address (then any IP address:
-    a rebinding page sends its domain name)."""
-    if host in ("", "0.0.0.0", "::"):
-        return None
-    if host in LOOPBACK or host.startswith("127."):
-        return LOOPBACK | {host}
-    return {host.lower()}
-
-
-def exposure(host):
-    """The warning that listening on host deserves, or None for a loopback address."""
-    names = host_names(host)
-    if names is not None and names & LOOPBACK:
-        return None
-    return (
-        f"warning: listening on {host}, beyond this machine: anyone who can reach it on the "
-        "network can use every model, with no password"
-    )
-
-
-def names_server(netloc, names, port):
-    """Whether a Host header (or an Origin's host) names this server: one of names (or an IP
-    address where names is None), with its port."""
-    try:
-        parts = urllib.parse.urlsplit("//" + netloc)
-        given = parts.port or 80
-    except ValueError:  # a port that is not a number
-        return False
-    if given != port or parts.hostname is None:
-        return False
-    if names is not None:
-        return parts.hostname in names
-    try:
-        ipaddress.ip_address(parts.hostname)
-    except ValueError:
-        return False
-    return True
-
-
-class Guard:
-    """What every request passes before the app sees it (an ASGI middleware): a Host that names
-    this server, an Origin (when a browser sends one) that is the server's own or allowed, POST
-    bodies of JSON within MAX_BODY, and its deadline."""
-
-    def __init__(self, app, names, port, origins, deadline):
-        self.app = app
-        self.names = names
-        self.port = port
-        self.origins = set(origins)
-        self.deadline = deadline
-
-    def refusal(self, scope):
-        """The RequestError that refuses this request, or None."""
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        host = headers.get("host", "")
-        if not names_server(host, self.names, self.port):
-            return RequestError(
-                421, f"Host {host[:60]!r} does not name this server: use its address"
-            )
-        origin = headers.get("origin")
-        if origin is not None and origin not in self.origins:
-            parts = urllib.parse.urlsplit(origin)
-            own = parts.scheme == "http" and names_server(parts.netloc, self.names, self.port)
-            if not own:
-                return RequestError(
-                    403, f"Origin {origin[:60]!r} is not allowed: serve.py --allow_origin names it"
-                )
-        if scope["method"] != "POST":
-            return None
-        kind = headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind != "application/json":
-            return RequestError(415, "POST a JSON body with Content-Type: application/json")
-        length = headers.get("content-length")
-        if length is None:
-            return RequestError(411, "send a Content-Length header with the JSON body")
-        if len(length) > 9 or int(length) > MAX_BODY:  # h11 has checked it is a number
-            return RequestError(413, f"the body is {length} bytes, more than {MAX_BODY}")
-        return None
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        refused = self.refusal(scope)
-        if refused is not None:
-            return await refused.response()(scope, receive, send)
-        started = []
-
-        async def send_watched(message):
-            started.append(message["type"])
-            await send(message)
-
-        deadline = asyncio.timeout(self.deadline)
-        try:
-            async with deadline:
-                await self.app(scope, receive, send_watched)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            if not started:  # else Protocol has dropped the connection
-                late = RequestError(503, f"the request ran past its {self.deadline} s deadline")
-                await late.response()(scope, receive, send)
-
-
-class Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 with two more limits, past which the connection is dropped with what
-    is buffered for it: HEAD_SECONDS for a client to send a request's head (uvicorn times only
-    a connection idle between requests, so one header line now and then would hold it for ever),
-    and the request's deadline for a response begun to be sent (a graceful close would wait for
-    a slow reader to take the buffers; one not begun gets the Guard's 503)."""
-
-    timer = None
-
-    def connection_made(self, transport):
-        super().connection_made(transport)
-        self.start_timer(HEAD_SECONDS)
-
-    def handle_events(self):
-        cycle = self.cycle
-        super().handle_events()
-        if self.cycle is not cycle:  # a request's head came
-            self.start_timer(self.config.deadline, self.past_deadline)
-
-    def on_response_complete(self):
-        super().on_response_complete()
-        self.start_timer(HEAD_SECONDS)
-
-    def start_timer(self, seconds, then=None):
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(seconds, then or self.drop)
-
-    def past_deadline(self):
-        if self.cycle.response_started:
-            self.drop()
-        else:  # the 503 has a second to go out
-            self.start_timer(1)
-
-    def drop(self):
-        """The connection reset: what its kernel buffers hold goes too (a linger of 0)."""
-        sock = self.transport.get_extra_info("socket")
-        if sock is None:  # closed already
-            return
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.transport.abort()
-
-    def connection_lost(self, exc):
-        self.timer.cancel()
-        super().connection_lost(exc)
-
-
 # ------------------------------------------------------------------------------------ the app
 def make_app(playground, names, port, origins=(), deadline=DEADLINE):
     """The FastAPI app over playground: its routes, its errors as OpenAI's, guarded."""
@@ -1005,43 +815,6 @@ def make_app(playground, names, port, origins=(), deadline=DEADLINE):
         )
     app.add_middleware(Guard, names=names, port=port, origins=origins, deadline=deadline)
     return app
-
-
-class Listener(socket.socket):
-    """The listening socket. Out of file descriptors, asyncio's accept loop tries each slot of
-    its backlog in turn, every failure logged with a traceback (a core spent while the clients
-    wait): here the first failure stands for the rest until asyncio retries, a second later."""
-
-    full_until = 0.0
-
-    def accept(self):
-        if time.monotonic() < self.full_until:
-            raise BlockingIOError  # to asyncio: nothing more to accept now
-        try:
-            return super().accept()
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):
-                self.full_until = time.monotonic() + 0.5
-            raise
-
-
-def listen(host, port):
-    """A socket bound to host:port (IPv4 or IPv6, as host is written), or Error saying why."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = Listener(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)  # uvicorn's backlog: connections queue from here on
-    except socket.gaierror as e:
-        raise Error(
-            f"cannot listen on {host!r} ({e.strerror}): give an address of this machine"
-        ) from None
-    except OSError as e:
-        raise Error(f"cannot listen on {host}:{port} ({e.strerror}): pick another --port") from None
-    return sock
 
 
 class Server(uvicorn.Server):

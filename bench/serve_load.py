@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, at_least, run_script  # noqa: E402
-from serve import MAX_ACTIVE  # noqa: E402
+from lib.transport import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = [
     "Stocks fall as oil prices jump",

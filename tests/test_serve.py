@@ -23,6 +23,7 @@ from conftest import ROOT
 import classify
 import decoding
 import serve
+from lib import transport
 from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
@@ -348,7 +349,7 @@ BAD = [
     ("POST", "/v1/classify", {"input": ["a"] * 65}, 400, "input"),
     ("POST", "/v1/classify", {"input": ["a", "b"], "attention": True}, 400, "attention"),
     ("POST", "/v1/classify", {"text": "abc"}, 400, "text"),
-    ("POST", "/v1/completions", b"{" + b" " * serve.MAX_BODY + b"}", 413, None),
+    ("POST", "/v1/completions", b"{" + b" " * transport.MAX_BODY + b"}", 413, None),
     ("POST", "/v1/chat/completions", {}, 404, None),
     ("GET", "/v1/nothing", None, 404, None),
 ]
@@ -682,18 +683,18 @@ def test_listening_on_ipv6_loopback_works(checkpoints):
 
 
 def test_a_wildcard_address_takes_ip_addresses_and_warns():
-    assert serve.host_names("0.0.0.0") is None
-    assert serve.names_server("192.168.1.7:80", None, 80)
-    assert not serve.names_server("rebound.example:80", None, 80)  # a rebinding page's name
-    assert "beyond this machine" in serve.exposure("0.0.0.0")
-    assert "beyond this machine" in serve.exposure("192.168.1.7")
-    assert serve.exposure("127.0.0.1") is None and serve.exposure("::1") is None
+    assert transport.host_names("0.0.0.0") is None
+    assert transport.names_server("192.168.1.7:80", None, 80)
+    assert not transport.names_server("rebound.example:80", None, 80)  # a rebinding page's name
+    assert "beyond this machine" in transport.exposure("0.0.0.0")
+    assert "beyond this machine" in transport.exposure("192.168.1.7")
+    assert transport.exposure("127.0.0.1") is None and transport.exposure("::1") is None
 
 
 def test_a_head_sent_a_line_at_a_time_is_cut(server, monkeypatch):
     """A client that sends one header line every 0.3 s holds no connection past HEAD_SECONDS
     (monkeypatched to 1 s here; uvicorn alone would keep it for ever)."""
-    monkeypatch.setattr(serve, "HEAD_SECONDS", 1)
+    monkeypatch.setattr(transport, "HEAD_SECONDS", 1)
     host, port = server[0].split(":")
     start = time.perf_counter()
     with socket.create_connection((host, int(port)), timeout=30) as s:
