@@ -15,27 +15,12 @@ from lib.schema import check_meta
 
 # the repository: data/<name>/ holds each dataset's prepare.py and files
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# what each task's meta.json must hold (data/README.md)
-META_KEYS = {
-    "lm": ("tokenizer", "vocab_size", "dtype", "splits"),
-    "classify": (
-        "tokenizer",
-        "vocab_size",
-        "dtype",
-        "splits",
-        "label_names",
-        "max_length",
-        "pad_token_id",
-    ),
-}
-
-
 def read_meta(data_dir):
     """A prepared dataset's meta.json, checked (lib/schema.check_meta): a task this project knows,
     every key it needs, each of its type."""
     path = os.path.join(data_dir, "meta.json")
     meta = read_json(path, "dataset description (meta.json)")
-    return check_meta(meta, path, META_KEYS)
+    return check_meta(meta, path)
 
 
 def check(ok, path, what):

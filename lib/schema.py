@@ -98,13 +98,13 @@ class Checker:
 ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 
 
-def check_meta(meta, path, tasks):
-    """A prepared dataset's meta.json: an object, a task of tasks, and the keys of that task, each
-    of its type."""
+def check_meta(meta, path):
+    """A prepared dataset's meta.json (data/README.md): an object, a task (lm or classify), and the
+    keys of that task, each of its type."""
     c = Checker(path, "the data is damaged or from another version: run its prepare.py again")
     c.object(meta)
     task = meta.get("task")
-    if task not in tasks:
+    if task not in ("lm", "classify"):
         c.fail(f"task {shown(task)} is neither lm nor classify")
     vocab_size = c.key(meta, "vocab_size", int, low=1)
     c.tokenizer(meta.get("tokenizer"), vocab_size)
