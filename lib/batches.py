@@ -15,6 +15,8 @@ from lib.schema import check_meta
 
 # the repository: data/<name>/ holds each dataset's prepare.py and files
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def read_meta(data_dir):
     """A prepared dataset's meta.json, checked (lib/schema.check_meta): a task this project knows,
     every key it needs, each of its type."""

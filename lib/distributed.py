@@ -41,13 +41,6 @@ class Run:
     def device_type(self):
         return self.device.split(":")[0]
 
-    @property
-    def device_ids(self):
-        """DDP's device_ids: this process's GPU, or None on CPUs."""
-        if self.device_type != "cuda":
-            return None
-        return [torch.device(self.device).index]
-
     def resolved(self, dtype, strategy="ddp"):
         """This Run with dtype as the settings ask for it (auto: the hardware's rule), checked for
         its device, and sharded if strategy is fsdp under torchrun (one process runs unsharded)."""
@@ -123,7 +116,9 @@ def parallel(model, run, checkpointing=False):
     model.to(run.device)
     if not run.distributed:
         return model
-    return DDP(model, device_ids=run.device_ids)
+    # DDP's device_ids: this process's GPU, none on CPUs
+    gpu = [run.device] if run.device_type == "cuda" else None
+    return DDP(model, device_ids=gpu)
 
 
 def shard(model, run):
@@ -132,31 +127,25 @@ def shard(model, run):
     before its forward and again before its backward, and freed after each: a process holds its
     own shards of every parameter, gradient and AdamW moment, and the whole of one Block at a time.
     fully_shard moves the parameters to the device group by group, so the whole model never sits on
-    one GPU. GPT's head and token table stay one parameter: both belong to the outermost group."""
+    one GPU. GPT's head and token table stay one parameter: both belong to the outermost group.
+
+    The precision: in bfloat16 or float16 the parameters are all-gathered in it (what autocast
+    casts each matmul's weights to; half the bytes sent and held), and the gradients reduced in
+    float32, as DDP reduces them; the shards that the optimizer updates stay float32. Autocast
+    still runs around the forward pass, so the operations it keeps in float32 (on CUDA the norms,
+    softmax, the loss) stay there. What differs from DDP's autocast: the residual stream between
+    those operations is carried in the low precision (the embedding tables are gathered in it, and
+    each Block's input is cast to it), and the norms' gains are rounded to it. float32: FSDP casts
+    nothing (a dtype the parameters already have is no cast)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(run.device_type, (run.world_size,))
-    policy = mixed_precision(run.dtype)
+    dtype = getattr(torch, run.dtype)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-
-
-def mixed_precision(dtype):
-    """FSDP's precision for an autocast dtype: in bfloat16 or float16 the parameters are
-    all-gathered in it (what autocast casts each matmul's weights to; half the bytes sent and
-    held), and the gradients reduced in float32, as DDP reduces them; the shards that the optimizer
-    updates stay float32. Autocast still runs around the forward pass, so the operations it keeps
-    in float32 (on CUDA the norms, softmax, the loss) stay there. What differs from DDP's autocast:
-    the residual stream between those operations is carried in the low precision (the embedding
-    tables are gathered in it, and each Block's input is cast to it), and the norms' gains are
-    rounded to it. float32: no casts."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if dtype == "float32":
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
 
 
 def recompute_blocks(model):
@@ -184,7 +173,7 @@ def micro_step(model, run, last):
     gradients until then (the memory of DDP's gradients, for one reduce-scatter a step)."""
     if run.sharded:
         model.set_requires_gradient_sync(last)
-    if run.distributed and not run.sharded and not last:
+    elif run.distributed and not last:
         return model.no_sync()
     return nullcontext()
 
@@ -192,13 +181,10 @@ def micro_step(model, run, last):
 def clip_gradients(model, max_norm, run):
     """Clip the gradient to max_norm by the norm of the whole gradient, returned. Under FSDP each
     process holds a shard of every gradient: the norm is gathered from the shards' squares over
-    the processes, and every process scales its shards alike."""
-    if not run.sharded:
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    parameters = list(model.parameters())
-    grads = [p.grad for p in parameters if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads).full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    the processes (a DTensor's reduction), and every process scales its shards alike."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if run.sharded:
+        return norm.full_tensor()
     return norm
 
 
