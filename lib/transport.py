@@ -115,9 +115,8 @@ class Guard:
         self.origins = set(origins)
         self.deadline = deadline
 
-    def refusal(self, scope):
+    def refusal(self, scope, headers):
         """The RequestError that refuses this request, or None."""
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
         if not names_server(host, self.names, self.port):
             return RequestError(
@@ -139,16 +138,20 @@ class Guard:
         length = headers.get("content-length")
         if length is None:
             return RequestError(411, "send a Content-Length header with the JSON body")
-        if len(length) > 9 or int(length) > MAX_BODY:  # h11 has checked it is a number
-            return RequestError(413, f"the body is {length} bytes, more than {MAX_BODY}")
+        # RFC 9112 lets a server refuse both framings at once: h11 would frame by the chunks
+        if "transfer-encoding" in headers:
+            return RequestError(
+                400, "send the body with Content-Length alone, no Transfer-Encoding"
+            )
+        digits = length.lstrip("0")  # h11 has checked it is a number
+        if len(digits) > 9 or int(digits or 0) > MAX_BODY:
+            return RequestError(413, f"the body is {digits} bytes, more than {MAX_BODY}")
         return None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        refused = self.refusal(scope)
-        if refused is not None:
-            return await refused.response()(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         started = []
 
         async def send_watched(message):
@@ -158,13 +161,56 @@ class Guard:
         deadline = asyncio.timeout(self.deadline)
         try:
             async with deadline:
-                await self.app(scope, receive, send_watched)
+                refused = self.refusal(scope, headers)
+                if refused is None and scope["method"] == "POST":
+                    receive = await read_body(receive)
+                if refused is None:
+                    return await self.app(scope, receive, send_watched)
+        except RequestError as e:  # read_body's
+            refused = e
         except TimeoutError:
             if not deadline.expired():
                 raise
-            if not started:  # else Protocol has dropped the connection
-                late = RequestError(503, f"the request ran past its {self.deadline} s deadline")
-                await late.response()(scope, receive, send)
+            if started:  # Protocol has dropped the connection
+                return
+            refused = RequestError(503, f"the request ran past its {self.deadline} s deadline")
+        response = refused.response()
+        # a page --allow_origin names may read why it was refused
+        origin = headers.get("origin")
+        if origin in self.origins:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+        await response(scope, receive, send)
+
+
+async def read_body(receive):
+    """A POST's whole body, counted on the bytes received whatever the framing, a 413 past
+    MAX_BODY -> the receive the app reads it through (then on, the client's own, which tells
+    when it leaves)."""
+    chunks = []
+    size = 0
+    message = {"more_body": True}
+    while message.get("more_body"):
+        message = await receive()
+        if message["type"] != "http.request":  # the client left: the app hears so
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise RequestError(413, f"the body passed {MAX_BODY} bytes")
+        chunks.append(chunk)
+    else:
+        message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+    given = []
+
+    async def replayed():
+        """The body (or the client's leaving) once, then the client's own receive."""
+        if given:
+            return await receive()
+        given.append(message)
+        return message
+
+    return replayed
 
 
 class Protocol(H11Protocol):

@@ -2,6 +2,7 @@
 checkpoints and seeds, the stream against the whole answer, bad requests refused while the server
 keeps answering, a client that leaves, a bounded load, and the page driven in headless Chromium."""
 
+import asyncio
 import contextlib
 import dataclasses
 import http.client
@@ -899,3 +900,73 @@ def test_the_docs_list_every_decoding_option_and_a_client_gone_before_its_error_
                 b"Content-Length: %d\r\n\r\n%s" % (server[0].encode(), len(data), data)
             )
     assert post(server, "/v1/completions", {"prompt": "ab", "max_tokens": 2})["usage"]
+
+
+# ------------------------------------------------------------------- the guard's framing and CORS
+def test_a_body_framed_both_ways_is_refused(server):
+    """Content-Length beside Transfer-Encoding: h11 frames by the chunks, so the length the
+    guard checked would not bound the body (RFC 9112 lets a server refuse such a request)."""
+    address = server[0]
+    body = b'{"prompt": "ab", "max_tokens": 2}'
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 20\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    assert status_of(raw_exchange(address, head.encode() + chunked)) == 400
+    assert request(address, "GET", "/v1/models")[0] == 200
+
+
+def test_the_body_limit_counts_the_bytes_received():
+    """Whatever the headers say, a body is refused with a 413 once its bytes pass MAX_BODY, and
+    the app never sees it."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(await receive())
+
+    guard = transport.Guard(app, {"localhost"}, 80, (), deadline=30)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "headers": [
+            (b"host", b"localhost:80"),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"10"),
+        ],
+    }
+    chunk = b" " * (transport.MAX_BODY // 2)
+
+    async def receive():
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(guard(scope, receive, send))
+    assert sent[0]["status"] == 413 and not seen
+
+
+def test_a_content_length_with_leading_zeros_is_its_number(server):
+    address = server[0]
+    body = b'{"prompt": "ab", "max_tokens": 2}'
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body):010d}\r\nConnection: close\r\n\r\n"
+    )
+    assert status_of(raw_exchange(address, head.encode() + body)) == 200
+
+
+def test_an_allowed_origin_reads_why_the_guard_refused(strict):
+    address, _ = strict
+    allowed = "http://localhost:3000"
+    body = {"prompt": "ab", "max_tokens": 2}
+    connection = http.client.HTTPConnection(address, timeout=30)
+    plain = {"Content-Type": "text/plain", "Origin": allowed}
+    connection.request("POST", "/v1/completions", json.dumps(body), headers=plain)
+    response = connection.getresponse()
+    assert response.status == 415 and response.getheader("Access-Control-Allow-Origin") == allowed
+    response.read()
+    connection.close()
