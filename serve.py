@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
 import secrets
 import sys
 import threading
@@ -75,6 +76,7 @@ PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
 MAX_TEXTS = 64  # texts in one classify request, prompts in one completion request
 MAX_TRACE = 20  # candidates per filter in a trace, alternatives per token in logprobs
 MAX_ROWS = 32  # a GPT's KV cache rows: the most choices decoding at once (more wait their turn)
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # ------------------------------------------------------------------------------- request bodies
@@ -87,9 +89,21 @@ class Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def null_is_default(cls, data):
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
-        return data
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            refuse_surrogates(name, value)
+        return {k: v for k, v in data.items() if v is not None}
+
+
+def refuse_surrogates(name, value):
+    """A RequestError for a text field holding a lone surrogate ("\\ud800" in JSON): no UTF-8
+    text has one, so it could be neither encoded nor sent back."""
+    texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str) and SURROGATE.search(text):
+            what = "is not valid Unicode (a lone surrogate): send UTF-8 text"
+            raise RequestError(400, f"{name} {what}", name)
 
 
 class StreamOptions(Body):
@@ -120,9 +134,16 @@ def decoding_fields():
     made = {}
     for f in dataclasses.fields(decoding.Options):
         help = f.metadata["help"]
-        bounds = {k: v for k, v in f.metadata.items() if k != "help" and v is not None}
-        made[f.name] = (f.type, Field(f.default, description=help, **bounds))
+        # shown in the schema, checked by decoding.Options (completion())
+        bounds = {SCHEMA_BOUNDS[k]: v for k, v in f.metadata.items() if k in SCHEMA_BOUNDS}
+        bounds = {k: v for k, v in bounds.items() if v is not None}
+        field = Field(f.default, description=help, json_schema_extra=bounds)
+        made[f.name] = (f.type, field)
     return made
+
+
+# decoding.option()'s bounds by their JSON Schema names
+SCHEMA_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum"}
 
 
 CompletionRequest = create_model(
@@ -175,6 +196,13 @@ def server_error(request, e):
     """A bug: its traceback to the log, one line to the client."""
     traceback.print_exception(e)
     return RequestError(500, f"{type(e).__name__}: {e}").response()
+
+
+def error_response(e):
+    """The answer to an exception: a RequestError's own, any other server_error's."""
+    if isinstance(e, RequestError):
+        return e.response()
+    return server_error(None, e)
 
 
 # ------------------------------------------------------------------------------ the checkpoints
@@ -293,7 +321,10 @@ class Playground:
         prompts = self.prompts(req.prompt, m)
         seed = secrets.randbits(63) if req.seed is None else req.seed
         names = [option.name for option in dataclasses.fields(decoding.Options)]
-        options = decoding.Options(**{name: getattr(req, name) for name in names})
+        try:  # each option's type, finiteness and range, declared there
+            options = decoding.Options(**{name: getattr(req, name) for name in names})
+        except Error as e:
+            raise RequestError(400, str(e), option_named(str(e))) from None
         return Completion(self, name, m, req, prompts, options, seed, stops)
 
     def prompts(self, prompt, m):
@@ -594,8 +625,9 @@ class Completion:
                         if trace:
                             choice["trace"] = trace
                         yield event({**self.head, "choices": [choice]})
-        except RequestError as e:
-            yield event(e.response().body)
+        except Exception as e:  # past the headers: the error is an event, then [DONE]
+            yield event(error_response(e).body)
+            yield b"data: [DONE]\n\n"
             return
         options = self.req.stream_options
         if options and options.include_usage:

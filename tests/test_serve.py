@@ -384,14 +384,15 @@ def test_a_400_digit_count_means_no_limit_not_a_500(server, option):
     assert huge["choices"] == off["choices"]
 
 
-def test_an_error_mid_stream_is_its_last_event(server):
+def test_an_error_mid_stream_is_its_last_event_before_done(server):
     """Every token blocked at the second step: the headers are out, so the error comes as an
-    event."""
+    event, and the stream still ends with [DONE]."""
     events = stream(server, {"prompt": "abcdefgh .", "no_repeat_ngram_size": 1, "max_tokens": 5})
     assert (
         json.loads(events[0])["choices"][0]["text"] == "\n"
     )  # the one token no 1-gram of the prompt bans
-    assert json.loads(events[-1])["error"]["param"] == "no_repeat_ngram_size" and len(events) == 2
+    assert json.loads(events[1])["error"]["param"] == "no_repeat_ngram_size"
+    assert events[2:] == ["[DONE]"]
 
 
 def test_unknown_fields_sent_as_null_mean_not_given(server):
@@ -970,3 +971,32 @@ def test_an_allowed_origin_reads_why_the_guard_refused(strict):
     assert response.status == 415 and response.getheader("Access-Control-Allow-Origin") == allowed
     response.read()
     connection.close()
+
+
+# ------------------------------------------------------------------------ text and numbers refused
+@pytest.mark.parametrize("stream_it", [False, True])
+def test_text_that_is_not_unicode_is_a_400_naming_its_field(server, stream_it):
+    """A lone surrogate ("\\ud800" in the JSON) in a prompt, a stop string or a text to
+    classify or tokenize: refused before any work, streamed or not."""
+    body = {"prompt": "a\ud800b", "max_tokens": 2, "echo": True, "logprobs": 1}
+    status, answer = request(server[0], "POST", "/v1/completions", {**body, "stream": stream_it})
+    assert status == 400 and answer["error"]["param"] == "prompt"
+    cases = [
+        ("/v1/completions", {"prompt": "ab", "stop": ["\udfff"]}, "stop"),
+        ("/v1/classify", {"input": ["abc", "\ud800"]}, "input"),
+        ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+    ]
+    for path, body, field in cases:
+        status, answer = request(server[0], "POST", path, body)
+        assert status == 400 and answer["error"]["param"] == field, answer
+
+
+@pytest.mark.parametrize("raw", ["1e400", "Infinity", "-Infinity", "NaN"])
+@pytest.mark.parametrize("option", ["temperature", "repetition_penalty", "top_p"])
+def test_a_number_that_is_not_finite_is_a_400(server, option, raw):
+    """JSON's 1e400 and Python's Infinity and NaN read as floats: decoding.Options refuses them,
+    on the 400 path."""
+    data = '{"prompt": "ab", "max_tokens": 2, "%s": %s}' % (option, raw)
+    status, answer = request(server[0], "POST", "/v1/completions", raw=data.encode())
+    assert status == 400 and answer["error"]["param"] == option, answer
+    assert "finite" in answer["error"]["message"]
