@@ -245,12 +245,21 @@ class Playground:
         if isinstance(info, dict) and info.get("architecture") == "EncoderClassifier":
             model, tokenizer, names, max_len = classifier.load(out_dir, self.device, info)
             return dict(
-                task="classify", model=model, tokenizer=tokenizer, labels=names, max_length=max_len
+                task="classify",
+                model=model,
+                tokenizer=tokenizer,
+                labels=names,
+                max_length=max_len,
+                parameters=model.num_params(),
             )
         model, tokenizer, _ = load_gpt(out_dir, self.device)
+        # counted before a decoding format holds some weights as buffers
+        parameters = model.num_params()
         model = for_decoding(model, self.device, weights)
         decoder = Decoder(Engine(model, self.rows, compile=self.compile))
-        return dict(task="lm", model=model, tokenizer=tokenizer, decoder=decoder)
+        return dict(
+            task="lm", model=model, tokenizer=tokenizer, decoder=decoder, parameters=parameters
+        )
 
     def describe(self):
         """GET /v1/models: OpenAI's list, each entry with what the page needs to draw it."""
@@ -954,7 +963,7 @@ def main(argv=None):
     server = Server(playground, a.host, a.port, origins=a.allow_origin, deadline=a.deadline)
     for name, m in playground.models.items():
         print(
-            f"loaded {name}: {m['task']}, {m['model'].num_params() / 1e6:.2f}M parameters",
+            f"loaded {name}: {m['task']}, {m['parameters'] / 1e6:.2f}M parameters",
             file=sys.stderr,
         )
     warning = exposure(a.host)

@@ -1000,3 +1000,11 @@ def test_a_number_that_is_not_finite_is_a_400(server, option, raw):
     status, answer = request(server[0], "POST", "/v1/completions", raw=data.encode())
     assert status == 400 and answer["error"]["param"] == option, answer
     assert "finite" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("weights", ["float32", "int8"])
+def test_the_parameter_count_is_the_models_in_any_weight_format(checkpoints, weights):
+    """Packed and int8 formats hold the weights as buffers: the count is taken before."""
+    playground = serve.Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", weights)
+    loaded = playground.models["gpt"]
+    assert loaded["parameters"] == GPT(loaded["model"].config).num_params()
