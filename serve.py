@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import math
 import os
 import re
 import secrets
@@ -312,8 +313,9 @@ class Playground:
         return name, self.models[name]
 
     # ---------------------------------------------------------------------------------- completions
-    def completion(self, req):
-        """A checked completion request -> a Completion, not yet submitted."""
+    def completion(self, req, deadline=DEADLINE):
+        """A checked completion request -> a Completion, not yet submitted; one that the model's
+        measured speed cannot finish within deadline seconds is refused at once."""
         name, m = self.pick_model(req.model, "lm")
         if req.max_tokens == 0 and not req.echo:
             raise RequestError(400, "max_tokens 0 scores the prompt: send echo too", "max_tokens")
@@ -328,6 +330,15 @@ class Playground:
                 400, "stop must be a non-empty string or a list of at most 4 of them", "stop"
             )
         prompts = self.prompts(req.prompt, m)
+        steps = m["decoder"].steps_for(len(prompts) * req.n, req.max_tokens)
+        seconds = steps * m["decoder"].step_seconds
+        if seconds > deadline:
+            raise RequestError(
+                503,
+                f"this completion takes at least {steps} decoding steps, {seconds:.0f} s at this "
+                f"model's speed now, past the {deadline} s deadline: ask for fewer max_tokens, "
+                "choices (n) or prompts",
+            )
         seed = secrets.randbits(63) if req.seed is None else req.seed
         names = [option.name for option in dataclasses.fields(decoding.Options)]
         try:  # each option's type, finiteness and range, declared there
@@ -733,6 +744,7 @@ class Decoder:
         self.work = threading.Condition()
         self.waiting = {}  # event loop -> the futures of its consumers waiting for the next step
         self.steps = 0
+        self.step_seconds = 0.0  # a running mean of a step's wall time (0: none measured yet)
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
     def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False):
@@ -748,17 +760,26 @@ class Decoder:
             with self.work:
                 while not self.engine.busy():
                     self.work.wait()
+            started = time.perf_counter()
             try:
                 self.engine.step()
             except Exception as e:  # a bug: every request in flight ends with it
                 traceback.print_exc()
                 self.engine.fail(f"{type(e).__name__}: {e}")
+            took = time.perf_counter() - started
+            self.step_seconds = took if not self.steps else 0.9 * self.step_seconds + 0.1 * took
             with self.work:
                 self.steps += 1
                 waiting = self.waiting
                 self.waiting = {}
             for loop, futures in waiting.items():  # one wake-up a loop, however many wait
                 loop.call_soon_threadsafe(wake, futures)
+
+    def steps_for(self, rows, max_new_tokens):
+        """The fewest engine steps that rows of max_new_tokens each take: in waves of the
+        engine's rows, whatever else it decodes."""
+        waves = math.ceil(rows / len(self.engine.cache.lengths))
+        return waves * max(1, max_new_tokens)
 
     async def progress(self, request):
         """Yields after each engine step while request decodes, the last time once it is done."""
@@ -805,7 +826,7 @@ def make_app(playground, names, port, origins=(), deadline=DEADLINE):
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        completion = playground.completion(body)
+        completion = playground.completion(body, deadline)
         await completion.start()
         if body.stream:
             return EventStream(completion)

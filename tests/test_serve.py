@@ -1008,3 +1008,19 @@ def test_the_parameter_count_is_the_models_in_any_weight_format(checkpoints, wei
     playground = serve.Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", weights)
     loaded = playground.models["gpt"]
     assert loaded["parameters"] == GPT(loaded["model"].config).num_params()
+
+
+def test_a_completion_past_the_deadline_at_the_measured_speed_is_refused_at_once(strict):
+    """64 prompts x 8 choices x 256 tokens: 16 waves of the engine's 32 rows, 4,096 steps, which
+    at 10 ms a step take 41 s, past the 6 s deadline: a 503 that says why, before any decoding;
+    a small request still gets its answer."""
+    address, playground = strict
+    decoder = playground.models["gpt"]["decoder"]
+    decoder.step_seconds = 0.01
+    big = {"prompt": ["ab"] * 64, "n": 8, "max_tokens": 256}
+    before = decoder.steps
+    status, answer = request(address, "POST", "/v1/completions", big)
+    assert status == 503 and "4096 decoding steps" in answer["error"]["message"], answer
+    assert decoder.steps == before
+    small = {"prompt": "ab", "max_tokens": 2}
+    assert request(address, "POST", "/v1/completions", small)[0] == 200
