@@ -3,7 +3,9 @@ serve.py under a bounded load on loopback: the server in its own process, then f
 it serves, a round of requests a few at a time. Each answer is checked against the one the same
 request gets alone (the same seed gives the same text, however the decoding steps of concurrent
 requests interleave), and the server's resident memory is read after a warm-up round and after each
-measured round: flat memory means no request leaves anything behind.
+measured round: flat memory means no request leaves anything behind. With --big, each GPT's
+rounds run again beside one more client that sends 64 prompts x 8 choices again and again: what
+the other clients' latency pays for it.
   python bench/serve_load.py --out_dir=out-shakespeare-char --out_dir=out-agnews \\
       --requests=200 --concurrency=8
 """
@@ -93,11 +95,34 @@ def body_for(model, i, max_tokens):
     }
 
 
-def measure(server, url, model, args):
+def keep_sending(url, body, stop, statuses):
+    """One client's loop: body posted again and again until stop is set; each answer's status
+    (200, or the refusal's) appended to statuses."""
+    while not stop.is_set():
+        request = urllib.request.Request(
+            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                response.read()
+                statuses.append(response.status)
+        except urllib.error.HTTPError as e:
+            statuses.append(e.code)
+            time.sleep(0.1)  # a refused client tries again, not at once
+
+
+def measure(server, url, model, args, big=None):
     """One model's rounds: (requests/s, p50 and p99 latency in s, generated tokens/s, memory after
-    each round)."""
+    each round). big: a request body that one more client sends again and again meanwhile."""
     bodies = [body_for(model, i, args.max_tokens) for i in range(args.distinct)]
     alone = [post(url + path, body) for path, body in bodies]
+    stop = threading.Event()
+    statuses = []
+    if big is not None:
+        sender = threading.Thread(
+            target=keep_sending, args=(url + "/v1/completions", big, stop, statuses)
+        )
+        sender.start()
 
     def strip(answer):  # ids and timestamps differ by request
         return answer.get("choices", answer.get("data"))
@@ -122,6 +147,12 @@ def measure(server, url, model, args):
                 f"server RSS {memory[-1]:.1f} MB",
                 file=sys.stderr,
             )
+    stop.set()
+    if big is not None:
+        sender.join()
+        codes = sorted(set(statuses))
+        counts = ", ".join(f"{statuses.count(c)} x {c}" for c in codes)
+        print(f"{model['id']}: the big client's answers: {counts}", file=sys.stderr)
     latencies = sorted(r[0] for r in results)
 
     def pick(q):
@@ -175,6 +206,13 @@ def main(argv=None):
         default=32,
         help="tokens per completion (default: %(default)s)",
     )
+    p.add_argument(
+        "--big",
+        type=at_least(0),
+        default=0,
+        help="> 0: each GPT's rounds again, beside one more client that sends 64 prompts x "
+        "8 choices of this many tokens, again and again (default: %(default)s, none)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--weights", default="auto", help="serve.py --weights (default: %(default)s)")
     p.add_argument("--compile", action="store_true", help="serve.py --compile")
@@ -186,7 +224,13 @@ def main(argv=None):
         )
     server, url, models = start_server(args.out_dir, args.device, args.weights, args.compile)
     try:
-        rows = [(m, *measure(server, url, m, args)) for m in models]
+        rows = []
+        for m in models:
+            rows.append((m, "", *measure(server, url, m, args)))
+            if args.big and m["task"] == "lm":
+                prompts = [body_for(m, i, args.big)[1]["prompt"] for i in range(64)]
+                big = {"model": m["id"], "prompt": prompts, "n": 8, "max_tokens": args.big}
+                rows.append((m, " + big", *measure(server, url, m, args, big)))
     finally:
         server.terminate()
         server.wait()
@@ -194,10 +238,10 @@ def main(argv=None):
         "| model | task | requests/s | p50 latency | p99 latency | tokens/s | "
         "server RSS after the warm-up, then each round (MB) |\n|---|---|---|---|---|---|---|"
     )
-    for m, rate, p50, p99, tokens, memory in rows:
+    for m, beside, rate, p50, p99, tokens, memory in rows:
         print(
-            f"| {m['id']} | {m['task']} | {rate:.1f} | {1000 * p50:.0f} ms | {1000 * p99:.0f} ms | "
-            f"{tokens:,.0f} | {' / '.join(f'{x:.1f}' for x in memory)} |"
+            f"| {m['id']} | {m['task']}{beside} | {rate:.1f} | {1000 * p50:.0f} ms | "
+            f"{1000 * p99:.0f} ms | {tokens:,.0f} | {' / '.join(f'{x:.1f}' for x in memory)} |"
         )
 
 
