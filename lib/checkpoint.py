@@ -96,13 +96,13 @@ def resume(settings, user_keys):
     Loaded with mmap: the file is read as the tensors are used. init_from becomes where the run
     began (scratch, or the weights it started from), which it stays through every resume."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
-    if not os.path.isfile(path):
-        raise Error(
-            f"init_from=resume but {path} does not exist: train with init_from=scratch first"
-        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         saved = state["config"]
+    except FileNotFoundError:
+        raise Error(
+            f"init_from=resume but {path} does not exist: train with init_from=scratch first"
+        ) from None
     except Exception as e:
         raise Error(
             f"cannot resume from {path} ({type(e).__name__}): "
@@ -229,11 +229,12 @@ def sharded(optimizer, saved):
     state = {}
     for i, moments in saved["state"].items():
         p = parameters[i]
-        state[i] = {}
-        for key, value in moments.items():
-            if value.shape == p.shape:
-                value = distribute_tensor(value, p.device_mesh, p.placements)
-            state[i][key] = value
+        state[i] = {
+            key: distribute_tensor(value, p.device_mesh, p.placements)
+            if value.shape == p.shape
+            else value
+            for key, value in moments.items()
+        }
     return {**saved, "state": state}
 
 

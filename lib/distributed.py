@@ -41,7 +41,7 @@ class Run:
     def device_type(self):
         return self.device.split(":")[0]
 
-    def resolved(self, dtype, strategy="ddp"):
+    def resolved(self, dtype, strategy):
         """This Run with dtype as the settings ask for it (auto: the hardware's rule), checked for
         its device, and sharded if strategy is fsdp under torchrun (one process runs unsharded)."""
         sharded = self.distributed and strategy == "fsdp"
@@ -66,9 +66,9 @@ def started(device, deterministic=False):
             f"--device {device} with {world_size} processes: each process takes its own GPU "
             "(LOCAL_RANK); use --device=auto or cuda (or cpu)"
         )
-    cuda = device in ("auto", "cuda") and torch.cuda.is_available()
+    cuda = device != "cpu" and torch.cuda.is_available()
     device = pick_device(f"cuda:{os.environ['LOCAL_RANK']}" if cuda else device)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
     try:
         yield Run(device, None, True, int(os.environ["RANK"]), world_size)
@@ -107,7 +107,7 @@ def every_rank(run, value):
 
 
 # ------------------------------------------------------------------- the model over the processes
-def parallel(model, run, checkpointing=False):
+def parallel(model, run, checkpointing):
     """The model as the training loop calls it, on run's device: the model itself in one process,
     DDP's wrapper around it under torchrun, or the model itself sharded in place (run.sharded:
     FSDP; it then holds this process's shards). checkpointing: each Block recomputes its
@@ -144,8 +144,7 @@ def shard(model, run):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(run.device_type, (run.world_size,))
-    dtype = getattr(torch, run.dtype)
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, run.dtype), reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     return fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -229,6 +228,7 @@ def plain_class(model):
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
+@dataclass
 class StepGuard:
     """What may stop a run between steps; a context manager, the run's only signal handlers.
     Ctrl-C or SIGTERM asks for a stop at the next step boundary, after saving; a second Ctrl-C
@@ -236,11 +236,10 @@ class StepGuard:
     exits: a save must not be cut short by that). Under torchrun the signal is all-reduced, so
     every rank stops at the same step: one alone would leave the others waiting in an all-reduce."""
 
-    def __init__(self, run):
-        self.run = run
-        self.signum = 0  # the signal this process received
-        self.agreed_signum = 0  # the one every rank agreed on at the last gather
-        self.saving = False
+    run: Run
+    signum: int = 0  # the signal this process received
+    agreed_signum: int = 0  # the one every rank agreed on at the last gather
+    saving: bool = False
 
     def __enter__(self):
         self.handlers = {
