@@ -258,14 +258,14 @@ class StepGuard:
 
     def gather(self, loss_sum, norm):
         """The step's one sync: (the mean loss over the ranks, the gradient norm) as numbers, and
-        the stop signal of any rank agreed on by every rank."""
+        the stop signal of any rank agreed on by every rank. loss_sum and norm: float32 scalars on
+        the device (loss_sum is all-reduced in place)."""
         flag = torch.tensor(float(self.signum), device=self.run.device)
-        loss_sum = loss_sum.float()
         if self.run.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             dist.all_reduce(loss_sum)
             loss_sum /= self.run.world_size
-        loss, norm, signum = torch.stack([loss_sum, norm.float(), flag]).tolist()
+        loss, norm, signum = torch.stack([loss_sum, norm, flag]).tolist()
         self.agreed_signum = int(signum)
         return loss, norm
 
