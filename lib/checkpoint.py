@@ -10,6 +10,7 @@ import socket
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 
@@ -47,29 +48,33 @@ def locked_out_dir(out_dir, new_run):
         raise Error(
             f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
         ) from None
-    try:
-        import fcntl  # POSIX; elsewhere runs are not locked
+    with lock:
+        try:
+            import fcntl  # POSIX; elsewhere runs are not locked
 
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:
-        pass
-    except BlockingIOError:  # held: the one failure that means another run
-        lock.seek(0)
-        holder = lock.read().strip() or "pid ?"
-        raise Error(
-            f"out_dir {out_dir!r} is in use by another run ({holder}): wait for it to end, "
-            "or pick another --out_dir"
-        ) from None
-    except OSError as e:
-        raise Error(
-            f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without flock, "
-            "such as some network mounts?): pick an --out_dir on a local disk"
-        ) from None
-    lock.truncate(0)
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
-    lock.flush()
-    drop_leftovers(out_dir)
-    try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:
+            pass
+        except BlockingIOError:  # held: the one failure that means another run
+            lock.seek(0)
+            holder = lock.read().strip() or "pid ?"
+            raise Error(
+                f"out_dir {out_dir!r} is in use by another run ({holder}): wait for it to end, "
+                "or pick another --out_dir"
+            ) from None
+        except OSError as e:
+            raise Error(
+                f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without "
+                "flock, such as some network mounts?): pick an --out_dir on a local disk"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+        # the temporary files of saves cut short (kill -9 mid-write): with the lock held no other
+        # run writes here, so every such file is a dead process's
+        for path in Path(out_dir).iterdir():
+            if TEMPORARY.search(path.name):
+                path.unlink()
         saved = saved_files(out_dir)
         if saved and new_run:
             raise Error(
@@ -78,21 +83,11 @@ def locked_out_dir(out_dir, new_run):
                 "another --out_dir"
             )
         yield
-    finally:
-        lock.close()
 
 
 def saved_files(out_dir):
     """The names of the checkpoint files out_dir holds (empty: none)."""
-    return [f for f in CHECKPOINT if os.path.exists(os.path.join(out_dir, f))]
-
-
-def drop_leftovers(out_dir):
-    """Remove the temporary files of saves cut short (kill -9 mid-write): with the lock held no
-    other run writes here, so every such file is a dead process's."""
-    for name in os.listdir(out_dir):
-        if TEMPORARY.search(name):
-            os.remove(os.path.join(out_dir, name))
+    return [f for f in CHECKPOINT if Path(out_dir, f).exists()]
 
 
 def resume(settings, user_keys):
@@ -101,13 +96,13 @@ def resume(settings, user_keys):
     Loaded with mmap: the file is read as the tensors are used. init_from becomes where the run
     began (scratch, or the weights it started from), which it stays through every resume."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
-    if not os.path.isfile(path):
-        raise Error(
-            f"init_from=resume but {path} does not exist: train with init_from=scratch first"
-        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         saved = state["config"]
+    except FileNotFoundError:
+        raise Error(
+            f"init_from=resume but {path} does not exist: train with init_from=scratch first"
+        ) from None
     except Exception as e:
         raise Error(
             f"cannot resume from {path} ({type(e).__name__}): "
@@ -117,20 +112,18 @@ def resume(settings, user_keys):
         # the shape came from pretrained weights, not from the keys given
         user_keys = user_keys - set(SHAPE)
     current = asdict(settings)
-    changed = []
-    for k in KEPT_ON_RESUME:
-        if k in user_keys and saved[k] != current[k]:
-            changed.append(f"{k}={saved[k]!r} there, {current[k]!r} here")
+    changed = [
+        f"{k}={saved[k]!r} there, {current[k]!r} here"
+        for k in KEPT_ON_RESUME
+        if k in user_keys and saved[k] != current[k]
+    ]
     if changed:
         changes = "; ".join(changed)
         raise Error(f"cannot resume {path} with a different model or optimizer: {changes}")
     # the device is where this command runs (its processes joined their group on it); init_from
     # stays the first run's
-    kept = {}
-    for k, v in saved.items():
-        given = k in user_keys and k != "init_from"
-        if k in current and k != "device" and not given:
-            kept[k] = v
+    given = (user_keys | {"device"}) - {"init_from"}
+    kept = {k: v for k, v in saved.items() if k in current and k not in given}
     return state, replace(settings, **kept)
 
 
@@ -154,16 +147,14 @@ def save_model(model, out_dir, run, **extra):
     """model.safetensors + config.json (save_pretrained), written by rank 0. A sharded model's
     tensors are gathered first, every rank taking part, into a plain copy of the model on rank 0's
     CPU."""
-    if not run.sharded:
-        if run.master:
-            save_pretrained(model, out_dir, **extra)
-        return
-    state = whole(model.state_dict(keep_vars=True), run.master)
+    state, _ = gathered(model, [], run)
     if not run.master:
         return
-    with torch.device("meta"):
-        copy = plain_class(model)(model.config)
-    save_pretrained(copy.load_weights(state), out_dir, **extra)
+    if run.sharded:
+        with torch.device("meta"):
+            copy = plain_class(model)(model.config)
+        model = copy.load_weights(state)
+    save_pretrained(model, out_dir, **extra)
 
 
 def drop_model(out_dir):
@@ -171,9 +162,7 @@ def drop_model(out_dir):
     does not belong with. The card goes first: weights without a card are no checkpoint to load
     (from_checkpoint looks for config.json), never a card paired with other weights."""
     for name in ("config.json", "model.safetensors"):
-        path = os.path.join(out_dir, name)
-        if os.path.exists(path):
-            os.remove(path)
+        Path(out_dir, name).unlink(missing_ok=True)
     fsync(os.path.abspath(out_dir))
 
 
@@ -181,13 +170,11 @@ def gathered(model, optimizers, run):
     """(the model's state dict, the optimizers' state dicts) with whole tensors, in the layout of
     model.state_dict() and optimizer.state_dict(): the saved format of every strategy. A sharded
     model's are gathered from the shards onto rank 0 (whole())."""
+    optimizer_states = [o.state_dict() for o in optimizers]
     if not run.sharded:
-        return model.state_dict(), [o.state_dict() for o in optimizers]
-    optimizer_states = []
-    for optimizer in optimizers:
-        saved = optimizer.state_dict()
-        state = {i: whole(moments, run.master) for i, moments in saved["state"].items()}
-        optimizer_states.append({**saved, "state": state})
+        return model.state_dict(), optimizer_states
+    for saved in optimizer_states:
+        saved["state"] = {i: whole(moments, run.master) for i, moments in saved["state"].items()}
     return whole(model.state_dict(keep_vars=True), run.master), optimizer_states
 
 
@@ -242,11 +229,12 @@ def sharded(optimizer, saved):
     state = {}
     for i, moments in saved["state"].items():
         p = parameters[i]
-        state[i] = {}
-        for key, value in moments.items():
-            if value.shape == p.shape:
-                value = distribute_tensor(value, p.device_mesh, p.placements)
-            state[i][key] = value
+        state[i] = {
+            key: distribute_tensor(value, p.device_mesh, p.placements)
+            if value.shape == p.shape
+            else value
+            for key, value in moments.items()
+        }
     return {**saved, "state": state}
 
 

@@ -41,7 +41,7 @@ class Run:
     def device_type(self):
         return self.device.split(":")[0]
 
-    def resolved(self, dtype, strategy="ddp"):
+    def resolved(self, dtype, strategy):
         """This Run with dtype as the settings ask for it (auto: the hardware's rule), checked for
         its device, and sharded if strategy is fsdp under torchrun (one process runs unsharded)."""
         sharded = self.distributed and strategy == "fsdp"
@@ -60,20 +60,18 @@ def started(device, deterministic=False):
     if "RANK" not in os.environ:
         yield Run(pick_device(device), dtype=None)
         return
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     if device not in ("auto", "cuda", "cpu"):
         raise Error(
             f"--device {device} with {world_size} processes: each process takes its own GPU "
             "(LOCAL_RANK); use --device=auto or cuda (or cpu)"
         )
-    cuda = device in ("auto", "cuda") and torch.cuda.is_available()
-    device = pick_device(f"cuda:{local_rank}" if cuda else device)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    cuda = device != "cpu" and torch.cuda.is_available()
+    device = pick_device(f"cuda:{os.environ['LOCAL_RANK']}" if cuda else device)
+    backend = "nccl" if cuda else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
     try:
-        yield Run(device, None, True, rank, world_size)
+        yield Run(device, None, True, int(os.environ["RANK"]), world_size)
         # Every rank leaves once rank 0 has written its files. A rank that exits right after its
         # last collective can reach the interpreter's teardown while gloo's worker thread still
         # holds that collective's tensors: their release then takes the GIL, and the process
@@ -87,23 +85,29 @@ def agreed(run, attempt):
     """attempt()'s result, or the first rank's Error raised on every rank: the same one line on
     each, none left waiting in the group for a rank that stopped (rank 0's out_dir lock and
     refusal, a resumed run's state)."""
-    result = None
     error = None
     try:
         result = attempt()
     except Error as e:
         error = str(e)
-    if run.distributed:
-        errors = [None] * run.world_size
-        dist.all_gather_object(errors, error)
-        error = next((e for e in errors if e), None)
+    error = next(filter(None, every_rank(run, error)), None)
     if error:
         raise Error(error)
     return result
 
 
+def every_rank(run, value):
+    """[value of every rank], in rank order: an all-gather under torchrun, every rank taking
+    part."""
+    if not run.distributed:
+        return [value]
+    every = [None] * run.world_size
+    dist.all_gather_object(every, value)
+    return every
+
+
 # ------------------------------------------------------------------- the model over the processes
-def parallel(model, run, checkpointing=False):
+def parallel(model, run, checkpointing):
     """The model as the training loop calls it, on run's device: the model itself in one process,
     DDP's wrapper around it under torchrun, or the model itself sharded in place (run.sharded:
     FSDP; it then holds this process's shards). checkpointing: each Block recomputes its
@@ -111,8 +115,7 @@ def parallel(model, run, checkpointing=False):
     if checkpointing:
         recompute_blocks(model)
     if run.sharded:
-        shard(model, run)
-        return model
+        return shard(model, run)
     model.to(run.device)
     if not run.distributed:
         return model
@@ -136,16 +139,15 @@ def shard(model, run):
     softmax, the loss) stay there. What differs from DDP's autocast: the residual stream between
     those operations is carried in the low precision (the embedding tables are gathered in it, and
     each Block's input is cast to it), and the norms' gains are rounded to it. float32: FSDP casts
-    nothing (a dtype the parameters already have is no cast)."""
+    nothing (a dtype the parameters already have is no cast). Returns the model."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(run.device_type, (run.world_size,))
-    dtype = getattr(torch, run.dtype)
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, run.dtype), reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def recompute_blocks(model):
@@ -183,53 +185,39 @@ def clip_gradients(model, max_norm, run):
     process holds a shard of every gradient: the norm is gathered from the shards' squares over
     the processes (a DTensor's reduction), and every process scales its shards alike."""
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if run.sharded:
-        return norm.full_tensor()
-    return norm
+    return norm.full_tensor() if run.sharded else norm
 
 
 def grad_scaler(run):
     """float16's loss scaler (disabled in the other dtypes). Under FSDP each process checks only
     its own shards for an overflow: ShardedGradScaler all-reduces the verdict, so every process
     skips the same steps."""
-    enabled = run.dtype == "float16"
+    scaler = torch.amp.GradScaler
     if run.sharded:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(run.device_type, enabled=enabled)
-    return torch.amp.GradScaler(run.device_type, enabled=enabled)
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as scaler
+    return scaler(run.device_type, enabled=run.dtype == "float16")
 
 
 def held_bytes(model, optimizers, run):
-    """[{"parameters", "gradients", "optimizer state"}] of every process, in rank order: the bytes
-    of those tensors that it holds, measured from them (under FSDP its local shards; a tensor
-    shared by two modules counted once). Every rank takes part (an all-gather under torchrun)."""
+    """[(parameters, gradients, optimizer state)] of every process, in rank order: the bytes of
+    those tensors that it holds, measured from them (under FSDP its local shards; a tensor shared
+    by two modules counted once). Every rank takes part (an all-gather under torchrun)."""
     parameters = list(model.parameters())
-    grads = [p.grad for p in parameters if p.grad is not None]
-    states = []
-    for optimizer in optimizers:
-        for state in optimizer.state.values():
-            states.extend(v for v in state.values() if isinstance(v, torch.Tensor))
-    held = {
-        "parameters": local_bytes(parameters, run.sharded),
-        "gradients": local_bytes(grads, run.sharded),
-        "optimizer state": local_bytes(states, run.sharded),
-    }
-    if not run.distributed:
-        return [held]
-    every = [None] * run.world_size
-    dist.all_gather_object(every, held)
-    return every
+    grads = [p.grad for p in parameters]
+    states = [v for o in optimizers for state in o.state.values() for v in state.values()]
+    held = [local_bytes(tensors, run.sharded) for tensors in (parameters, grads, states)]
+    return every_rank(run, held)
 
 
-def local_bytes(tensors, sharded):
-    """The bytes of the tensors' data on this process: under FSDP (sharded) a DTensor's local
-    shard."""
+def local_bytes(values, sharded):
+    """The bytes of the tensors' data on this process, of the values that are tensors (a gradient
+    may be None): under FSDP (sharded) a DTensor's local shard."""
+    tensors = [t for t in values if isinstance(t, torch.Tensor)]
     if sharded:
         from torch.distributed.tensor import DTensor
 
         tensors = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.nbytes for t in tensors)
 
 
 def plain_class(model):
@@ -240,6 +228,7 @@ def plain_class(model):
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
+@dataclass
 class StepGuard:
     """What may stop a run between steps; a context manager, the run's only signal handlers.
     Ctrl-C or SIGTERM asks for a stop at the next step boundary, after saving; a second Ctrl-C
@@ -247,16 +236,15 @@ class StepGuard:
     exits: a save must not be cut short by that). Under torchrun the signal is all-reduced, so
     every rank stops at the same step: one alone would leave the others waiting in an all-reduce."""
 
-    def __init__(self, run):
-        self.run = run
-        self.signum = 0  # the signal this process received
-        self.agreed_signum = 0  # the one every rank agreed on at the last gather
-        self.saving = False
+    run: Run
+    signum: int = 0  # the signal this process received
+    agreed_signum: int = 0  # the one every rank agreed on at the last gather
+    saving: bool = False
 
     def __enter__(self):
-        self.handlers = {}
-        for s in (signal.SIGINT, signal.SIGTERM):
-            self.handlers[s] = signal.signal(s, self.on_signal)
+        self.handlers = {
+            s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+        }
         return self
 
     def __exit__(self, *exc):
@@ -270,14 +258,14 @@ class StepGuard:
 
     def gather(self, loss_sum, norm):
         """The step's one sync: (the mean loss over the ranks, the gradient norm) as numbers, and
-        the stop signal of any rank agreed on by every rank."""
-        flag = torch.full((), float(self.signum), device=self.run.device)
-        loss_sum = loss_sum.float()
+        the stop signal of any rank agreed on by every rank. loss_sum and norm: float32 scalars on
+        the device (loss_sum is all-reduced in place)."""
+        flag = torch.tensor(float(self.signum), device=self.run.device)
         if self.run.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             dist.all_reduce(loss_sum)
             loss_sum /= self.run.world_size
-        loss, norm, signum = torch.stack([loss_sum, norm.float(), flag]).tolist()
+        loss, norm, signum = torch.stack([loss_sum, norm, flag]).tolist()
         self.agreed_signum = int(signum)
         return loss, norm
 
@@ -310,8 +298,8 @@ def memory_lines(held, sharded):
     how = "its shards" if sharded else "whole tensors"
     lines = []
     for rank, sizes in enumerate(held):
-        parameters, gradients, states = sizes.values()
-        total = sum(sizes.values()) / 2**30
+        parameters, gradients, states = sizes
+        total = sum(sizes) / 2**30
         lines.append(
             f"process {rank} of {len(held)} holds {parameters:,} bytes of parameters, "
             f"{gradients:,} of gradients and {states:,} of optimizer state "
