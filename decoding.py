@@ -237,41 +237,27 @@ def make_picks(options, greedy, seed, n, vocab_size):
 
 
 def pick_tokens(picks, logits, contexts):
-    """Row i's next token (an int) from logits [B, V] by picks[i], with contexts[i] its token ids
-    so far, or the Error that leaves it none. Rows whose NextTokens share their options run
+    """Row i's next token (an int) from logits [B, V] by the NextToken picks[i], with contexts[i]
+    its token ids so far, or the Error that leaves it none. Rows that share their options run
     through them as one batch (the context tensor built only where an option reads it, and then
     of rows of one length); each row then draws from its own generator, so its tokens never depend
-    on the batch. Any other pick (a callable of logits and context) runs alone."""
+    on the batch."""
     groups = {}
     for i, pick in enumerate(picks):
-        groups.setdefault(batch_key(pick, contexts[i]), []).append(i)
+        length = len(contexts[i]) if pick.reads_context() else 0
+        key = pick.options, pick.greedy, pick.vocab_size, length
+        groups.setdefault(key, []).append(i)
     tokens = [None] * len(picks)
     for rows in groups.values():
         first = picks[rows[0]]
-        batched = isinstance(first, NextToken)
         context = None
-        if not batched or first.reads_context():
+        if first.reads_context():
             context = torch.tensor([contexts[i] for i in rows], device=logits.device)
-        if batched:
-            processed = first.process(logits[rows], context)
+        processed = first.process(logits[rows], context)
         for j, i in enumerate(rows):
-            row = logits[i : i + 1]
             own = None if context is None else context[j : j + 1]
             try:
-                if batched:
-                    token = picks[i].draw(processed[j : j + 1], row, own)
-                else:
-                    token = picks[i](row, own)
-                tokens[i] = int(token)
+                tokens[i] = int(picks[i].draw(processed[j : j + 1], logits[i : i + 1], own))
             except Error as e:  # no token left to draw: this row's options, not the others'
                 tokens[i] = e
     return tokens
-
-
-def batch_key(pick, context):
-    """What rows must share to pick as one batch: a NextToken's options, greedy and vocabulary
-    (and the context's length, where an option reads it); any other pick is a batch of its own."""
-    if not isinstance(pick, NextToken):
-        return id(pick)
-    length = len(context) if pick.reads_context() else 0
-    return pick.options, pick.greedy, pick.vocab_size, length

@@ -107,14 +107,12 @@ class Engine:
         echo: score the prompt too (it must fit in block_size)."""
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
-        if len(picks) > len(self.cache.lengths):
-            raise Error(f"{len(picks)} rows asked of an engine of {len(self.cache.lengths)}")
+        rows = len(self.cache.lengths)
+        if len(picks) > rows:
+            raise Error(f"{len(picks)} rows asked of an engine of {rows}")
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
-        rows = []
-        for pick in picks:
-            row = Row(prompt, pick, max_new_tokens, self.block_size, logprobs)
-            rows.append(row)
+        rows = [Row(prompt, pick, max_new_tokens, self.block_size, logprobs) for pick in picks]
         request = Request(rows, echo)
         self.waiting.append(request)
         return request
@@ -144,11 +142,7 @@ class Engine:
         joined = self.admit()
         decoding = [row for row in self.active if row not in joined]
         with sdpa_kernel(VARYING_LENGTHS):
-            if self.use_cache:
-                self.decode(decoding)
-            else:
-                for row in decoding:
-                    self.take([row], self.window_logits(row))
+            self.decode(decoding)
         self.release()
         return joined + decoding
 
@@ -167,11 +161,9 @@ class Engine:
                 self.free.remove(row.slot)
             # every position's logits to score the prompt, else the last one's
             keep = len(rows[0].tokens) if request.echo else 1
+            logits = self.prefill(rows[0], keep)
             if self.use_cache:
-                logits = self.prefill(rows[0], keep)
                 self.cache.copy(rows[0].slot, [row.slot for row in rows[1:]])
-            else:
-                logits = self.window_logits(rows[0], keep)
             if request.echo:
                 score_prompt(request, logits, rows[0].logprobs)
             self.take(rows, logits[-1:].expand(len(rows), -1))
@@ -181,29 +173,24 @@ class Engine:
         return joined
 
     def prefill(self, row, keep=1):
-        """The row's window into its slot, afresh -> the logits [keep, vocab] of its last keep
-        positions."""
-        self.cache.reset(row.slot)
+        """The row's window through the model (with the cache, into its slot afresh) -> the
+        logits [keep, vocab] of its last keep positions."""
         window = row.tokens[row.start :]
         idx = torch.tensor([window], device=self.device)
-        step = self.cache.step([row.slot], len(window))
+        step = None
+        if self.use_cache:
+            self.cache.reset(row.slot)
+            step = self.cache.step([row.slot], len(window))
         logits, _ = self.model(idx, cache=step, logits_to_keep=keep)
-        return logits[0]
-
-    def window_logits(self, row, keep=1):
-        """The uncached path: the row's whole window through the model -> the logits
-        [keep, vocab] of its last keep positions."""
-        self.slide(row)
-        idx = torch.tensor([row.tokens[row.start :]], device=self.device)
-        logits, _ = self.model(idx, logits_to_keep=keep)
         return logits[0]
 
     def decode(self, rows):
         """Each row's last token through the model in one forward (a row whose window is full
-        restarts it with a prefill of its own), and each row's next token picked."""
+        restarts it with a prefill of its own, as every row does without the cache), and each
+        row's next token picked."""
         batched = []
         for row in rows:
-            if self.slide(row):
+            if self.slide(row) or not self.use_cache:
                 self.take([row], self.prefill(row))
             else:
                 batched.append(row)
@@ -246,14 +233,10 @@ class Engine:
 
     def fail(self, message):
         """Every row in the engine ends with message as its error (a bug in a step)."""
-        for request in self.waiting:
-            for row in request.rows:
-                row.error = message
-                row.done = True
-        self.waiting.clear()
-        for row in self.active:
+        for row in self.active + [row for request in self.waiting for row in request.rows]:
             row.error = message
             row.done = True
+        self.waiting.clear()
         self.release()
 
     def release(self):
@@ -287,6 +270,5 @@ def score_prompt(request, logits, top):
     chosen = logprobs.gather(1, tokens[:, None])[:, 0]
     request.prompt_logprobs = [None, *chosen.tolist()]
     values, ids = logprobs.topk(top or 0, dim=-1)  # [T - 1, top]
-    request.prompt_top_logprobs = [None]
-    for pairs in zip(ids.tolist(), values.tolist()):
-        request.prompt_top_logprobs.append(list(zip(*pairs)))
+    alternatives = [list(zip(*pairs)) for pairs in zip(ids.tolist(), values.tolist())]
+    request.prompt_top_logprobs = [None, *alternatives]

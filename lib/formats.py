@@ -42,9 +42,8 @@ def resolve_weights(weights, device):
     if weights != "auto":
         return weights
     kind = torch.device(device).type
-    if kind == "cuda":
-        return "bfloat16" if native_bf16_gpu() else "float32"
-    return "bfloat16" if kind == "cpu" and cpu_has_bf16() else "float32"
+    native = native_bf16_gpu() if kind == "cuda" else kind == "cpu" and cpu_has_bf16()
+    return "bfloat16" if native else "float32"
 
 
 class Int8Linear(nn.Module):
@@ -60,12 +59,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", quantized.to(torch.int8))
         self.register_buffer("scales", scales.to(torch.bfloat16))
         self.bias = linear.bias
-        self.out_features = linear.out_features
 
     def forward(self, x):
         flat = x.reshape(-1, x.size(-1)).to(torch.bfloat16)
         y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)
-        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        y = y.view(*x.shape[:-1], y.size(-1)).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
 
@@ -119,11 +117,8 @@ def onednn_multiplies(weights):
 
 
 def replace_linears(model, kind):
-    """Every Linear of the blocks and the head replaced by kind(linear)."""
-    for block in model.blocks:
-        attn = block.attn
-        attn.qkv = kind(attn.qkv)
-        attn.proj = kind(attn.proj)
-        block.mlp.fc = kind(block.mlp.fc)
-        block.mlp.proj = kind(block.mlp.proj)
-    model.lm_head = kind(model.lm_head)
+    """Every Linear of the model (the blocks' and the head) replaced by kind(linear)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, kind(child))

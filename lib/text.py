@@ -8,18 +8,15 @@ def continuations(engine, request, tokenizer, stops=()):
     is searched, not the prompt), and its row stops decoding there."""
     rows = request.rows
     texts = [""] * len(rows)
-    stopped = [False] * len(rows)
     while not request.done:
         engine.step()
         for i, row in enumerate(rows):
-            if stopped[i]:
-                continue
-            # the whole continuation decoded: bytes split over tokens join up
+            # the whole continuation decoded: bytes split over tokens join up; a row that
+            # stopped takes no more tokens, so its text stays cut
             texts[i] = tokenizer.decode(row.generated)
             cut = first_stop(texts[i], stops)
             if cut >= 0:
                 texts[i] = texts[i][:cut]
-                stopped[i] = True
                 row.finish()
         yield texts, [row.done for row in rows]
 
