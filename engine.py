@@ -225,7 +225,10 @@ class Engine:
                 row.done = True
                 continue
             if row.logprobs is not None:
-                record_logprobs(row, row_logits.float(), token)
+                chosen, top = log_probabilities(row_logits[None], [token], row.logprobs)
+                row.token_logprobs += chosen
+                if row.logprobs:
+                    row.top_logprobs += top
             row.tokens.append(token)
             row.remaining -= 1
             if row.remaining == 0:
@@ -252,23 +255,21 @@ def cache_dtype(weight):
     return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
-def record_logprobs(row, logits, token):
-    """The chosen token's log-probability under the model (the raw logits, before any decoding
-    option) and, with logprobs > 0, the most likely alternatives as [(token, log-probability)]."""
-    logprobs = torch.log_softmax(logits, dim=-1)
-    row.token_logprobs.append(logprobs[token].item())
-    if row.logprobs:
-        values, ids = logprobs.topk(row.logprobs)
-        row.top_logprobs.append(list(zip(ids.tolist(), values.tolist())))
+def log_probabilities(logits, tokens, top):
+    """Each of tokens' log-probability under logits [len(tokens), vocab] (the model's, before any
+    decoding option), and each position's top alternatives as [(token, log-probability)]."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(tokens, device=logits.device)
+    chosen = logprobs.gather(1, ids[:, None])[:, 0]
+    values, top_ids = logprobs.topk(top, dim=-1)  # [len(tokens), top]
+    pairs = zip(top_ids.tolist(), values.tolist())
+    return chosen.tolist(), [list(zip(*pair)) for pair in pairs]
 
 
 def score_prompt(request, logits, top):
     """The request's prompt scored from its prefill's logits [T, vocab]: token t + 1's
     log-probability after tokens 0..t, and with top > 0 the top alternatives."""
-    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
-    tokens = torch.tensor(request.rows[0].tokens[1:], device=logits.device)
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-    request.prompt_logprobs = [None, *chosen.tolist()]
-    values, ids = logprobs.topk(top or 0, dim=-1)  # [T - 1, top]
-    alternatives = [list(zip(*pairs)) for pairs in zip(ids.tolist(), values.tolist())]
+    tokens = request.rows[0].tokens[1:]
+    chosen, alternatives = log_probabilities(logits[:-1], tokens, top or 0)
+    request.prompt_logprobs = [None, *chosen]
     request.prompt_top_logprobs = [None, *alternatives]
