@@ -229,11 +229,8 @@ class NextToken:
 def make_picks(options, greedy, seed, n, vocab_size):
     """One NextToken per sample, each drawing from a generator of its own seeded
     seed + i: a sample never depends on how many others are drawn beside it."""
-    picks = []
-    for i in range(n):
-        generator = torch.Generator().manual_seed(seed + i)
-        picks.append(NextToken(options, greedy, generator, vocab_size))
-    return picks
+    generators = [torch.Generator().manual_seed(seed + i) for i in range(n)]
+    return [NextToken(options, greedy, g, vocab_size) for g in generators]
 
 
 def pick_tokens(picks, logits, contexts):

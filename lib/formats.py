@@ -2,8 +2,6 @@
 for float32 logits) and int8 (weight-only, per-output-channel scales, as gpt-fast's quantize.py);
 on a CPU the float32 and bfloat16 products run on oneDNN's packed layout (PackedLinear)."""
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 
@@ -23,12 +21,11 @@ def for_decoding(model, device, weights="auto"):
     weights = resolve_weights(weights, device)
     if weights == "bfloat16":
         head = model.lm_head.weight.detach().float()
-        model = model.to(torch.bfloat16)
+        model.to(torch.bfloat16)
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
-    on_cpu = torch.device(device).type == "cpu"
     if weights == "int8":
         replace_linears(model, Int8Linear)
-    elif on_cpu and onednn_multiplies(weights):
+    elif torch.device(device).type == "cpu" and onednn_multiplies(weights):
         replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
     return model
 
@@ -96,9 +93,7 @@ def onednn_linear(x, packed, bias):
 
 
 @torch.library.custom_op("gpt::packed_linear", mutates_args=())
-def packed_linear(
-    x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]
-) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """onednn_linear as an op the compiler calls as it is (it cannot lower the packed layout)."""
     return onednn_linear(x, packed, bias)
 
