@@ -107,9 +107,9 @@ class Engine:
         echo: score the prompt too (it must fit in block_size)."""
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
-        rows = len(self.cache.lengths)
-        if len(picks) > rows:
-            raise Error(f"{len(picks)} rows asked of an engine of {rows}")
+        slots = len(self.cache.lengths)
+        if len(picks) > slots:
+            raise Error(f"{len(picks)} rows asked of an engine of {slots}")
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         rows = [Row(prompt, pick, max_new_tokens, self.block_size, logprobs) for pick in picks]
