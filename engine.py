@@ -217,8 +217,7 @@ class Engine:
             for row in rows:
                 row.done = True
             return
-        contexts = [row.tokens for row in rows]
-        tokens = pick_tokens([row.pick for row in rows], logits, contexts)
+        tokens = pick_tokens([row.pick for row in rows], logits, [row.tokens for row in rows])
         for row, row_logits, token in zip(rows, logits, tokens):
             if isinstance(token, Error):
                 row.error = str(token)

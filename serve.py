@@ -661,8 +661,8 @@ async def unless_gone(work, receive):
 
 
 class Traced(decoding.NextToken):
-    """pick, recording each token it draws in trace: the token and the top candidates (token, id,
-    probability) of the raw logits and after each filter that runs."""
+    """pick's decoding, recording each token it draws in trace: the token and the top candidates
+    (token, id, probability) of the raw logits and after each filter that runs."""
 
     def __init__(self, pick, top, tokenizer, trace):
         super().__init__(pick.options, pick.greedy, pick.generator, pick.vocab_size)
