@@ -115,29 +115,24 @@ class Options:
     )
 
     def __post_init__(self):
+        """Error unless each value has its option's type (a float takes an int) and lies in its
+        range."""
         for f in fields(self):
-            check(f, getattr(self, f.name))
-
-
-def check(f, value):
-    """Error unless value has the option's type (a float takes an int) and lies in its range."""
-    if f.type is float and type(value) is int:
-        value = float(value) if abs(value) < 1e300 else math.inf
-    if type(value) is not f.type:
-        raise Error(f"{f.name} must be {f.type.__name__}, got {value!r:.40}")
-    if f.type is float and not math.isfinite(value):
-        raise Error(f"{f.name} must be a finite number, got {value}")
-    if not in_range(value, **f.metadata):
-        raise Error(f"{f.name} must be {describe(**f.metadata)}, got {value!r:.40}")
+            value = getattr(self, f.name)
+            if f.type is float and type(value) is int:
+                value = float(value) if abs(value) < 1e300 else math.inf
+            if type(value) is not f.type:
+                raise Error(f"{f.name} must be {f.type.__name__}, got {value!r:.40}")
+            if f.type is float and not math.isfinite(value):
+                raise Error(f"{f.name} must be a finite number, got {value}")
+            if not in_range(value, **f.metadata):
+                raise Error(f"{f.name} must be {describe(**f.metadata)}, got {value!r:.40}")
 
 
 def in_range(value, ge, gt, le, help):
-    """Whether value satisfies an option's bounds (None: no bound)."""
-    if ge is not None and value < ge:
-        return False
-    if gt is not None and value <= gt:
-        return False
-    return le is None or value <= le
+    """Whether value satisfies an option's bounds: ge or gt below, le (None: none) above."""
+    below = value < ge if gt is None else value <= gt
+    return not below and (le is None or value <= le)
 
 
 def describe(ge, gt, le, help):
@@ -145,6 +140,16 @@ def describe(ge, gt, le, help):
     if le is None:
         return f">= {ge}" if gt is None else f"> {gt}"
     return f"in [{ge}, {le}]" if gt is None else f"in ({gt}, {le}]"
+
+
+# each option's strategy: those that read the context, and those of the logits alone
+READS_CONTEXT = dict(
+    frequency_penalty=frequency_penalty,
+    presence_penalty=presence_penalty,
+    repetition_penalty=repetition_penalty,
+    no_repeat_ngram_size=no_repeat_ngram,
+)
+FILTERS = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 class NextToken:
@@ -161,35 +166,25 @@ class NextToken:
         self.generator = generator
         self.vocab_size = vocab_size
 
+    def on(self):
+        """(name, value) of each option that is on (not at its off value), in Options' order;
+        greedy skips the FILTERS."""
+        for f in fields(self.options):
+            value = getattr(self.options, f.name)
+            if value != f.default and not (self.greedy and f.name in FILTERS):
+                yield f.name, value
+
     def stages(self, logits, context):
         """Yields ("raw", logits within vocab_size), then (option, logits after it) for each option
         that is on."""
         logits = logits[:, : self.vocab_size]
         yield "raw", logits
-        o = self.options
-        if o.frequency_penalty:
-            logits = frequency_penalty(logits, context, o.frequency_penalty)
-            yield "frequency_penalty", logits
-        if o.presence_penalty:
-            logits = presence_penalty(logits, context, o.presence_penalty)
-            yield "presence_penalty", logits
-        if o.repetition_penalty != 1:
-            logits = repetition_penalty(logits, context, o.repetition_penalty)
-            yield "repetition_penalty", logits
-        if o.no_repeat_ngram_size:
-            logits = no_repeat_ngram(logits, context, o.no_repeat_ngram_size)
-            yield "no_repeat_ngram_size", logits
-        if self.greedy:
-            return
-        if o.temperature != 1:
-            logits = temperature(logits, o.temperature)
-            yield "temperature", logits
-        if o.top_k:
-            logits = top_k(logits, o.top_k)
-            yield "top_k", logits
-        if o.top_p < 1:
-            logits = top_p(logits, o.top_p)
-            yield "top_p", logits
+        for name, value in self.on():
+            if name in FILTERS:
+                logits = FILTERS[name](logits, value)
+            else:
+                logits = READS_CONTEXT[name](logits, context, value)
+            yield name, logits
 
     def process(self, logits, context):
         """The logits after every option that is on."""
@@ -200,8 +195,7 @@ class NextToken:
         """Why the processed logits have no softmax to draw from, naming the first stage after
         which they have none: a row all -inf, or a logit at +inf."""
         stages = self.stages(logits, context)
-        broken = [(n, x) for n, x in stages if not torch.isfinite(torch.softmax(x, -1)).all()]
-        name, x = broken[0]
+        name, x = next((n, x) for n, x in stages if not torch.isfinite(torch.softmax(x, -1)).all())
         if name == "raw":
             return "the model's logits are not finite numbers"
         if (x == NEG_INF).all(-1).any():
@@ -213,9 +207,7 @@ class NextToken:
 
     def reads_context(self):
         """Whether an option that is on reads the context (the penalties, n-gram blocking)."""
-        o = self.options
-        penalties = o.frequency_penalty or o.presence_penalty or o.no_repeat_ngram_size
-        return bool(penalties) or o.repetition_penalty != 1
+        return any(name in READS_CONTEXT for name, value in self.on())
 
     def __call__(self, logits, context):
         return self.draw(self.process(logits, context), logits, context)
@@ -237,59 +229,32 @@ class NextToken:
 def make_picks(options, greedy, seed, n, vocab_size):
     """One NextToken per sample, each drawing from a generator of its own seeded
     seed + i: a sample never depends on how many others are drawn beside it."""
-    picks = []
-    for i in range(n):
-        generator = torch.Generator().manual_seed(seed + i)
-        picks.append(NextToken(options, greedy, generator, vocab_size))
-    return picks
+    generators = [torch.Generator().manual_seed(seed + i) for i in range(n)]
+    return [NextToken(options, greedy, g, vocab_size) for g in generators]
 
 
 def pick_tokens(picks, logits, contexts):
-    """Row i's next token (an int) from logits [B, V] by picks[i], with contexts[i] its token ids
-    so far, or the Error that leaves it none. Rows whose NextTokens share their options run
-    through them as one batch (where an option reads the context, rows of one length); each row
-    then draws from its own generator, so its tokens never depend on the batch. Any other pick
-    (a callable of logits and context) runs alone."""
+    """Row i's next token (an int) from logits [B, V] by the NextToken picks[i], with contexts[i]
+    its token ids so far, or the Error that leaves it none. Rows that share their options run
+    through them as one batch (the context tensor built only where an option reads it, and then
+    of rows of one length); each row then draws from its own generator, so its tokens never depend
+    on the batch."""
     groups = {}
     for i, pick in enumerate(picks):
-        groups.setdefault(batch_key(pick, contexts[i]), []).append(i)
+        length = len(contexts[i]) if pick.reads_context() else 0
+        key = pick.options, pick.greedy, pick.vocab_size, length
+        groups.setdefault(key, []).append(i)
     tokens = [None] * len(picks)
     for rows in groups.values():
-        group = [picks[i] for i in rows]
-        picked = pick_group(group, logits[rows], [contexts[i] for i in rows])
-        for i, token in zip(rows, picked):
-            tokens[i] = token
+        first = picks[rows[0]]
+        context = None
+        if first.reads_context():
+            context = torch.tensor([contexts[i] for i in rows], device=logits.device)
+        processed = first.process(logits[rows], context)
+        for j, i in enumerate(rows):
+            own = None if context is None else context[j : j + 1]
+            try:
+                tokens[i] = int(picks[i].draw(processed[j : j + 1], logits[i : i + 1], own))
+            except Error as e:  # no token left to draw: this row's options, not the others'
+                tokens[i] = e
     return tokens
-
-
-def pick_group(picks, logits, contexts):
-    """pick_tokens for rows of one batch_key: the context tensor built only where a pick reads
-    it, the options applied once, then each row's draw."""
-    first = picks[0]
-    batched = isinstance(first, NextToken)
-    context = None
-    if not batched or first.reads_context():
-        context = torch.tensor(contexts, device=logits.device)
-    processed = first.process(logits, context) if batched else None
-    tokens = []
-    for j, pick in enumerate(picks):
-        row = logits[j : j + 1]
-        own = None if context is None else context[j : j + 1]
-        try:
-            if batched:
-                token = pick.draw(processed[j : j + 1], row, own)
-            else:
-                token = pick(row, own)
-            tokens.append(int(token))
-        except Error as e:  # no token left to draw: this row's options, not the others'
-            tokens.append(e)
-    return tokens
-
-
-def batch_key(pick, context):
-    """What rows must share to pick as one batch: a NextToken's options, greedy and vocabulary
-    (and the context's length, where an option reads it); any other pick is a batch of its own."""
-    if not isinstance(pick, NextToken):
-        return id(pick)
-    length = len(context) if pick.reads_context() else 0
-    return pick.options, pick.greedy, pick.vocab_size, length

@@ -107,14 +107,12 @@ class Engine:
         echo: score the prompt too (it must fit in block_size)."""
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
-        if len(picks) > len(self.cache.lengths):
-            raise Error(f"{len(picks)} rows asked of an engine of {len(self.cache.lengths)}")
+        slots = len(self.cache.lengths)
+        if len(picks) > slots:
+            raise Error(f"{len(picks)} rows asked of an engine of {slots}")
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
-        rows = []
-        for pick in picks:
-            row = Row(prompt, pick, max_new_tokens, self.block_size, logprobs)
-            rows.append(row)
+        rows = [Row(prompt, pick, max_new_tokens, self.block_size, logprobs) for pick in picks]
         request = Request(rows, echo)
         self.waiting.append(request)
         return request
@@ -144,11 +142,7 @@ class Engine:
         joined = self.admit()
         decoding = [row for row in self.active if row not in joined]
         with sdpa_kernel(VARYING_LENGTHS):
-            if self.use_cache:
-                self.decode(decoding)
-            else:
-                for row in decoding:
-                    self.take([row], self.window_logits(row))
+            self.decode(decoding)
         self.release()
         return joined + decoding
 
@@ -167,11 +161,9 @@ class Engine:
                 self.free.remove(row.slot)
             # every position's logits to score the prompt, else the last one's
             keep = len(rows[0].tokens) if request.echo else 1
+            logits = self.prefill(rows[0], keep)
             if self.use_cache:
-                logits = self.prefill(rows[0], keep)
                 self.cache.copy(rows[0].slot, [row.slot for row in rows[1:]])
-            else:
-                logits = self.window_logits(rows[0], keep)
             if request.echo:
                 score_prompt(request, logits, rows[0].logprobs)
             self.take(rows, logits[-1:].expand(len(rows), -1))
@@ -181,29 +173,24 @@ class Engine:
         return joined
 
     def prefill(self, row, keep=1):
-        """The row's window into its slot, afresh -> the logits [keep, vocab] of its last keep
-        positions."""
-        self.cache.reset(row.slot)
+        """The row's window through the model (with the cache, into its slot afresh) -> the
+        logits [keep, vocab] of its last keep positions."""
         window = row.tokens[row.start :]
         idx = torch.tensor([window], device=self.device)
-        step = self.cache.step([row.slot], len(window))
+        step = None
+        if self.use_cache:
+            self.cache.reset(row.slot)
+            step = self.cache.step([row.slot], len(window))
         logits, _ = self.model(idx, cache=step, logits_to_keep=keep)
-        return logits[0]
-
-    def window_logits(self, row, keep=1):
-        """The uncached path: the row's whole window through the model -> the logits
-        [keep, vocab] of its last keep positions."""
-        self.slide(row)
-        idx = torch.tensor([row.tokens[row.start :]], device=self.device)
-        logits, _ = self.model(idx, logits_to_keep=keep)
         return logits[0]
 
     def decode(self, rows):
         """Each row's last token through the model in one forward (a row whose window is full
-        restarts it with a prefill of its own), and each row's next token picked."""
+        restarts it with a prefill of its own, as every row does without the cache), and each
+        row's next token picked."""
         batched = []
         for row in rows:
-            if self.slide(row):
+            if self.slide(row) or not self.use_cache:
                 self.take([row], self.prefill(row))
             else:
                 batched.append(row)
@@ -230,15 +217,17 @@ class Engine:
             for row in rows:
                 row.done = True
             return
-        contexts = [row.tokens for row in rows]
-        tokens = pick_tokens([row.pick for row in rows], logits, contexts)
+        tokens = pick_tokens([row.pick for row in rows], logits, [row.tokens for row in rows])
         for row, row_logits, token in zip(rows, logits, tokens):
             if isinstance(token, Error):
                 row.error = str(token)
                 row.done = True
                 continue
             if row.logprobs is not None:
-                record_logprobs(row, row_logits.float(), token)
+                chosen, top = log_probabilities(row_logits[None], [token], row.logprobs)
+                row.token_logprobs += chosen
+                if row.logprobs:
+                    row.top_logprobs += top
             row.tokens.append(token)
             row.remaining -= 1
             if row.remaining == 0:
@@ -246,14 +235,10 @@ class Engine:
 
     def fail(self, message):
         """Every row in the engine ends with message as its error (a bug in a step)."""
-        for request in self.waiting:
-            for row in request.rows:
-                row.error = message
-                row.done = True
-        self.waiting.clear()
-        for row in self.active:
+        for row in self.active + [row for request in self.waiting for row in request.rows]:
             row.error = message
             row.done = True
+        self.waiting.clear()
         self.release()
 
     def release(self):
@@ -269,24 +254,21 @@ def cache_dtype(weight):
     return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
-def record_logprobs(row, logits, token):
-    """The chosen token's log-probability under the model (the raw logits, before any decoding
-    option) and, with logprobs > 0, the most likely alternatives as [(token, log-probability)]."""
-    logprobs = torch.log_softmax(logits, dim=-1)
-    row.token_logprobs.append(logprobs[token].item())
-    if row.logprobs:
-        values, ids = logprobs.topk(row.logprobs)
-        row.top_logprobs.append(list(zip(ids.tolist(), values.tolist())))
+def log_probabilities(logits, tokens, top):
+    """Each of tokens' log-probability under logits [len(tokens), vocab] (the model's, before any
+    decoding option), and each position's top alternatives as [(token, log-probability)]."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(tokens, device=logits.device)
+    chosen = logprobs.gather(1, ids[:, None])[:, 0]
+    values, top_ids = logprobs.topk(top, dim=-1)  # [len(tokens), top]
+    pairs = zip(top_ids.tolist(), values.tolist())
+    return chosen.tolist(), [list(zip(*pair)) for pair in pairs]
 
 
 def score_prompt(request, logits, top):
     """The request's prompt scored from its prefill's logits [T, vocab]: token t + 1's
     log-probability after tokens 0..t, and with top > 0 the top alternatives."""
-    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
-    tokens = torch.tensor(request.rows[0].tokens[1:], device=logits.device)
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-    request.prompt_logprobs = [None, *chosen.tolist()]
-    values, ids = logprobs.topk(top or 0, dim=-1)  # [T - 1, top]
-    request.prompt_top_logprobs = [None]
-    for pairs in zip(ids.tolist(), values.tolist()):
-        request.prompt_top_logprobs.append(list(zip(*pairs)))
+    tokens = request.rows[0].tokens[1:]
+    chosen, alternatives = log_probabilities(logits[:-1], tokens, top or 0)
+    request.prompt_logprobs = [None, *chosen]
+    request.prompt_top_logprobs = [None, *alternatives]

@@ -13,7 +13,7 @@ import decoding
 from engine import Engine
 from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
 from lib.formats import WEIGHTS, for_decoding, resolve_weights
-from lib.text import continuations, printable
+from lib.text import first_stop, printable
 from lib.weights import GPT2_NAMES, load_gpt
 
 SEPARATOR = "-" * 40
@@ -196,9 +196,11 @@ def main(argv=None):
 
 
 def decode_samples(engine, request, tokenizer, args):
-    """sample.py's decoding -> (the texts, steps run, seconds, interrupted); --stream prints the
-    first sample as it grows."""
-    texts = [""] * args.num_samples
+    """sample.py's decoding -> (the texts, steps run, seconds, interrupted). A text ends right
+    before --stop (the continuation is searched, not the prompt), and its row stops decoding
+    there; --stream prints the first sample as it grows."""
+    rows = request.rows
+    texts = [""] * len(rows)
     steps = 0
     shown = 0  # characters of sample 0 already streamed
     if args.stream:
@@ -207,10 +209,19 @@ def decode_samples(engine, request, tokenizer, args):
     t0 = time.perf_counter()
     interrupted = False
     try:
-        for texts, done in continuations(engine, request, tokenizer, stops):
+        while not request.done:
+            engine.step()
+            for i, row in enumerate(rows):
+                # the whole continuation decoded: bytes split over tokens join up; a row that
+                # stopped takes no more tokens, so its text stays cut
+                texts[i] = tokenizer.decode(row.generated)
+                cut = first_stop(texts[i], stops)
+                if cut >= 0:
+                    texts[i] = texts[i][:cut]
+                    row.finish()
             steps += 1
             if args.stream:
-                out = texts[0] if done[0] else printable(texts[0], stops)
+                out = texts[0] if rows[0].done else printable(texts[0], stops)
                 print(out[shown:], end="", flush=True)
                 shown = max(shown, len(out))
     except KeyboardInterrupt:  # Ctrl-C: keep what was generated

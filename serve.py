@@ -496,7 +496,7 @@ class Completion:
             picks = decoding.make_picks(self.options, False, self.seed, req.n, vocab_size)
             traces = [[] for _ in picks]
             if req.trace:
-                picks = [traced(p, req.trace, self.tokenizer, t) for p, t in zip(picks, traces)]
+                picks = [Traced(p, req.trace, self.tokenizer, t) for p, t in zip(picks, traces)]
             # the prompt scored only where its log-probabilities are asked for
             echo = req.echo and req.logprobs is not None
             request = self.decoder.submit(ids, picks, req.max_tokens, req.logprobs, echo)
@@ -712,26 +712,30 @@ async def unless_gone(work, receive):
     return task.result()
 
 
-def traced(pick, top, tokenizer, trace):
-    """pick, recording each token it draws in trace: the token and the top candidates (token, id,
-    probability) of the raw logits and after each filter that runs."""
+class Traced(decoding.NextToken):
+    """pick's decoding, recording each token it draws in trace: the token and the top candidates
+    (token, id, probability) of the raw logits and after each filter that runs."""
 
-    def next_token(logits, context):
-        token = pick(logits, context)
+    def __init__(self, pick, top, tokenizer, trace):
+        super().__init__(pick.options, pick.greedy, pick.generator, pick.vocab_size)
+        self.top = top
+        self.tokenizer = tokenizer
+        self.trace = trace
+
+    def draw(self, processed, logits, context):
+        token = super().draw(processed, logits, context)
         t = int(token)
-        entry = {"id": t, "token": tokenizer.decode([t]), "stages": []}
-        for name, x in pick.stages(logits, context):
+        entry = {"id": t, "token": self.tokenizer.decode([t]), "stages": []}
+        for name, x in self.stages(logits, context):
             p = torch.softmax(x[0].float(), -1)
-            values, ids = p.topk(min(top, p.numel()))
+            values, ids = p.topk(min(self.top, p.numel()))
             top_tokens = []
             for v, j in zip(values.tolist(), ids.tolist()):
-                top_tokens.append([tokenizer.decode([j]), j, round(v, 6)])
+                top_tokens.append([self.tokenizer.decode([j]), j, round(v, 6)])
             stage = {"name": name, "chosen": round(p[t].item(), 6), "top": top_tokens}
             entry["stages"].append(stage)
-        trace.append(entry)
+        self.trace.append(entry)
         return token
-
-    return next_token
 
 
 class Decoder:

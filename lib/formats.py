@@ -2,8 +2,6 @@
 for float32 logits) and int8 (weight-only, per-output-channel scales, as gpt-fast's quantize.py);
 on a CPU the float32 and bfloat16 products run on oneDNN's packed layout (PackedLinear)."""
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 
@@ -23,12 +21,11 @@ def for_decoding(model, device, weights="auto"):
     weights = resolve_weights(weights, device)
     if weights == "bfloat16":
         head = model.lm_head.weight.detach().float()
-        model = model.to(torch.bfloat16)
+        model.to(torch.bfloat16)
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
-    on_cpu = torch.device(device).type == "cpu"
     if weights == "int8":
         replace_linears(model, Int8Linear)
-    elif on_cpu and onednn_multiplies(weights):
+    elif torch.device(device).type == "cpu" and onednn_multiplies(weights):
         replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
     return model
 
@@ -42,9 +39,8 @@ def resolve_weights(weights, device):
     if weights != "auto":
         return weights
     kind = torch.device(device).type
-    if kind == "cuda":
-        return "bfloat16" if native_bf16_gpu() else "float32"
-    return "bfloat16" if kind == "cpu" and cpu_has_bf16() else "float32"
+    native = native_bf16_gpu() if kind == "cuda" else kind == "cpu" and cpu_has_bf16()
+    return "bfloat16" if native else "float32"
 
 
 class Int8Linear(nn.Module):
@@ -60,12 +56,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", quantized.to(torch.int8))
         self.register_buffer("scales", scales.to(torch.bfloat16))
         self.bias = linear.bias
-        self.out_features = linear.out_features
 
     def forward(self, x):
         flat = x.reshape(-1, x.size(-1)).to(torch.bfloat16)
         y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)
-        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        y = y.view(*x.shape[:-1], y.size(-1)).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
 
@@ -98,9 +93,7 @@ def onednn_linear(x, packed, bias):
 
 
 @torch.library.custom_op("gpt::packed_linear", mutates_args=())
-def packed_linear(
-    x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]
-) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """onednn_linear as an op the compiler calls as it is (it cannot lower the packed layout)."""
     return onednn_linear(x, packed, bias)
 
@@ -119,11 +112,8 @@ def onednn_multiplies(weights):
 
 
 def replace_linears(model, kind):
-    """Every Linear of the blocks and the head replaced by kind(linear)."""
-    for block in model.blocks:
-        attn = block.attn
-        attn.qkv = kind(attn.qkv)
-        attn.proj = kind(attn.proj)
-        block.mlp.fc = kind(block.mlp.fc)
-        block.mlp.proj = kind(block.mlp.proj)
-    model.lm_head = kind(model.lm_head)
+    """Every Linear of the model (the blocks' and the head) replaced by kind(linear)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, kind(child))

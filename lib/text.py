@@ -1,27 +1,5 @@
-"""The text of a decode: each row's continuation as it grows, cut at its stop strings, and the
-part of it that can be shown now. sample.py and the playground print through these."""
-
-
-def continuations(engine, request, tokenizer, stops=()):
-    """Step engine until request is done; after every step yield (the texts of its rows so far,
-    which have stopped). A text ends right before the first of stops it holds (the continuation
-    is searched, not the prompt), and its row stops decoding there."""
-    rows = request.rows
-    texts = [""] * len(rows)
-    stopped = [False] * len(rows)
-    while not request.done:
-        engine.step()
-        for i, row in enumerate(rows):
-            if stopped[i]:
-                continue
-            # the whole continuation decoded: bytes split over tokens join up
-            texts[i] = tokenizer.decode(row.generated)
-            cut = first_stop(texts[i], stops)
-            if cut >= 0:
-                texts[i] = texts[i][:cut]
-                stopped[i] = True
-                row.finish()
-        yield texts, [row.done for row in rows]
+"""The text of a decode: where a continuation's first stop string begins, and the part of it
+that can be shown now. sample.py and the playground print through these."""
 
 
 def first_stop(text, stops):

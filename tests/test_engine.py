@@ -110,11 +110,15 @@ def test_past_block_size_each_step_sees_the_window_it_keeps():
     model = tiny_gpt()
     seen = []
 
-    def record(logits, context):
-        seen.append((logits, context.clone()))
-        return logits.argmax(-1)
+    class Recorded(NextToken):
+        def reads_context(self):
+            return True  # the context of every step, to check
 
-    lone(model, torch.randint(0, 50, (5,)).tolist(), record, 30)
+        def draw(self, processed, logits, context):
+            seen.append((logits, context.clone()))
+            return super().draw(processed, logits, context)
+
+    lone(model, torch.randint(0, 50, (5,)).tolist(), Recorded(Options(), greedy=True), 30)
     window = None
     for step, (logits, context) in enumerate(seen):
         n = context.size(1)
