@@ -66,25 +66,19 @@ def at_least(low, kind=int):
 
 
 # ------------------------------------------------------------------------------- device, dtype
-def default_device():
-    """cuda, then mps, then cpu: the first this machine has."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
 def pick_device(name="auto"):
-    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto = default_device(). A
-    chosen GPU is made the current one, so synchronize(), new tensors and libraries' contexts all go
-    to it, not to GPU 0."""
+    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto: cuda, then mps, then
+    cpu, the first this machine has. A chosen GPU is made the current one, so synchronize(), new
+    tensors and libraries' contexts all go to it, not to GPU 0."""
+    available = {
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+        "cpu": True,
+    }
     if name == "auto":
-        name = default_device()
+        name = next(kind for kind, here in available.items() if here)
     kind = name.split(":")[0]
-    no_cuda = kind == "cuda" and not torch.cuda.is_available()
-    no_mps = kind == "mps" and not torch.backends.mps.is_available()
-    if no_cuda or no_mps:
+    if not available.get(kind, True):
         raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
     try:
         device = torch.device(name)
@@ -150,8 +144,7 @@ def autocast(device, dtype):
     context at all."""
     if dtype == "float32":
         return nullcontext()
-    kind = torch.device(device).type
-    return torch.autocast(kind, dtype=getattr(torch, dtype))
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def sync(device):
