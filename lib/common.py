@@ -81,16 +81,13 @@ def pick_device(name="auto"):
     if not available.get(kind, True):
         raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
     try:
-        device = torch.device(name)
-        torch.empty(0, device=device)
+        torch.empty(0, device=name)
     except (RuntimeError, AssertionError) as e:  # no such device type, or no such index
-        first_line = str(e).strip().splitlines()[0][:200]
-        raise Error(f"--device {name}: {first_line}") from None
-    if device.type == "cuda":
-        if device.index is None:  # "cuda" is the current GPU
+        raise Error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}") from None
+    if kind == "cuda":
+        if name == "cuda":  # the current GPU
             name = f"cuda:{torch.cuda.current_device()}"
-            device = torch.device(name)
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(name)
         # float32 matmuls on tensor cores (TF32), as nanoGPT
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
