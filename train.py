@@ -214,10 +214,10 @@ def train(cfg, run, guard, state):
         cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type, cfg.optimizer
     )
     scaler = grad_scaler(run)
-    sharded_model = raw_model if run.sharded else None
-    step, best, seconds = checkpoint.restore(state, optimizers, scaler, sharded_model)
-    resumed_step = None if state is None else step
-    record, speed = start_records(cfg, run, raw_model, seconds, resumed_step)
+    step, best, seconds = checkpoint.restore(
+        state, optimizers, scaler, raw_model if run.sharded else None
+    )
+    record, speed = start_records(cfg, run, raw_model, seconds, None if state is None else step)
     ctx = autocast(run.device, run.dtype)
     metric, goal = train_data.best
 
@@ -327,8 +327,8 @@ def train(cfg, run, guard, state):
             bar.set_postfix_str(
                 f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * mfu:.1f}%"
             )
-            logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate, "mfu": mfu}
-            record.log(step, **logged, grad_norm=norm_value)
+            logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate}
+            record.log(step, **logged, mfu=mfu, grad_norm=norm_value)
     bar.close()
     if run.master:
         finish(cfg, record, metric, best, best_step, step - first_step, metrics)
@@ -348,25 +348,28 @@ def make_model(cfg, meta, state):
     if state is None and cfg.init_from != "scratch":
         source, info = load_pretrained(cfg.init_from)
         if info["architecture"] != "GPT":
-            architecture = info["architecture"]
             raise Error(
-                f"init_from={cfg.init_from!r} holds an {architecture}, not a GPT to start from"
+                f"init_from={cfg.init_from!r} holds an {info['architecture']}, "
+                "not a GPT to start from"
             )
     vocab_size = cfg.vocab_size or meta["vocab_size"]
     if meta["vocab_size"] > vocab_size:
         raise Error(
             f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
         )
-    cfg = replace(cfg, vocab_size=vocab_size)
-    if source is not None:
+    shape = {"vocab_size": vocab_size}
+    if source is not None:  # its vocabulary as well
         shape = {
             k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)
         }
         shape["block_size"] = min(cfg.block_size, source.config.block_size)
-        cfg = replace(cfg, **shape)
+    cfg = replace(cfg, **shape)
     torch.manual_seed(cfg.seed)
-    n_classes = len(meta.get("label_names", []))
-    settings = {**asdict(cfg), "n_classes": n_classes, "pad_token_id": meta.get("pad_token_id", 0)}
+    settings = {
+        **asdict(cfg),
+        "n_classes": len(meta.get("label_names", [])),
+        "pad_token_id": meta.get("pad_token_id", 0),
+    }
     cls, model_cfg = model_config(cfg.task, settings)
     if state is None and source is None:
         return cfg, cls(model_cfg)
@@ -411,9 +414,7 @@ def get_lr(step, cfg):
 
 def improves(value, best, goal):
     """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
-    if best is None:
-        return True
-    return value > best if goal == "max" else value < best
+    return best is None or (value > best if goal == "max" else value < best)
 
 
 def check_finite(loss, norm, step, scaler, out_dir):

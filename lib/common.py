@@ -40,11 +40,9 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         """One line through run_script, not argparse's usage block and exit; a long value it
         quotes (a number of 5,000 digits) is cut to its start."""
-        raise Error(f"{LONG_QUOTE.sub(shorten_quote, message)} (see --help)")
-
-
-# a quoted value too long for a one-line message
-LONG_QUOTE = re.compile(r"'([^']{61,})'")
+        # a quoted value too long for a one-line message
+        shortened = re.sub(r"'([^']{61,})'", shorten_quote, message)
+        raise Error(f"{shortened} (see --help)")
 
 
 def shorten_quote(match):
@@ -94,7 +92,7 @@ def pick_device(name="auto"):
     return name
 
 
-def auto_dtype(device_type, cuda_capability=(0, 0), cpu_bf16=False):
+def auto_dtype(device_type, cuda_capability, cpu_bf16):
     """The one dtype=auto rule, a pure function of the hardware: bfloat16 where it runs natively
     (CUDA compute capability 8.0 and up: A100, H100, RTX 30xx and later; CPUs with AMX or AVX-512
     BF16), float16 on older GPUs (T4, V100, RTX 20xx: bf16 is emulated there, slowly), float32

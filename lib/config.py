@@ -50,8 +50,7 @@ def parse(argv, keys, doc):
     """(the settings, the names the user set) from config files and --key=value overrides, in
     order, each value checked against its key. A bare word is a string (--dataset=agnews); --help
     prints doc and every key; --print_config is left to the caller."""
-    values = {name: key.default for name, key in keys.items()}
-    user_keys = set()
+    given = {}
     for arg in argv:
         if arg in ("-h", "--help"):
             print(doc + "\nkeys, their defaults and what they do:")
@@ -64,10 +63,10 @@ def parse(argv, keys, doc):
             name, eq, text = arg[2:].partition("=")
             if not eq:
                 raise Error(f"{arg}: write --{name}=VALUE")
-            given = {name: literal(text)}
+            settings = {name: literal(text)}
         else:
-            given = read_file(arg, {})
-        for name, value in given.items():
+            settings = read_file(arg, {})
+        for name, value in settings.items():
             if name not in keys:
                 hint = did_you_mean(name, keys) or " (see --help)"
                 raise Error(f"unknown key {name!r} in {arg}{hint}")
@@ -77,12 +76,12 @@ def parse(argv, keys, doc):
             if type(value) is not expected:
                 got = f"{type(value).__name__} {value!r}"
                 raise Error(f"{name} must be {expected.__name__}, got {got} in {arg}")
-            values[name] = value
-            user_keys.add(name)
+            given[name] = value
+    values = {name: key.default for name, key in keys.items()} | given
     for name, key in keys.items():
         key.check(name, values[name])
     typed = [(name, type(key.default)) for name, key in keys.items()]
-    return make_dataclass("Settings", typed, frozen=True)(**values), user_keys
+    return make_dataclass("Settings", typed, frozen=True)(**values), set(given)
 
 
 def did_you_mean(value, choices):
