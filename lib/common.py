@@ -55,7 +55,7 @@ def at_least(low, kind=int):
 
     def parse(text):
         value = kind(text)
-        if not value >= low or value == float("inf"):  # NaN fails every comparison
+        if not low <= value < float("inf"):  # NaN fails every comparison
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
         return value
 
@@ -199,5 +199,5 @@ def read_json(path, what="file"):
             return json.load(f)
     except FileNotFoundError:
         raise Error(f"{path}: no such {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
         raise Error(f"{path}: not a readable JSON {what} ({type(e).__name__})") from None

@@ -93,14 +93,12 @@ def did_you_mean(value, choices):
 def literal(text):
     """A Python literal (1e-3, True, 'x', (1, 2)), nan and inf as floats, anything else as the
     string itself."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    for read in (ast.literal_eval, float):
+        try:
+            return read(text)
+        except (ValueError, SyntaxError):
+            pass
+    return text
 
 
 def read_file(path, scope):
