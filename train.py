@@ -298,7 +298,8 @@ def train(cfg, run, guard, state):
             first = (run.rank * micro_steps + micro) * cfg.batch_size
             batch = to_device(train_data.batch(rows[first : first + cfg.batch_size]), run.device)
             # the gradients reduced over the processes once, in the step's last micro-step
-            with micro_step(model, run, last=micro == micro_steps - 1):
+            last = micro == micro_steps - 1
+            with micro_step(model, run, last):
                 with ctx:
                     _, loss = model(**batch)
                     loss = loss / micro_steps
@@ -331,7 +332,7 @@ def train(cfg, run, guard, state):
             record.log(step, **logged, mfu=mfu, grad_norm=norm_value)
     bar.close()
     if run.master:
-        finish(cfg, record, metric, best, best_step, step - first_step, metrics)
+        finish(cfg.out_dir, record, metric, best, best_step, step - first_step, metrics)
     return raw_model, metrics
 
 
@@ -462,10 +463,9 @@ def evaluate(model, data, cfg, run, ctx):
     return {"loss": loss, "perplexity": math.exp(min(loss, 50))}
 
 
-def finish(cfg, record, metric, best, best_step, steps, metrics):
+def finish(out_dir, record, metric, best, best_step, steps, metrics):
     """The run's summary on stderr, the best metric in the wandb summary. best_step: where this
     run reached its best value, or None."""
-    out_dir = cfg.out_dir
     lines = [
         f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"
     ]
