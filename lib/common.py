@@ -50,21 +50,21 @@ def shorten_quote(match):
     return f"'{text[:40]}...' ({len(text):,} characters)"
 
 
-def at_least(low, kind=int):
-    """An argparse type: a finite number of kind, >= low."""
+def at_least(low):
+    """An argparse type: an int >= low."""
 
     def parse(text):
-        value = kind(text)
-        if not low <= value < float("inf"):  # NaN fails every comparison
+        value = int(text)
+        if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
         return value
 
-    parse.__name__ = kind.__name__  # argparse's "invalid int value" names it
+    parse.__name__ = "int"  # argparse's "invalid int value" names it
     return parse
 
 
 # ------------------------------------------------------------------------------- device, dtype
-def pick_device(name="auto"):
+def pick_device(name):
     """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto: cuda, then mps, then
     cpu, the first this machine has. A chosen GPU is made the current one, so synchronize(), new
     tensors and libraries' contexts all go to it, not to GPU 0."""
@@ -192,7 +192,7 @@ def write_json(path, obj):
         json.dump(obj, f, indent=2)
 
 
-def read_json(path, what="file"):
+def read_json(path, what):
     """A JSON file, or an Error naming it: missing, unreadable or not JSON."""
     try:
         with open(path) as f:

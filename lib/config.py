@@ -86,7 +86,7 @@ def parse(argv, keys, doc):
 
 def did_you_mean(value, choices):
     """ " (did you mean X?)" for the choice closest to a mistyped value, or nothing."""
-    close = difflib.get_close_matches(str(value), choices, n=1)
+    close = difflib.get_close_matches(value, choices, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
 
