@@ -142,8 +142,7 @@ def check_rules(cfg, resuming):
     forms = ("scratch", "resume") + GPT2_NAMES
     if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
         raise broken(cfg, "min_lr", f"<= learning_rate={cfg.learning_rate}")
-    known = cfg.init_from in forms or os.path.isdir(cfg.init_from)
-    if not resuming and not known:
+    if not (resuming or cfg.init_from in forms or os.path.isdir(cfg.init_from)):
         hint = config.did_you_mean(cfg.init_from, forms)
         raise broken(
             cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
@@ -204,29 +203,25 @@ def train(cfg, run, guard, state):
     """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if
     asked, take one optimizer step, log. Returns (the model, the last evaluation's metrics)."""
     train_data, val_data = load_data(cfg, run.master)
-    source = load_source(cfg, state)
-    # the settings' last values: the dataset's vocabulary, a pretrained model's shape
-    cfg = model_settings(cfg, train_data.meta, source)
-    raw_model = make_model(cfg, train_data.meta, state, source)
+    # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
+    cfg, raw_model = make_model(cfg, train_data.meta, state)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
     model = parallel(raw_model, run, cfg.activation_checkpointing)
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
     if cfg.compile:
         model = torch.compile(model)
-    betas = (cfg.beta1, cfg.beta2)
     optimizers = raw_model.configure_optimizers(
-        cfg.weight_decay, cfg.learning_rate, betas, run.device_type, cfg.optimizer
+        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type, cfg.optimizer
     )
     scaler = grad_scaler(run)
-    sharded_model = raw_model if run.sharded else None
-    step, best, seconds = checkpoint.restore(state, optimizers, scaler, sharded_model)
-    resumed_step = None if state is None else step
-    record, wandb_run, speed = start_records(cfg, run, raw_model, seconds, resumed_step)
-    card = checkpoint.model_card(cfg, train_data.meta)
+    step, best, seconds = checkpoint.restore(
+        state, optimizers, scaler, raw_model if run.sharded else None
+    )
+    record, speed = start_records(cfg, run, raw_model, seconds, None if state is None else step)
     ctx = autocast(run.device, run.dtype)
     metric, goal = train_data.best
 
-    def save(step, best):
+    def save():
         """trainer_state.pt: the model, the optimizers and where the run stands. Called on every
         rank (FSDP's shards are gathered); rank 0 writes."""
         seconds = record.seconds() if run.master else None
@@ -242,7 +237,6 @@ def train(cfg, run, guard, state):
             record.commit()
 
     micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
-    rows_per_step = cfg.batch_size * cfg.gradient_accumulation_steps
     bar = tqdm(
         total=cfg.max_iters,
         initial=step,
@@ -262,15 +256,18 @@ def train(cfg, run, guard, state):
                 # go with the state saved now
                 if run.master and record.holding:
                     checkpoint.drop_model(cfg.out_dir)
-                save(step, best)
+                save()
         lr = get_lr(step, cfg)
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
         if step % cfg.eval_interval == 0 or step == cfg.max_iters or cfg.eval_only:
             eval_start = time.perf_counter()
-            splits = {"train": train_data, "val": val_data}
-            metrics = evaluate_splits(raw_model, splits, cfg, run, ctx)
+            metrics = {
+                f"{split}/{k}": v
+                for split, data in (("train", train_data), ("val", val_data))
+                for k, v in evaluate(raw_model, data, cfg, run, ctx).items()
+            }
             if run.master:
                 line = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
                 bar.write(f"step {step}: {line}", file=sys.stderr)
@@ -281,10 +278,11 @@ def train(cfg, run, guard, state):
                 if improves(metrics[metric], best, goal):
                     best = metrics[metric]
                     best_step = step
+                    card = checkpoint.model_card(cfg, train_data.meta)
                     scores = {"step": step, **metrics}
                     checkpoint.save_model(raw_model, cfg.out_dir, run, **card, metrics=scores)
                 if best_step == step or cfg.always_save_checkpoint:
-                    save(step, best)
+                    save()
             # the bar's rate and the logged speed count training steps, not evaluations
             bar.unpause()
             speed.skip(time.perf_counter() - eval_start)
@@ -293,13 +291,12 @@ def train(cfg, run, guard, state):
 
         # each step's global batch comes from (seed, step), its dropout from (seed, rank, step):
         # resume is exact
-        rows = train_data.rows(cfg.seed, step, rows_per_step)
+        rows = train_data.rows(cfg.seed, step, cfg.batch_size * cfg.gradient_accumulation_steps)
         torch.manual_seed(hash((cfg.seed, run.rank, step)))
         loss_sum = torch.zeros((), device=run.device)
         for micro in range(micro_steps):
             first = (run.rank * micro_steps + micro) * cfg.batch_size
-            batch = train_data.batch(rows[first : first + cfg.batch_size])
-            batch = to_device(batch, run.device)
+            batch = to_device(train_data.batch(rows[first : first + cfg.batch_size]), run.device)
             # the gradients reduced over the processes once, in the step's last micro-step
             last = micro == micro_steps - 1
             with micro_step(model, run, last):
@@ -311,8 +308,7 @@ def train(cfg, run, guard, state):
             speed.add(train_data.count(batch), batch["idx"])
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
-        max_norm = cfg.grad_clip or float("inf")
-        norm = clip_gradients(raw_model, max_norm, run)
+        norm = clip_gradients(raw_model, cfg.grad_clip or float("inf"), run)
         loss_value, norm_value = guard.gather(loss_sum, norm)  # the step's one sync
         check_finite(loss_value, norm_value, step, scaler, cfg.out_dir)
         for optimizer in optimizers:
@@ -332,81 +328,76 @@ def train(cfg, run, guard, state):
             bar.set_postfix_str(
                 f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * mfu:.1f}%"
             )
-            logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate, "mfu": mfu}
-            record.log(step, **logged, grad_norm=norm_value)
+            logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate}
+            record.log(step, **logged, mfu=mfu, grad_norm=norm_value)
     bar.close()
     if run.master:
-        finish(cfg, record, wandb_run, (metric, best, best_step), step - first_step, metrics)
+        finish(cfg.out_dir, record, metric, best, best_step, step - first_step, metrics)
     return raw_model, metrics
 
 
 # ---------------------------------------------------------------------- the pieces, in order used
 
 
-def load_source(cfg, state):
-    """The pretrained GPT a new run starts from (init_from names one), or None."""
-    if state is not None or cfg.init_from == "scratch":
-        return None
-    source, info = load_pretrained(cfg.init_from)
-    if info["architecture"] != "GPT":
-        raise Error(
-            f"init_from={cfg.init_from!r} holds an {info['architecture']}, not a GPT to start from"
-        )
-    return source
-
-
-def model_settings(cfg, meta, source):
-    """cfg with the model's last values: the dataset's vocabulary (vocab_size=0), or a pretrained
-    source's shape, its context cut to block_size."""
+def make_model(cfg, meta, state):
+    """(cfg with the model's last values, a model of its shape). vocab_size=0 takes the dataset's;
+    a new run from a pretrained GPT (init_from names one) takes its shape, its context cut to
+    block_size, and its body (a classifier's own head starts afresh); a resumed run takes its
+    state's weights; else the weights start seeded. Loaded tensors are taken over, not copied:
+    the model is built on the meta device."""
+    source = None
+    if state is None and cfg.init_from != "scratch":
+        source, info = load_pretrained(cfg.init_from)
+        if info["architecture"] != "GPT":
+            raise Error(
+                f"init_from={cfg.init_from!r} holds an {info['architecture']}, "
+                "not a GPT to start from"
+            )
     vocab_size = cfg.vocab_size or meta["vocab_size"]
     if meta["vocab_size"] > vocab_size:
         raise Error(
             f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
         )
-    cfg = replace(cfg, vocab_size=vocab_size)
-    if source is None:
-        return cfg
-    shape = {k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)}
-    shape["block_size"] = min(cfg.block_size, source.config.block_size)
-    return replace(cfg, **shape)
-
-
-def make_model(cfg, meta, state, source):
-    """A model of the settings' shape: from scratch (seeded), from a resumed state, or with the
-    body of a pretrained GPT (a classifier's own head starts afresh). Loaded tensors are taken
-    over, not copied: the model is built on the meta device."""
+    shape = {"vocab_size": vocab_size}
+    if source is not None:  # its vocabulary as well
+        shape = {
+            k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)
+        }
+        shape["block_size"] = min(cfg.block_size, source.config.block_size)
+    cfg = replace(cfg, **shape)
     torch.manual_seed(cfg.seed)
-    n_classes = len(meta.get("label_names", []))
-    pad_token_id = meta.get("pad_token_id", 0)
-    settings = {**asdict(cfg), "n_classes": n_classes, "pad_token_id": pad_token_id}
-    cls, config = model_config(cfg.task, settings)
+    settings = {
+        **asdict(cfg),
+        "n_classes": len(meta.get("label_names", [])),
+        "pad_token_id": meta.get("pad_token_id", 0),
+    }
+    cls, model_cfg = model_config(cfg.task, settings)
     if state is None and source is None:
-        return cls(config)
+        return cfg, cls(model_cfg)
     with torch.device("meta"):
-        model = cls(config)
+        model = cls(model_cfg)
     if state is not None:
-        return model.load_weights(state["model"])
-    return model.load_body(source.state_dict())
+        return cfg, model.load_weights(state["model"])
+    return cfg, model.load_body(source.state_dict())
 
 
 def start_records(cfg, run, model, seconds, resumed_step):
-    """(metrics.jsonl's writer, the wandb run or None, the speed meter): the master's, and the
-    run's first line on stderr. A new run in an out_dir that holds a checkpoint replaces it: its
-    settings and records are held until its first save."""
+    """(metrics.jsonl's writer, with the wandb run if any, or None; the speed meter): the
+    master's, and the run's first line on stderr. A new run in an out_dir that holds a checkpoint
+    replaces it: its settings and records are held until its first save."""
     peak, peak_source = peak_flops(run.device, run.dtype)
     speed = Speed(model, peak, clamp=run.device_type == "cpu")
     if not run.master:
-        return None, None, speed
-    millions = model.num_params() / 1e6
+        return None, speed
     print(
-        f"{millions:.2f}M parameters, {run.world_size} process(es) on {run.device}, {run.dtype}; "
-        f"MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})",
+        f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on "
+        f"{run.device}, {run.dtype}; MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})",
         file=sys.stderr,
     )
     wandb_run = start_wandb(cfg, model.num_params()) if cfg.wandb_log else None
     replacing = bool(checkpoint.saved_files(cfg.out_dir)) and resumed_step is None
     record = RunRecord(cfg.out_dir, asdict(cfg), wandb_run, seconds, resumed_step, replacing)
-    return record, wandb_run, speed
+    return record, speed
 
 
 def get_lr(step, cfg):
@@ -424,30 +415,17 @@ def get_lr(step, cfg):
 
 def improves(value, best, goal):
     """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
-    if best is None:
-        return True
-    return value > best if goal == "max" else value < best
+    return best is None or (value > best if goal == "max" else value < best)
 
 
 def check_finite(loss, norm, step, scaler, out_dir):
     """Error on a NaN or inf loss or gradient norm. A NaN gradient on any rank reaches every
     rank's norm through DDP's all-reduce; fp16's scaler skips such steps itself."""
-    bad_norm = not scaler.is_enabled() and not math.isfinite(norm)
-    if math.isfinite(loss) and not bad_norm:
-        return
-    raise Error(
-        f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
-        f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
-    )
-
-
-def evaluate_splits(model, splits, cfg, run, ctx):
-    """{"train/loss": ..., "val/loss": ..., ...}: evaluate() of each split."""
-    metrics = {}
-    for split, data in splits.items():
-        for k, v in evaluate(model, data, cfg, run, ctx).items():
-            metrics[f"{split}/{k}"] = v
-    return metrics
+    if not math.isfinite(loss) or not (scaler.is_enabled() or math.isfinite(norm)):
+        raise Error(
+            f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
+            f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
+        )
 
 
 @torch.no_grad()
@@ -462,8 +440,8 @@ def evaluate(model, data, cfg, run, ctx):
     rows = every_row[run.rank :: run.world_size]
     # the rows to run through: under FSDP as many as rank 0's
     span = len(every_row[:: run.world_size]) if run.sharded else len(rows)
-    sums = torch.zeros(3, device=run.device)  # loss x rows, correct predictions, rows
-    sums[2] = len(rows)
+    # loss x rows, correct predictions, rows
+    sums = torch.tensor([0.0, 0.0, len(rows)], device=run.device)
     for i in range(0, span, cfg.batch_size):
         stand_in = i >= len(rows)
         part = every_row[:1] if stand_in else rows[i : i + cfg.batch_size]
@@ -485,20 +463,20 @@ def evaluate(model, data, cfg, run, ctx):
     return {"loss": loss, "perplexity": math.exp(min(loss, 50))}
 
 
-def finish(cfg, record, wandb_run, best, steps, metrics):
-    """The run's summary on stderr, the best metric in the wandb summary. best: (the metric's
-    name, its best value, the step it was reached at in this run, or None)."""
-    metric, value, step = best
-    out_dir = cfg.out_dir
-    seconds = record.seconds()
-    lines = [f"done: {steps} steps in {seconds:.1f} s (the run's time so far, resumes included)"]
-    if step is not None:
+def finish(out_dir, record, metric, best, best_step, steps, metrics):
+    """The run's summary on stderr, the best metric in the wandb summary. best_step: where this
+    run reached its best value, or None."""
+    lines = [
+        f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"
+    ]
+    if best_step is not None:
         lines.append(
-            f"best {metric} {value:.4f} at step {step}: {out_dir}/model.safetensors + config.json"
+            f"best {metric} {best:.4f} at step {best_step}: "
+            f"{out_dir}/model.safetensors + config.json"
         )
-    elif metrics and value is not None:
+    elif metrics and best is not None:
         lines.append(
-            f"no better {metric} than before ({value:.4f}): {out_dir}/model.safetensors unchanged"
+            f"no better {metric} than before ({best:.4f}): {out_dir}/model.safetensors unchanged"
         )
     if record.holding:
         lines.append(f"nothing saved: {out_dir} holds the earlier run's checkpoint as it was")
@@ -508,14 +486,10 @@ def finish(cfg, record, wandb_run, best, steps, metrics):
             f"state: {out_dir}/trainer_state.pt"
         )
     print("\n".join(lines), file=sys.stderr)
-    if wandb_run:
-        wandb_run.summary[f"best {metric}"] = value
-        wandb_run.finish()
-
-
-def script():
-    main(sys.argv[1:])
+    if record.wandb:
+        record.wandb.summary[f"best {metric}"] = best
+        record.wandb.finish()
 
 
 if __name__ == "__main__":
-    run_script(script, "train.py")
+    run_script(lambda: main(sys.argv[1:]), "train.py")

@@ -40,11 +40,9 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         """One line through run_script, not argparse's usage block and exit; a long value it
         quotes (a number of 5,000 digits) is cut to its start."""
-        raise Error(f"{LONG_QUOTE.sub(shorten_quote, message)} (see --help)")
-
-
-# a quoted value too long for a one-line message
-LONG_QUOTE = re.compile(r"'([^']{61,})'")
+        # a quoted value too long for a one-line message
+        shortened = re.sub(r"'([^']{61,})'", shorten_quote, message)
+        raise Error(f"{shortened} (see --help)")
 
 
 def shorten_quote(match):
@@ -52,58 +50,49 @@ def shorten_quote(match):
     return f"'{text[:40]}...' ({len(text):,} characters)"
 
 
-def at_least(low, kind=int):
-    """An argparse type: a finite number of kind, >= low."""
+def at_least(low):
+    """An argparse type: an int >= low."""
 
     def parse(text):
-        value = kind(text)
-        if not value >= low or value == float("inf"):  # NaN fails every comparison
+        value = int(text)
+        if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
         return value
 
-    parse.__name__ = kind.__name__  # argparse's "invalid int value" names it
+    parse.__name__ = "int"  # argparse's "invalid int value" names it
     return parse
 
 
 # ------------------------------------------------------------------------------- device, dtype
-def default_device():
-    """cuda, then mps, then cpu: the first this machine has."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
-def pick_device(name="auto"):
-    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto = default_device(). A
-    chosen GPU is made the current one, so synchronize(), new tensors and libraries' contexts all go
-    to it, not to GPU 0."""
+def pick_device(name):
+    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto: cuda, then mps, then
+    cpu, the first this machine has. A chosen GPU is made the current one, so synchronize(), new
+    tensors and libraries' contexts all go to it, not to GPU 0."""
+    available = {
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+        "cpu": True,
+    }
     if name == "auto":
-        name = default_device()
+        name = next(kind for kind, here in available.items() if here)
     kind = name.split(":")[0]
-    no_cuda = kind == "cuda" and not torch.cuda.is_available()
-    no_mps = kind == "mps" and not torch.backends.mps.is_available()
-    if no_cuda or no_mps:
+    if not available.get(kind, True):
         raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
     try:
-        device = torch.device(name)
-        torch.empty(0, device=device)
+        torch.empty(0, device=name)
     except (RuntimeError, AssertionError) as e:  # no such device type, or no such index
-        first_line = str(e).strip().splitlines()[0][:200]
-        raise Error(f"--device {name}: {first_line}") from None
-    if device.type == "cuda":
-        if device.index is None:  # "cuda" is the current GPU
+        raise Error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}") from None
+    if kind == "cuda":
+        if name == "cuda":  # the current GPU
             name = f"cuda:{torch.cuda.current_device()}"
-            device = torch.device(name)
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(name)
         # float32 matmuls on tensor cores (TF32), as nanoGPT
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return name
 
 
-def auto_dtype(device_type, cuda_capability=(0, 0), cpu_bf16=False):
+def auto_dtype(device_type, cuda_capability, cpu_bf16):
     """The one dtype=auto rule, a pure function of the hardware: bfloat16 where it runs natively
     (CUDA compute capability 8.0 and up: A100, H100, RTX 30xx and later; CPUs with AMX or AVX-512
     BF16), float16 on older GPUs (T4, V100, RTX 20xx: bf16 is emulated there, slowly), float32
@@ -150,8 +139,7 @@ def autocast(device, dtype):
     context at all."""
     if dtype == "float32":
         return nullcontext()
-    kind = torch.device(device).type
-    return torch.autocast(kind, dtype=getattr(torch, dtype))
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def sync(device):
@@ -204,12 +192,12 @@ def write_json(path, obj):
         json.dump(obj, f, indent=2)
 
 
-def read_json(path, what="file"):
+def read_json(path, what):
     """A JSON file, or an Error naming it: missing, unreadable or not JSON."""
     try:
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
         raise Error(f"{path}: no such {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
         raise Error(f"{path}: not a readable JSON {what} ({type(e).__name__})") from None

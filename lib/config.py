@@ -9,6 +9,7 @@ import math
 import os
 import traceback
 from dataclasses import dataclass, fields, make_dataclass
+from types import ModuleType
 
 from lib.common import Error
 
@@ -25,19 +26,18 @@ class Key:
     choices: tuple = None
 
     def check(self, name, value):
+        """An Error naming the key, its value and what it must be, if value is out of range."""
+        must = None
         if isinstance(value, float) and not math.isfinite(value):
-            raise Error(f"{name}={value!r}: must be a finite number")
-        if self.below is not None:
-            bounds = f"in [{self.at_least}, {self.below})"
-        else:
-            bounds = f">= {self.at_least}"
-        too_low = self.at_least is not None and value < self.at_least
-        too_high = self.below is not None and value >= self.below
-        if too_low or too_high:
-            raise Error(f"{name}={value!r}: must be {bounds}")
-        if self.choices is not None and value not in self.choices:
-            choices = ", ".join(map(str, self.choices))
-            raise Error(f"{name}={value!r}: must be one of {choices}")
+            must = "a finite number"
+        elif self.below is not None and not self.at_least <= value < self.below:
+            must = f"in [{self.at_least}, {self.below})"
+        elif self.at_least is not None and value < self.at_least:
+            must = f">= {self.at_least}"
+        elif self.choices and value not in self.choices:
+            must = f"one of {', '.join(map(str, self.choices))}"
+        if must:
+            raise Error(f"{name}={value!r}: must be {must}")
 
 
 def model_keys(config_cls):
@@ -46,36 +46,16 @@ def model_keys(config_cls):
     return {f.name: Key(f.default, **f.metadata) for f in fields(config_cls) if f.metadata}
 
 
-def settings_class(keys):
-    """A frozen dataclass with one field per key, in the keys' order."""
-    return make_dataclass(
-        "Settings", [(name, type(key.default)) for name, key in keys.items()], frozen=True
-    )
-
-
 def parse(argv, keys, doc):
     """(the settings, the names the user set) from config files and --key=value overrides, in
     order, each value checked against its key. A bare word is a string (--dataset=agnews); --help
     prints doc and every key; --print_config is left to the caller."""
-    values = {name: key.default for name, key in keys.items()}
-    user_keys = set()
-
-    def set_key(name, value, where):
-        if name not in keys:
-            hint = did_you_mean(name, keys) or " (see --help)"
-            raise Error(f"unknown key {name!r} in {where}{hint}")
-        expected = type(keys[name].default)
-        if expected is float and type(value) is int:
-            value = float(value)
-        if type(value) is not expected:
-            got = f"{type(value).__name__} {value!r}"
-            raise Error(f"{name} must be {expected.__name__}, got {got} in {where}")
-        values[name] = value
-        user_keys.add(name)
-
+    given = {}
     for arg in argv:
         if arg in ("-h", "--help"):
-            print_help(doc, keys)
+            print(doc + "\nkeys, their defaults and what they do:")
+            for name, key in keys.items():
+                print(f"  --{name}={key.default!r}".ljust(34) + f"  {key.help}")
             raise SystemExit(0)
         if arg == "--print_config":
             continue
@@ -83,45 +63,48 @@ def parse(argv, keys, doc):
             name, eq, text = arg[2:].partition("=")
             if not eq:
                 raise Error(f"{arg}: write --{name}=VALUE")
-            set_key(name, literal(text), arg)
+            settings = {name: literal(text)}
         else:
-            for name, value in read_file(arg).items():
-                set_key(name, value, arg)
-    settings = settings_class(keys)(**values)
-    check(settings, keys)
-    return settings, user_keys
-
-
-def print_help(doc, keys):
-    print(doc + "\nkeys, their defaults and what they do:")
+            settings = read_file(arg, {})
+        for name, value in settings.items():
+            if name not in keys:
+                hint = did_you_mean(name, keys) or " (see --help)"
+                raise Error(f"unknown key {name!r} in {arg}{hint}")
+            expected = type(keys[name].default)
+            if expected is float and type(value) is int:
+                value = float(value)
+            if type(value) is not expected:
+                got = f"{type(value).__name__} {value!r}"
+                raise Error(f"{name} must be {expected.__name__}, got {got} in {arg}")
+            given[name] = value
+    values = {name: key.default for name, key in keys.items()} | given
     for name, key in keys.items():
-        print(f"  --{name}={key.default!r}".ljust(34) + f"  {key.help}")
+        key.check(name, values[name])
+    typed = [(name, type(key.default)) for name, key in keys.items()]
+    return make_dataclass("Settings", typed, frozen=True)(**values), set(given)
 
 
 def did_you_mean(value, choices):
     """ " (did you mean X?)" for the choice closest to a mistyped value, or nothing."""
-    close = difflib.get_close_matches(str(value), choices, n=1)
+    close = difflib.get_close_matches(value, choices, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
 
 def literal(text):
     """A Python literal (1e-3, True, 'x', (1, 2)), nan and inf as floats, anything else as the
     string itself."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    for read in (ast.literal_eval, float):
+        try:
+            return read(text)
+        except (ValueError, SyntaxError):
+            pass
+    return text
 
 
-def read_file(path, scope=None):
-    """The keys a config file sets; include(path) runs another, relative to this file (to work
-    from any directory)."""
-    if scope is None:
-        scope = {}
+def read_file(path, scope):
+    """The settings a config file sets into scope (the names set so far): not its imports,
+    functions or private names. include(path) runs another into the same scope, relative to this
+    file (to work from any directory)."""
     if not os.path.isfile(path):
         raise Error(f"no config file {path!r} (config files live in config/)")
     data = open(path, "rb").read()
@@ -129,9 +112,8 @@ def read_file(path, scope=None):
         source = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        byte = data[e.start]
         raise Error(
-            f"{path}:{line}: not UTF-8 text (byte {byte:#x}): save the file as UTF-8"
+            f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#x}): save the file as UTF-8"
         ) from None
 
     def include(other):
@@ -145,20 +127,12 @@ def read_file(path, scope=None):
     except SyntaxError as e:
         raise Error(f"{e.filename}:{e.lineno}: {e.msg}") from None
     except Exception as e:
+        # the line of this file that raised it (the last of its frames: its own or an include's)
         frames = traceback.extract_tb(e.__traceback__)
-        lines = [f.lineno for f in frames if f.filename == path]
-        where = lines[-1] if lines else "?"
-        raise Error(f"{path}:{where}: {type(e).__name__}: {e}") from None
-    return {name: value for name, value in scope.items() if is_setting(name, value)}
-
-
-def is_setting(name, value):
-    """What a config file's names hold: settings, not imports, functions or private names."""
-    module = type(value).__name__ == "module"
-    return not name.startswith("_") and not callable(value) and not module
-
-
-def check(settings, keys):
-    """Every value in its key's range."""
-    for name, key in keys.items():
-        key.check(name, getattr(settings, name))
+        line = [f.lineno for f in frames if f.filename == path][-1]
+        raise Error(f"{path}:{line}: {type(e).__name__}: {e}") from None
+    return {
+        name: value
+        for name, value in scope.items()
+        if not name.startswith("_") and not callable(value) and not isinstance(value, ModuleType)
+    }
