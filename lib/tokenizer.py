@@ -8,16 +8,14 @@ from lib.common import Error
 
 def get_tokenizer(spec, where="tokenizer"):
     """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false} or
-    {"type": "char", "chars": "..."}; where: the file it comes from, for the error a missing or
-    damaged spec gets."""
-    kind = spec.get("type") if isinstance(spec, dict) else None
-    needs = {"char": "chars", "bpe": "encoding"}.get(kind)
-    if needs is None or needs not in spec:
+    {"type": "char", "chars": "..."}, checked where its file is read (lib/schema.check_tokenizer);
+    None: the file (where) names none."""
+    if spec is None:
         raise Error(
-            f"{where}: no tokenizer this project knows ({str(spec)[:60]}): "
-            f"a char one needs 'chars', a bpe one 'encoding'"
+            f"{where}: no tokenizer this project knows: add a 'tokenizer' key "
+            "(a char one holds 'chars', a bpe one 'encoding')"
         )
-    if needs == "chars":
+    if spec["type"] == "char":
         return CharTokenizer(spec["chars"])
     return BPETokenizer(spec["encoding"], spec.get("lowercase", False))
 

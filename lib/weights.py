@@ -5,24 +5,19 @@ once per load and checked against its weights' header before a model of its shap
 import json
 import os
 import secrets
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 
 from lib.common import Error, atomic_path, read_json
-from lib.schema import check_card, check_hf_shapes, check_shapes
+from lib.schema import HF_NAMES, card_config, check_card, check_hf
 from lib.tokenizer import check_vocabulary, get_tokenizer
 from model import ARCHITECTURES, GPT, GPTConfig
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-# each architecture's config fields and their kinds, which check_card holds config.json's to
-CONFIG_KINDS = {
-    name: {f.name: f.type for f in fields(config_cls)}
-    for name, (_, config_cls) in ARCHITECTURES.items()
-}
 
 
 def save_pretrained(model, out_dir, **extra):
@@ -52,23 +47,16 @@ def from_checkpoint(out_dir, device="cpu", info=None):
                 f"train one with train.py first"
             )
         info = read_json(path, "checkpoint config")
-    check_card(info, path, CONFIG_KINDS)
+    check_card(info, path)
     weights = os.path.join(out_dir, "model.safetensors")
-    header = read_header(weights)
+    metadata, shapes = read_header(weights)
     # a header that cannot be read is the load's error to report
-    if header is not None:
-        metadata, shapes = header
+    if metadata is not None:
         check_weights_id(out_dir, info, metadata)
-        check_shapes(info, path, shapes)
-    cls, config_cls = ARCHITECTURES[info["architecture"]]
-    known = {f.name for f in fields(config_cls)}
-    try:  # the config's own rules, in the card's name
-        config = config_cls(**{k: v for k, v in info["model"].items() if k in known})
-    except Error as e:
-        raise Error(f"{path}: {e}") from None
+    config = card_config(info, path, shapes)
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
-            model = cls(config)
+            model = ARCHITECTURES[info["architecture"]][0](config)
         model.load_weights(load_file(weights))
     except Exception as e:
         raise Error(
@@ -80,23 +68,20 @@ def from_checkpoint(out_dir, device="cpu", info=None):
 
 def read_header(path):
     """(the metadata, {tensor name: shape}) of a safetensors file's header, read without its
-    tensors; None when there is no such file or no readable header."""
+    tensors; (None, {}) when there is no such file or no readable header: the load reports it."""
     try:
         with safe_open(path, "pt") as f:
-            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
-            return f.metadata() or {}, shapes
+            return f.metadata() or {}, {name: f.get_slice(name).get_shape() for name in f.keys()}
     except Exception:
-        return None
+        return None, {}
 
 
 def check_weights_id(out_dir, info, metadata):
     """The weights (their header's metadata) are the ones config.json was saved with (a card
     without an id predates the id: unchecked)."""
     expected = info.get("weights_id")
-    if expected is None:
-        return
     found = metadata.get("weights_id")
-    if found != expected:
+    if expected is not None and found != expected:
         path = os.path.join(out_dir, "model.safetensors")
         raise Error(
             f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
@@ -123,14 +108,7 @@ def from_pretrained(name_or_dir, hf=None):
     if hf is None:
         hf = read_json(config_path, "Hugging Face config")
     try:
-        config = GPTConfig(
-            vocab_size=hf["vocab_size"],
-            block_size=hf["n_positions"],
-            n_layer=hf["n_layer"],
-            n_head=hf["n_head"],
-            n_embd=hf["n_embd"],
-            bias=True,
-        )
+        config = GPTConfig(**{key: hf[name] for key, name in HF_NAMES.items()}, bias=True)
         loaded = load_file(os.path.join(path, "model.safetensors"))
     except Exception as e:
         raise Error(
@@ -151,7 +129,7 @@ def from_pretrained(name_or_dir, hf=None):
             tensor = tensor.t().contiguous()
         state[key] = tensor
     shapes = {name: list(tensor.shape) for name, tensor in state.items()}
-    check_hf_shapes(hf, config_path, shapes)
+    check_hf(hf, config_path, shapes)
     with torch.device("meta"):
         model = GPT(config)
     return model.load_weights(state)
@@ -162,16 +140,13 @@ def load_pretrained(name_or_dir, device="cpu"):
     (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info
     names its BPE tokenizer, or the one export.py wrote into its config.json)."""
     path = os.path.join(name_or_dir, "config.json")
-    config = read_json(path, "checkpoint config") if os.path.isfile(path) else None
+    config = read_json(path, "checkpoint config") if os.path.isfile(path) else {}
     # a Hugging Face config has neither of this project's card keys (a card that lost one of them
     # is still checked as a card)
-    hf = isinstance(config, dict) and not {"architecture", "model"} & config.keys()
-    if config is not None and not hf:
+    if not isinstance(config, dict) or {"architecture", "model"} & config.keys():
         return from_checkpoint(name_or_dir, device, config)
-    model = from_pretrained(name_or_dir, config).to(device).eval()
-    tokenizer = {"type": "bpe", "encoding": "r50k_base"}
-    if config is not None:
-        tokenizer = config.get("tokenizer", tokenizer)
+    model = from_pretrained(name_or_dir, config or None).to(device).eval()
+    tokenizer = config.get("tokenizer", {"type": "bpe", "encoding": "r50k_base"})
     return model, {"architecture": "GPT", "tokenizer": tokenizer}
 
 
