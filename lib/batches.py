@@ -31,9 +31,10 @@ def check(ok, path, what):
         raise Error(f"{path}: {what}; {META_FIX}")
 
 
-def load_array(path, **kw):
+def load_array(path, dtype=None):
+    """A .npy file, or with dtype, a file of raw token ids (mapped, not read)."""
     try:
-        return np.load(path, **kw) if path.endswith(".npy") else np.memmap(path, mode="r", **kw)
+        return np.load(path) if dtype is None else np.memmap(path, dtype, mode="r")
     except (OSError, ValueError) as e:
         raise Error(
             f"{path}: cannot read it ({type(e).__name__}); run the dataset's prepare.py again"
@@ -66,7 +67,7 @@ class LMData:
         self.meta = meta
         self.block_size = block_size
         path += ".bin"
-        self.tokens = load_array(path, dtype=meta["dtype"])
+        self.tokens = load_array(path, meta["dtype"])
         n = len(self.tokens)
         check(n == size, path, f"{n:,} tokens, meta.json says {size:,}")
         if n <= block_size:
@@ -84,19 +85,16 @@ class LMData:
             )
 
     def rows(self, seed, step, n):
-        return np.random.default_rng([seed, step]).integers(
-            0, len(self.tokens) - self.block_size, n
-        )
+        rng = np.random.default_rng([seed, step])
+        return rng.integers(0, len(self.tokens) - self.block_size, n)
 
     def eval_rows(self, n):
         return self.rows(seed=2**31 - 1, step=0, n=n)  # the same n rows at every evaluation
 
     def batch(self, rows):
         # each row's block_size + 1 tokens: the inputs, and the targets one later
-        windows = np.stack([self.tokens[i : i + 1 + self.block_size] for i in rows]).astype(
-            np.int64
-        )
-        windows = torch.from_numpy(windows)
+        spans = [self.tokens[i : i + 1 + self.block_size] for i in rows]
+        windows = torch.from_numpy(np.stack(spans).astype(np.int64))
         return {"idx": windows[:, :-1].contiguous(), "targets": windows[:, 1:].contiguous()}
 
     @staticmethod
@@ -115,17 +113,20 @@ class ClassificationData:
 
     def __init__(self, path, n, block_size, meta):
         """path: the split's files, less their extensions; n: its rows, as meta.json says."""
+        if n == 0:
+            raise Error(f"{path}: the split has no rows: prepare it from more data")
         self.meta = meta
         self.block_size = block_size
-        tokens = load_array(path + ".bin", dtype=meta["dtype"])
+        tokens = load_array(path + ".bin", meta["dtype"])
         offsets = load_array(path + ".offsets.npy")
-        labels = load_array(path + ".labels.npy")
+        labels_path = path + ".labels.npy"
+        labels = load_array(labels_path)
         check(
             labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer),
-            path + ".labels.npy",
+            labels_path,
             f"{labels.dtype} labels of shape {labels.shape}, not one integer per row",
         )
-        check(len(labels) == n, path + ".labels.npy", f"{len(labels):,} labels for {n:,} rows")
+        check(len(labels) == n, labels_path, f"{len(labels):,} labels for {n:,} rows")
         check(
             len(offsets) == n + 1 and offsets[0] == 0 and (np.diff(offsets) >= 0).all(),
             path + ".offsets.npy",
@@ -142,12 +143,10 @@ class ClassificationData:
             f"token ids past vocab_size {meta['vocab_size']}",
         )
         check(
-            n == 0 or 0 <= labels.min() and labels.max() < len(meta["label_names"]),
-            path + ".labels.npy",
+            0 <= labels.min() and labels.max() < len(meta["label_names"]),
+            labels_path,
             f"labels outside 0..{len(meta['label_names']) - 1}",
         )
-        if n == 0:
-            raise Error(f"{path}: the split has no rows: prepare it from more data")
         self.tokens = tokens
         self.offsets = offsets
         self.labels = labels

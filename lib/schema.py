@@ -22,6 +22,8 @@ KINDS = {
 }
 # how many token ids each dtype of a dataset's files holds
 ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
+# a tokenizer spec's keys besides its type, by type ("lowercase" is optional)
+TOKENIZERS = {"char": {"chars": str}, "bpe": {"encoding": str, "lowercase": bool}}
 META = {
     "task": ["lm", "classify"],
     "vocab_size": (int, 1),
@@ -91,17 +93,14 @@ def check_keys(mapping, table, optional=(), where=""):
 
 
 def check_tokenizer(spec, vocab_size=None):
-    """A tokenizer spec: {"type": "char", "chars": str} or {"type": "bpe", "encoding": str,
-    "lowercase": bool (optional)}, whose size fits vocab_size when given (a BPE encoding's size is
-    known once loaded); None: no tokenizer to check."""
+    """A tokenizer spec (TOKENIZERS), whose size fits vocab_size when given (a BPE encoding's size
+    is known once loaded); None: no tokenizer to check."""
     if spec is None:
         return
-    check_keys(spec, {"type": ["char", "bpe"]}, where="tokenizer.")
+    check_keys(spec, {"type": list(TOKENIZERS)}, where="tokenizer.")
+    check_keys(spec, TOKENIZERS[spec["type"]], optional=["lowercase"], where="tokenizer.")
     if spec["type"] == "bpe":
-        bpe = {"encoding": str, "lowercase": bool}
-        check_keys(spec, bpe, optional=["lowercase"], where="tokenizer.")
         return
-    check_keys(spec, {"chars": str}, where="tokenizer.")
     size = len(spec["chars"])
     if not size:
         raise Error("'tokenizer.chars' is empty: it holds the vocabulary's characters")
@@ -140,38 +139,31 @@ def check_meta(meta, path):
     return meta
 
 
-def check_card(info, path):
+def check_card(info, path, shapes):
     """A checkpoint's config.json: an architecture, a 'model' holding its config's fields, each of
-    its kind, a tokenizer, and a classifier's label names, one per class."""
+    its kind, a tokenizer, and a classifier's label names, one per class. Returns the model's
+    config (its own rules checked), whose shape keys fit the weights' (shapes: {tensor name:
+    shape}, from their header, without reading the tensors): a card that does not fit its weights
+    fails here, in one line, before a model of its shape is built (a card of 10**6 layers would
+    take minutes and all the memory to build first). Keys the card leaves out and tensors the
+    weights lack are the load's to report."""
     with checking(info, path, CARD_FIX):
         check_keys(info, CARD, optional=("weights_id", "tokenizer", "label_names", "max_length"))
         model = info["model"]
-        kinds = {f.name: f.type for f in fields(ARCHITECTURES[info["architecture"]][1])}
+        config_cls = ARCHITECTURES[info["architecture"]][1]
+        kinds = {f.name: f.type for f in fields(config_cls)}
         check_keys(model, kinds, optional=kinds, where="model.")
         check_keys(model, {"vocab_size": (int, 1)}, where="model.")
         # a card without a tokenizer loads; the scripts that encode text refuse it (get_tokenizer)
         check_tokenizer(info.get("tokenizer"), model["vocab_size"])
         check_label_names(info.get("label_names"), model.get("n_classes"))
-    return info
-
-
-def card_config(info, path, shapes):
-    """The config of a card that check_card passed, whose shape keys fit the weights' (shapes:
-    {tensor name: shape}, from their header, without reading the tensors): a card that does not
-    fit its weights fails here, in one line, before a model of its shape is built (a card of 10**6
-    layers would take minutes and all the memory to build first). Keys the card leaves out and
-    tensors the weights lack are the load's to report."""
-    model = info["model"]
-    config_cls = ARCHITECTURES[info["architecture"]][1]
-    with checking(info, path, CARD_FIX):
         check_shapes(shapes, {key: (f"model.{key}", value) for key, value in model.items()})
-        # the config's own rules
-        return config_cls(**{f.name: model[f.name] for f in fields(config_cls) if f.name in model})
+        return config_cls(**{key: model[key] for key in kinds if key in model})
 
 
 def check_hf(hf, path, shapes):
     """A Hugging Face GPT-2 config.json against its weights' shapes (in this project's tensor
-    names), as card_config a card's, and the tokenizer export.py writes into it, if any."""
+    names), as check_card a card's, and the tokenizer export.py writes into it, if any."""
     with checking(hf, path, "not a GPT-2 config.json that fits the model.safetensors beside it"):
         check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
         check_keys(hf, {"tokenizer": dict}, optional=["tokenizer"])

@@ -12,8 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 
 from lib.common import Error, atomic_path, read_json
-from lib.schema import HF_NAMES, card_config, check_card, check_hf
-from lib.tokenizer import check_vocabulary, get_tokenizer
+from lib.schema import HF_NAMES, check_card, check_hf
+from lib.tokenizer import get_tokenizer
 from model import ARCHITECTURES, GPT, GPTConfig
 
 # OpenAI's weights on the Hugging Face hub
@@ -27,13 +27,18 @@ def save_pretrained(model, out_dir, **extra):
     a new model paired with an old card. extra: task, tokenizer, label names."""
     os.makedirs(out_dir, exist_ok=True)
     token = secrets.token_hex(8)
-    card = {"architecture": type(model).__name__, "model": asdict(model.config), **extra}
+    card = {
+        "architecture": type(model).__name__,
+        "model": asdict(model.config),
+        **extra,
+        "weights_id": token,
+    }
     with atomic_path(os.path.join(out_dir, "config.json")) as card_tmp:
         with atomic_path(os.path.join(out_dir, "model.safetensors")) as weights_tmp:
             # drops a tied head's duplicate tensor
             save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
             with open(card_tmp, "w") as f:
-                json.dump({**card, "weights_id": token}, f, indent=2)
+                json.dump(card, f, indent=2)
 
 
 def from_checkpoint(out_dir, device="cpu", info=None):
@@ -47,13 +52,12 @@ def from_checkpoint(out_dir, device="cpu", info=None):
                 f"train one with train.py first"
             )
         info = read_json(path, "checkpoint config")
-    check_card(info, path)
     weights = os.path.join(out_dir, "model.safetensors")
     metadata, shapes = read_header(weights)
+    config = check_card(info, path, shapes)
     # a header that cannot be read is the load's error to report
     if metadata is not None:
         check_weights_id(out_dir, info, metadata)
-    config = card_config(info, path, shapes)
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
             model = ARCHITECTURES[info["architecture"]][0](config)
@@ -102,8 +106,9 @@ def from_pretrained(name_or_dir, hf=None):
             raise Error(f"{name_or_dir!r} is neither a directory nor one of {names}")
         from huggingface_hub import snapshot_download
 
-        repo = f"openai-community/{name_or_dir}"
-        path = snapshot_download(repo, allow_patterns=["model.safetensors", "config.json"])
+        path = snapshot_download(
+            f"openai-community/{name_or_dir}", allow_patterns=["model.safetensors", "config.json"]
+        )
     config_path = os.path.join(path, "config.json")
     if hf is None:
         hf = read_json(config_path, "Hugging Face config")
@@ -167,9 +172,10 @@ def load_gpt(source, device, hub=False):
             f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): "
             "sample.py needs a GPT; classify.py runs a classifier"
         )
-    tokenizer = get_tokenizer(info.get("tokenizer"), where)
-    check_vocabulary(tokenizer, model.config.vocab_size, where)
+    tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
     millions = model.num_params() / 1e6
-    kind = info["tokenizer"]["type"]
-    what = f"loaded {source}: {millions:.2f}M parameters, {kind} tokenizer"
-    return model, tokenizer, what
+    return (
+        model,
+        tokenizer,
+        f"loaded {source}: {millions:.2f}M parameters, {tokenizer.spec['type']} tokenizer",
+    )
