@@ -171,11 +171,11 @@ def check_hf(hf, path, shapes):
 
 
 def check_shapes(shapes, given):
-    """given: {config key: (its name in the file, its value)}: each value the weights' shapes fix
-    (weights_shape) is theirs, or absent."""
+    """given: {config key: (its name in the file, its value)}: each key the weights' shapes fix
+    (weights_shape) holds their value, or is absent."""
     for key, found in weights_shape(shapes).items():
-        name, value = given.get(key, (key, None))
-        if value is not None and value != found:
+        name, value = given.get(key, (key, found))
+        if value != found:
             raise Error(f"{name!r} is {shown(value)}, the weights' shapes say {shown(found)}")
 
 

@@ -174,8 +174,5 @@ def load_gpt(source, device, hub=False):
         )
     tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
     millions = model.num_params() / 1e6
-    return (
-        model,
-        tokenizer,
-        f"loaded {source}: {millions:.2f}M parameters, {tokenizer.spec['type']} tokenizer",
-    )
+    what = f"loaded {source}: {millions:.2f}M parameters, {tokenizer.spec['type']} tokenizer"
+    return model, tokenizer, what
