@@ -133,8 +133,7 @@ def from_pretrained(name_or_dir, hf=None):
         if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
             tensor = tensor.t().contiguous()
         state[key] = tensor
-    shapes = {name: list(tensor.shape) for name, tensor in state.items()}
-    check_hf(hf, config_path, shapes)
+    check_hf(hf, config_path, {name: tensor.shape for name, tensor in state.items()})
     with torch.device("meta"):
         model = GPT(config)
     return model.load_weights(state)
