@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
-from lib.tokenizer import check_vocabulary, get_tokenizer
+from lib.tokenizer import get_tokenizer
 from lib.weights import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
@@ -155,9 +155,7 @@ def check_target(out_dir, hf_dir, overwrite):
 def export(out_dir, hf_dir, overwrite=False):
     model, info = from_checkpoint(out_dir)
     config_path = os.path.join(out_dir, "config.json")
-    check_vocabulary(
-        get_tokenizer(info.get("tokenizer"), config_path), model.config.vocab_size, config_path
-    )
+    get_tokenizer(info.get("tokenizer"), config_path, model.config.vocab_size)
     if info["architecture"] != "GPT":
         raise Error(
             f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT"

@@ -3,6 +3,7 @@ drawn from them. A step's global batch is a function of (seed, step) alone, and 
 its slice of it: the data order survives a resume and does not depend on how many processes share
 the work."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from lib.common import Error, read_json
-from lib.schema import check_meta
+from lib.schema import META_FIX, check_meta
 
 # the repository: data/<name>/ holds each dataset's prepare.py and files
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,20 +22,19 @@ def read_meta(data_dir):
     """A prepared dataset's meta.json, checked (lib/schema.check_meta): a task this project knows,
     every key it needs, each of its type."""
     path = os.path.join(data_dir, "meta.json")
-    meta = read_json(path, "dataset description (meta.json)")
-    return check_meta(meta, path)
+    return check_meta(read_json(path, "dataset description (meta.json)"), path)
 
 
 def check(ok, path, what):
+    """A dataset's file that fails ok is refused as meta.json is."""
     if not ok:
-        raise Error(
-            f"{path}: {what}; the data is damaged or from another version: run its prepare.py again"
-        )
+        raise Error(f"{path}: {what}; {META_FIX}")
 
 
-def load_array(path, **kw):
+def load_array(path, dtype=None):
+    """A .npy file, or with dtype, a file of raw token ids (mapped, not read)."""
     try:
-        return np.load(path, **kw) if path.endswith(".npy") else np.memmap(path, mode="r", **kw)
+        return np.load(path) if dtype is None else np.memmap(path, dtype, mode="r")
     except (OSError, ValueError) as e:
         raise Error(
             f"{path}: cannot read it ({type(e).__name__}); run the dataset's prepare.py again"
@@ -46,7 +46,7 @@ def pad_batch(rows, pad_token_id):
     the mask is 1 on real tokens, 0 on padding (Hugging Face's convention)."""
     width = max(1, max(len(r) for r in rows))
     idx = np.full((len(rows), width), pad_token_id, dtype=np.int64)
-    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+    attention_mask = np.zeros_like(idx)
     for i, r in enumerate(rows):
         idx[i, : len(r)] = r
         attention_mask[i, : len(r)] = 1
@@ -62,27 +62,26 @@ class LMData:
     labelled = False  # evaluations report accuracy for labelled data
     unit = "tok"  # the speed counts tokens
 
-    def __init__(self, data_dir, split, block_size, meta):
+    def __init__(self, path, size, block_size, meta):
+        """path: the split's files, less their extension; size: its tokens, as meta.json says."""
         self.meta = meta
         self.block_size = block_size
-        path = os.path.join(data_dir, f"{split}.bin")
-        self.tokens = load_array(path, dtype=meta["dtype"])
-        check(
-            len(self.tokens) == meta["splits"][split],
-            path,
-            f"{len(self.tokens):,} tokens, meta.json says {meta['splits'][split]:,}",
-        )
-        if len(self.tokens) <= block_size:
+        path += ".bin"
+        self.tokens = load_array(path, meta["dtype"])
+        n = len(self.tokens)
+        check(n == size, path, f"{n:,} tokens, meta.json says {size:,}")
+        if n <= block_size:
             raise Error(
-                f"{path} holds {len(self.tokens):,} tokens, fewer than block_size + 1 = "
-                f"{block_size + 1}: use a smaller block_size or more text"
+                f"{path} holds {n:,} tokens, fewer than block_size + 1 = {block_size + 1}: "
+                "use a smaller block_size or more text"
             )
         # a full scan up to 256M tokens (a second or two); the length is checked always
-        if len(self.tokens) <= 1 << 28:
+        if n <= 1 << 28:
+            top = int(self.tokens.max())
             check(
-                int(self.tokens.max()) < meta["vocab_size"],
+                top < meta["vocab_size"],
                 path,
-                f"token ids reach {int(self.tokens.max())}, past vocab_size {meta['vocab_size']}",
+                f"token ids reach {top}, past vocab_size {meta['vocab_size']}",
             )
 
     def rows(self, seed, step, n):
@@ -93,9 +92,10 @@ class LMData:
         return self.rows(seed=2**31 - 1, step=0, n=n)  # the same n rows at every evaluation
 
     def batch(self, rows):
-        x = np.stack([self.tokens[i : i + self.block_size] for i in rows]).astype(np.int64)
-        y = np.stack([self.tokens[i + 1 : i + 1 + self.block_size] for i in rows]).astype(np.int64)
-        return {"idx": torch.from_numpy(x), "targets": torch.from_numpy(y)}
+        # each row's block_size + 1 tokens: the inputs, and the targets one later
+        spans = [self.tokens[i : i + 1 + self.block_size] for i in rows]
+        windows = torch.from_numpy(np.stack(spans).astype(np.int64))
+        return {"idx": windows[:, :-1].contiguous(), "targets": windows[:, 1:].contiguous()}
 
     @staticmethod
     def count(batch):
@@ -111,49 +111,45 @@ class ClassificationData:
     labelled = True
     unit = "ex"  # the speed counts examples
 
-    def __init__(self, data_dir, split, block_size, meta):
+    def __init__(self, path, n, block_size, meta):
+        """path: the split's files, less their extensions; n: its rows, as meta.json says."""
+        if n == 0:
+            raise Error(f"{path}: the split has no rows: prepare it from more data")
         self.meta = meta
         self.block_size = block_size
-        path = os.path.join(data_dir, split)
-        self.tokens = load_array(path + ".bin", dtype=meta["dtype"])
-        self.offsets = load_array(path + ".offsets.npy")
-        self.labels = load_array(path + ".labels.npy")
+        tokens = load_array(path + ".bin", meta["dtype"])
+        offsets = load_array(path + ".offsets.npy")
+        labels_path = path + ".labels.npy"
+        labels = load_array(labels_path)
         check(
-            self.labels.ndim == 1 and np.issubdtype(self.labels.dtype, np.integer),
-            path + ".labels.npy",
-            f"{self.labels.dtype} labels of shape {self.labels.shape}, not one integer per row",
+            labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer),
+            labels_path,
+            f"{labels.dtype} labels of shape {labels.shape}, not one integer per row",
         )
-        n = meta["splits"][split]
+        check(len(labels) == n, labels_path, f"{len(labels):,} labels for {n:,} rows")
         check(
-            len(self.labels) == n,
-            path + ".labels.npy",
-            f"{len(self.labels):,} labels for {n:,} rows",
-        )
-        check(
-            len(self.offsets) == n + 1
-            and self.offsets[0] == 0
-            and (np.diff(self.offsets) >= 0).all(),
+            len(offsets) == n + 1 and offsets[0] == 0 and (np.diff(offsets) >= 0).all(),
             path + ".offsets.npy",
             f"not {n + 1:,} rising offsets from 0",
         )
         check(
-            self.offsets[-1] == len(self.tokens),
+            offsets[-1] == len(tokens),
             path + ".bin",
-            f"{len(self.tokens):,} tokens, the offsets say {self.offsets[-1]:,}",
+            f"{len(tokens):,} tokens, the offsets say {offsets[-1]:,}",
         )
         check(
-            len(self.tokens) == 0 or int(self.tokens.max()) < meta["vocab_size"],
+            len(tokens) == 0 or int(tokens.max()) < meta["vocab_size"],
             path + ".bin",
             f"token ids past vocab_size {meta['vocab_size']}",
         )
         check(
-            n == 0 or 0 <= self.labels.min() and self.labels.max() < len(meta["label_names"]),
-            path + ".labels.npy",
+            0 <= labels.min() and labels.max() < len(meta["label_names"]),
+            labels_path,
             f"labels outside 0..{len(meta['label_names']) - 1}",
         )
-        if n == 0:
-            raise Error(f"{path}: the {split} split has no rows: prepare it from more data")
-        self._epoch = (None, None)
+        self.tokens = tokens
+        self.offsets = offsets
+        self.labels = labels
 
     def __len__(self):
         return len(self.labels)
@@ -161,13 +157,9 @@ class ClassificationData:
     def rows(self, seed, step, n):
         """Rows step * n ... (step + 1) * n - 1 of an endless stream of epochs, each a permutation
         of (seed, epoch)."""
-        out = []
-        for position in range(step * n, (step + 1) * n):
-            epoch = position // len(self)
-            if self._epoch[0] != epoch:
-                self._epoch = (epoch, np.random.default_rng([seed, epoch]).permutation(len(self)))
-            out.append(self._epoch[1][position % len(self)])
-        return np.array(out)
+        rows = len(self)
+        positions = range(step * n, (step + 1) * n)
+        return np.array([permutation(seed, p // rows, rows)[p % rows] for p in positions])
 
     def eval_rows(self, n):
         return np.arange(min(n, len(self)))  # in order, each row once
@@ -187,6 +179,12 @@ class ClassificationData:
         return len(batch["idx"])
 
 
+@functools.lru_cache(maxsize=1)
+def permutation(seed, epoch, rows):
+    """The order of an epoch of rows: a function of (seed, epoch) alone (the last one kept)."""
+    return np.random.default_rng([seed, epoch]).permutation(rows)
+
+
 def load_split(data_dir, split, block_size):
     """The split's reader for the task that meta.json names, its files checked against meta.json."""
     meta = read_meta(data_dir)
@@ -196,22 +194,20 @@ def load_split(data_dir, split, block_size):
         f"no {split} split ({sorted(meta['splits'])})",
     )
     cls = LMData if meta["task"] == "lm" else ClassificationData
-    return cls(data_dir, split, block_size, meta)
+    return cls(os.path.join(data_dir, split), meta["splits"][split], block_size, meta)
 
 
 def load_data(cfg, master):
     """(train, val) of the dataset, checked against the task; a dataset never prepared is prepared
     first by its prepare.py (a single process only), or the error names the command."""
-    if os.sep in cfg.dataset:
-        path = cfg.dataset
-    else:
-        path = os.path.join(ROOT, "data", cfg.dataset)
+    path = cfg.dataset if os.sep in cfg.dataset else os.path.join(ROOT, "data", cfg.dataset)
+    prepare = os.path.join(path, "prepare.py")
     command = f"python data/{cfg.dataset}/prepare.py"
     if not os.path.exists(os.path.join(path, "meta.json")):
-        if "RANK" in os.environ or not os.path.isfile(os.path.join(path, "prepare.py")):
+        if "RANK" in os.environ or not os.path.isfile(prepare):
             raise Error(f"no prepared data in {path}: run {command} first")
         print(f"no prepared data in {path}: running {command}", file=sys.stderr)
-        if subprocess.run([sys.executable, os.path.join(path, "prepare.py")]).returncode:
+        if subprocess.run([sys.executable, prepare]).returncode:
             raise Error(
                 f"{command} failed (message above); offline, prepare from local files: "
                 f"{command} --source DIR"
@@ -235,9 +231,6 @@ def to_device(batch, device):
     """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue
     to drain first, a copy from pinned memory runs beside it."""
     pin = device.startswith("cuda")
-    moved = {}
-    for k, v in batch.items():
-        if pin:
-            v = v.pin_memory()
-        moved[k] = v.to(device, non_blocking=True)
-    return moved
+    return {
+        k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()
+    }

@@ -6,29 +6,26 @@ import tiktoken
 from lib.common import Error
 
 
-def get_tokenizer(spec, where="tokenizer"):
+def get_tokenizer(spec, where="tokenizer", vocab_size=None):
     """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false} or
-    {"type": "char", "chars": "..."}; where: the file it comes from, for the error a missing or
-    damaged spec gets."""
-    kind = spec.get("type") if isinstance(spec, dict) else None
-    needs = {"char": "chars", "bpe": "encoding"}.get(kind)
-    if needs is None or needs not in spec:
+    {"type": "char", "chars": "..."}, checked where its file is read (lib/schema.check_tokenizer);
+    None: the file (where) names none. With vocab_size, its ids must all index a model's embedding
+    table of that many rows."""
+    if spec is None:
         raise Error(
-            f"{where}: no tokenizer this project knows ({str(spec)[:60]}): "
-            f"a char one needs 'chars', a bpe one 'encoding'"
+            f"{where}: no tokenizer this project knows: add a 'tokenizer' key "
+            "(a char one holds 'chars', a bpe one 'encoding')"
         )
-    if needs == "chars":
-        return CharTokenizer(spec["chars"])
-    return BPETokenizer(spec["encoding"], spec.get("lowercase", False))
-
-
-def check_vocabulary(tokenizer, vocab_size, where):
-    """The tokenizer's ids all index the model's embedding table of vocab_size rows."""
-    if tokenizer.vocab_size > vocab_size:
+    if spec["type"] == "char":
+        tokenizer = CharTokenizer(spec["chars"])
+    else:
+        tokenizer = BPETokenizer(spec["encoding"], spec.get("lowercase", False))
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise Error(
             f"{where}: the tokenizer has {tokenizer.vocab_size:,} tokens, the model's vocabulary "
             f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
         )
+    return tokenizer
 
 
 class CharTokenizer:
@@ -54,7 +51,7 @@ class CharTokenizer:
 
 class BPETokenizer:
     # r50k_base: GPT-2's, tiktoken's "gpt2" ranks
-    def __init__(self, encoding="r50k_base", lowercase=False):
+    def __init__(self, encoding, lowercase=False):
         try:
             self.enc = tiktoken.get_encoding(encoding)
         except Exception as e:  # tiktoken downloads the file once, then reads its cache
@@ -68,8 +65,9 @@ class BPETokenizer:
         self.pad_token_id = self.start_token
         # "Oil", " oil", "OIL": one token, which small labelled sets spread thinly otherwise
         self.lowercase = lowercase
-        lowercased = {"lowercase": True} if lowercase else {}
-        self.spec = {"type": "bpe", "encoding": encoding, **lowercased}
+        self.spec = {"type": "bpe", "encoding": encoding}
+        if lowercase:
+            self.spec["lowercase"] = True
 
     def encode(self, text):
         # special tokens are plain text

@@ -5,24 +5,19 @@ once per load and checked against its weights' header before a model of its shap
 import json
 import os
 import secrets
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 
 from lib.common import Error, atomic_path, read_json
-from lib.schema import check_card, check_hf_shapes, check_shapes
-from lib.tokenizer import check_vocabulary, get_tokenizer
+from lib.schema import HF_NAMES, check_card, check_hf
+from lib.tokenizer import get_tokenizer
 from model import ARCHITECTURES, GPT, GPTConfig
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-# each architecture's config fields and their kinds, which check_card holds config.json's to
-CONFIG_KINDS = {
-    name: {f.name: f.type for f in fields(config_cls)}
-    for name, (_, config_cls) in ARCHITECTURES.items()
-}
 
 
 def save_pretrained(model, out_dir, **extra):
@@ -32,13 +27,18 @@ def save_pretrained(model, out_dir, **extra):
     a new model paired with an old card. extra: task, tokenizer, label names."""
     os.makedirs(out_dir, exist_ok=True)
     token = secrets.token_hex(8)
-    card = {"architecture": type(model).__name__, "model": asdict(model.config), **extra}
+    card = {
+        "architecture": type(model).__name__,
+        "model": asdict(model.config),
+        **extra,
+        "weights_id": token,
+    }
     with atomic_path(os.path.join(out_dir, "config.json")) as card_tmp:
         with atomic_path(os.path.join(out_dir, "model.safetensors")) as weights_tmp:
             # drops a tied head's duplicate tensor
             save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
             with open(card_tmp, "w") as f:
-                json.dump({**card, "weights_id": token}, f, indent=2)
+                json.dump(card, f, indent=2)
 
 
 def from_checkpoint(out_dir, device="cpu", info=None):
@@ -52,23 +52,15 @@ def from_checkpoint(out_dir, device="cpu", info=None):
                 f"train one with train.py first"
             )
         info = read_json(path, "checkpoint config")
-    check_card(info, path, CONFIG_KINDS)
     weights = os.path.join(out_dir, "model.safetensors")
-    header = read_header(weights)
+    metadata, shapes = read_header(weights)
+    config = check_card(info, path, shapes)
     # a header that cannot be read is the load's error to report
-    if header is not None:
-        metadata, shapes = header
+    if metadata is not None:
         check_weights_id(out_dir, info, metadata)
-        check_shapes(info, path, shapes)
-    cls, config_cls = ARCHITECTURES[info["architecture"]]
-    known = {f.name for f in fields(config_cls)}
-    try:  # the config's own rules, in the card's name
-        config = config_cls(**{k: v for k, v in info["model"].items() if k in known})
-    except Error as e:
-        raise Error(f"{path}: {e}") from None
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
-            model = cls(config)
+            model = ARCHITECTURES[info["architecture"]][0](config)
         model.load_weights(load_file(weights))
     except Exception as e:
         raise Error(
@@ -80,23 +72,20 @@ def from_checkpoint(out_dir, device="cpu", info=None):
 
 def read_header(path):
     """(the metadata, {tensor name: shape}) of a safetensors file's header, read without its
-    tensors; None when there is no such file or no readable header."""
+    tensors; (None, {}) when there is no such file or no readable header: the load reports it."""
     try:
         with safe_open(path, "pt") as f:
-            shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}
-            return f.metadata() or {}, shapes
+            return f.metadata() or {}, {name: f.get_slice(name).get_shape() for name in f.keys()}
     except Exception:
-        return None
+        return None, {}
 
 
 def check_weights_id(out_dir, info, metadata):
     """The weights (their header's metadata) are the ones config.json was saved with (a card
     without an id predates the id: unchecked)."""
     expected = info.get("weights_id")
-    if expected is None:
-        return
     found = metadata.get("weights_id")
-    if found != expected:
+    if expected is not None and found != expected:
         path = os.path.join(out_dir, "model.safetensors")
         raise Error(
             f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
@@ -117,20 +106,14 @@ def from_pretrained(name_or_dir, hf=None):
             raise Error(f"{name_or_dir!r} is neither a directory nor one of {names}")
         from huggingface_hub import snapshot_download
 
-        repo = f"openai-community/{name_or_dir}"
-        path = snapshot_download(repo, allow_patterns=["model.safetensors", "config.json"])
+        path = snapshot_download(
+            f"openai-community/{name_or_dir}", allow_patterns=["model.safetensors", "config.json"]
+        )
     config_path = os.path.join(path, "config.json")
     if hf is None:
         hf = read_json(config_path, "Hugging Face config")
     try:
-        config = GPTConfig(
-            vocab_size=hf["vocab_size"],
-            block_size=hf["n_positions"],
-            n_layer=hf["n_layer"],
-            n_head=hf["n_head"],
-            n_embd=hf["n_embd"],
-            bias=True,
-        )
+        config = GPTConfig(**{key: hf[name] for key, name in HF_NAMES.items()}, bias=True)
         loaded = load_file(os.path.join(path, "model.safetensors"))
     except Exception as e:
         raise Error(
@@ -150,8 +133,7 @@ def from_pretrained(name_or_dir, hf=None):
         if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
             tensor = tensor.t().contiguous()
         state[key] = tensor
-    shapes = {name: list(tensor.shape) for name, tensor in state.items()}
-    check_hf_shapes(hf, config_path, shapes)
+    check_hf(hf, config_path, {name: tensor.shape for name, tensor in state.items()})
     with torch.device("meta"):
         model = GPT(config)
     return model.load_weights(state)
@@ -162,16 +144,13 @@ def load_pretrained(name_or_dir, device="cpu"):
     (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info
     names its BPE tokenizer, or the one export.py wrote into its config.json)."""
     path = os.path.join(name_or_dir, "config.json")
-    config = read_json(path, "checkpoint config") if os.path.isfile(path) else None
+    config = read_json(path, "checkpoint config") if os.path.isfile(path) else {}
     # a Hugging Face config has neither of this project's card keys (a card that lost one of them
     # is still checked as a card)
-    hf = isinstance(config, dict) and not {"architecture", "model"} & config.keys()
-    if config is not None and not hf:
+    if not isinstance(config, dict) or {"architecture", "model"} & config.keys():
         return from_checkpoint(name_or_dir, device, config)
-    model = from_pretrained(name_or_dir, config).to(device).eval()
-    tokenizer = {"type": "bpe", "encoding": "r50k_base"}
-    if config is not None:
-        tokenizer = config.get("tokenizer", tokenizer)
+    model = from_pretrained(name_or_dir, config or None).to(device).eval()
+    tokenizer = config.get("tokenizer", {"type": "bpe", "encoding": "r50k_base"})
     return model, {"architecture": "GPT", "tokenizer": tokenizer}
 
 
@@ -192,9 +171,7 @@ def load_gpt(source, device, hub=False):
             f"{source!r} holds an {info['architecture']} (task {info.get('task')!r}): "
             "sample.py needs a GPT; classify.py runs a classifier"
         )
-    tokenizer = get_tokenizer(info.get("tokenizer"), where)
-    check_vocabulary(tokenizer, model.config.vocab_size, where)
+    tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
     millions = model.num_params() / 1e6
-    kind = info["tokenizer"]["type"]
-    what = f"loaded {source}: {millions:.2f}M parameters, {kind} tokenizer"
+    what = f"loaded {source}: {millions:.2f}M parameters, {tokenizer.spec['type']} tokenizer"
     return model, tokenizer, what
