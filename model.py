@@ -152,8 +152,7 @@ class KVCache:
     step() readies the cache for one forward; reset() and copy() manage rows between forwards."""
 
     def __init__(self, config, rows, length, device, dtype=torch.float32):
-        d_k = config.n_embd // config.n_head
-        shape = (rows, config.n_head, length, d_k)
+        shape = (rows, config.n_head, length, config.n_embd // config.n_head)
         # a tensor per layer: each is written in place, whole (a compiled step mutates no views)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
@@ -168,28 +167,22 @@ class KVCache:
         self.rows = torch.tensor(rows, device=device)
         self.positions = (start[:, None] + torch.arange(T)).to(device)
         self.keys = int(start.max()) + T
-        # every row in order: the cache's own views serve, no copies
-        self.every_row = rows == list(range(len(self.lengths)))
+        # every row in order: the cache's own views are read, no copies
+        every_row = rows == list(range(len(self.lengths)))
+        self.read = slice(None) if every_row else self.rows
         for row in rows:
             self.lengths[row] += T
         return self
 
-    def mask(self):
-        """[B, 1, T, keys]: the query at position p sees its row's keys at positions <= p."""
-        keys = torch.arange(self.keys, device=self.positions.device)
-        return keys <= self.positions[:, None, :, None]
-
     def update(self, layer, k, v):
         """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
         [B, h, keys, d_k]."""
-        K = self.k[layer]
-        V = self.v[layer]
-        # [B, T, h, d_k] places: row b, every head, position positions[b, t]
-        K[self.rows[:, None], :, self.positions] = k.transpose(1, 2).to(K.dtype)
-        V[self.rows[:, None], :, self.positions] = v.transpose(1, 2).to(V.dtype)
-        if self.every_row:
-            return K[:, :, : self.keys], V[:, :, : self.keys]
-        return K[self.rows, :, : self.keys], V[self.rows, :, : self.keys]
+        kept = []
+        for cache, new in ((self.k[layer], k), (self.v[layer], v)):
+            # [B, T, h, d_k] places: row b, every head, position positions[b, t]
+            cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2).to(cache.dtype)
+            kept.append(cache[self.read, :, : self.keys])
+        return kept
 
     def reset(self, row):
         self.lengths[row] = 0
@@ -198,10 +191,9 @@ class KVCache:
         """Row source's keys, values and length into each of rows: a prompt prefilled once serves
         every sample of it."""
         n = self.lengths[source]
+        for cache in self.k + self.v:
+            cache[rows, :, :n] = cache[source, :, :n]
         for row in rows:
-            for K, V in zip(self.k, self.v):
-                K[row, :, :n] = K[source, :, :n]
-                V[row, :, :n] = V[source, :, :n]
             self.lengths[row] = n
 
 
@@ -314,7 +306,8 @@ class Transformer(nn.Module):
             positions = torch.arange(T, device=idx.device)
         else:
             positions = cache.positions
-            mask = cache.mask()
+            # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
+            mask = torch.arange(cache.keys, device=positions.device) <= positions[:, None, :, None]
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(positions)
