@@ -40,9 +40,7 @@ def datasheet_peak(name):
     name holds as whole words (an A10G is not an A10, an L40S not an L4, an H100 PCIe not the SXM
     H100)."""
     found = [k for k in DATASHEET_BF16 if re.search(rf"\b{re.escape(k)}\b", name)]
-    if not found:
-        return 0.0
-    return DATASHEET_BF16[max(found, key=len)]
+    return DATASHEET_BF16[max(found, key=len)] if found else 0.0
 
 
 def matmul_flops(device, dtype, n=None, repeats=3):
@@ -50,8 +48,7 @@ def matmul_flops(device, dtype, n=None, repeats=3):
     n = 8192 on a GPU, where a 2048 product is over about as fast as a launch and a sync."""
     if n is None:
         n = 8192 if torch.device(device).type == "cuda" else 2048
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a, b = torch.randn(2, n, n, device=device, dtype=dtype)
     best = float("inf")
     for _ in range(repeats + 1):  # the first one warms up
         sync(device)
