@@ -69,12 +69,13 @@ class GPTConfig:
 
     def __post_init__(self):
         """The rules the shape keeps together, checked wherever a model is built."""
-        head = f"n_head={self.n_head!r}: must be"
         if self.n_head < 1 or self.n_embd % self.n_head:
-            raise Error(f"{head} a divisor of n_embd={self.n_embd}")
+            raise Error(f"n_head={self.n_head!r}: must be a divisor of n_embd={self.n_embd}")
         if self.rope and self.n_embd // self.n_head % 2:
-            even = "the head size n_embd / n_head even: rotary embeddings rotate pairs"
-            raise Error(f"{head} such that {even}")
+            raise Error(
+                f"n_head={self.n_head!r}: must be such that the head size n_embd / n_head even: "
+                "rotary embeddings rotate pairs"
+            )
 
 
 @dataclass
@@ -102,8 +103,10 @@ class EncoderConfig(GPTConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.bow_buckets and not self.bow_head:
-            what = "0 unless bow_head=True (its classifier's bigrams)"
-            raise Error(f"bow_buckets={self.bow_buckets!r}: must be {what}")
+            raise Error(
+                f"bow_buckets={self.bow_buckets!r}: must be 0 unless bow_head=True "
+                "(its classifier's bigrams)"
+            )
 
 
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -138,9 +141,7 @@ def rotation(positions, d_k):
 def rotary(x, cos, sin):
     """x [B, h, T, d_k] rotated pair by pair: a query-key product then depends only on the two
     positions' difference, so attention sees relative positions."""
-    half = x.size(-1) // 2
-    x1 = x[..., :half]
-    x2 = x[..., half:]
+    x1, x2 = x.chunk(2, dim=-1)
     cos = cos.to(x.dtype)
     sin = sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -255,9 +256,11 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(d, bias=config.bias)
         self.attn = MultiHeadAttention(config, causal, layer)
         self.ln_2 = nn.LayerNorm(d, bias=config.bias)
-        fc = nn.Linear(d, 4 * d, bias=config.bias)
-        proj = nn.Linear(4 * d, d, bias=config.bias)
-        self.mlp = nn.ModuleDict(dict(fc=fc, proj=proj))
+        self.mlp = nn.ModuleDict(
+            dict(
+                fc=nn.Linear(d, 4 * d, bias=config.bias), proj=nn.Linear(4 * d, d, bias=config.bias)
+            )
+        )
         self.mlp_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
@@ -327,11 +330,6 @@ class Transformer(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
-    def lookup_tables(self):
-        """The embedding tables whose rows are looked up, not multiplied (lib/mfu.py leaves them
-        out of the FLOPs): the position table; a model adds its own."""
-        return [] if self.wpe is None else [self.wpe]
-
     def optimizer_groups(self):
         """AdamW parameter groups with settings of their own, beside the two that
         configure_optimizers builds."""
@@ -347,8 +345,8 @@ class Transformer(nn.Module):
         muon = optimizer == "muon"
         hidden = [p for p in self.blocks.parameters() if muon and p.requires_grad and p.dim() == 2]
         own = self.optimizer_groups()
-        taken = {id(p) for p in hidden} | {id(p) for group in own for p in group["params"]}
-        rest = [p for p in self.parameters() if p.requires_grad and id(p) not in taken]
+        taken = {*hidden, *(p for group in own for p in group["params"])}
+        rest = [p for p in self.parameters() if p.requires_grad and p not in taken]
         groups = [
             {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
@@ -369,15 +367,9 @@ class Transformer(nn.Module):
             )
         return optimizers
 
-    def load_weights(self, state, new=()):
+    def load_weights(self, state):
         """Load a state dict in place of the current tensors (assign: a model built on the meta
-        device takes the loaded tensors without a second copy in memory).
-        new: modules that start afresh instead."""
-        for name in new:
-            module = self.get_submodule(name)
-            module.to_empty(device="cpu")
-            init_module(module)
-            state = {**state, **{f"{name}.{k}": v for k, v in module.state_dict().items()}}
+        device takes the loaded tensors without a second copy in memory)."""
         # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's own
         expected = self.state_dict()
         for k, v in state.items():
@@ -399,8 +391,13 @@ class Transformer(nn.Module):
         body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
             body["wpe.weight"] = body["wpe.weight"][: self.config.block_size]
-        new = [name for name in self.OWN_MODULES if getattr(self, name) is not None]
-        return self.load_weights(body, new=new)
+        for name in self.OWN_MODULES:
+            module = getattr(self, name)
+            if module is not None:
+                module.to_empty(device="cpu")
+                init_module(module)
+                body |= module.state_dict(prefix=f"{name}.")
+        return self.load_weights(body)
 
 
 class GPT(Transformer):
@@ -434,14 +431,14 @@ class GPT(Transformer):
             loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    def load_weights(self, state, new=()):
+    def load_weights(self, state):
         """The base's load, then the head tied again (assign gives the two modules a tensor each).
         save_model keeps one name of the shared tensor, at times the head's: either name fills
         both."""
         table = state.get("wte.weight", state.get("lm_head.weight"))
         if table is not None:
             state = {**state, "wte.weight": table, "lm_head.weight": table}
-        super().load_weights(state, new)
+        super().load_weights(state)
         self.lm_head.weight = self.wte.weight
         return self
 
@@ -463,11 +460,6 @@ class EncoderClassifier(Transformer):
         bow_rows = config.vocab_size + config.bow_buckets
         self.bow = nn.Embedding(bow_rows, config.n_classes) if config.bow_head else None
         self.init_weights()
-
-    def lookup_tables(self):
-        """The token table too (the class head is not tied to it), and bow's."""
-        own = [table for table in (self.wte, self.bow) if table is not None]
-        return super().lookup_tables() + own
 
     def optimizer_groups(self):
         """bow's table: a linear model's rows, each met only by the batches that hold its feature,

@@ -25,14 +25,14 @@ DATASHEET_BF16 = {
 
 
 def flops_per_token(model, seq_len):
-    """Training FLOPs per token: 6 per weight it meets in a matmul (2 forward, 4 backward), the
-    weight matrices less the model's lookup_tables(), plus 12 L d T for the attention scores and
+    """Training FLOPs per token: 6 per weight of a Linear (2 forward, 4 backward; the other
+    embedding tables are looked up, not multiplied), plus 12 L d T for the attention scores and
     their weighted sum of the values. Biases and norm gains, a rounding, are left out."""
-    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
-    looked_up = sum(table.weight.numel() for table in model.lookup_tables())
+    # a set: a table tied to a Linear (GPT's head) is counted once
+    weights = {m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     config = model.config
     attention = 12 * config.n_layer * config.n_embd * seq_len
-    return 6 * (matrices - looked_up) + attention
+    return 6 * sum(w.numel() for w in weights) + attention
 
 
 def datasheet_peak(name):
