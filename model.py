@@ -223,8 +223,8 @@ class MultiHeadAttention(nn.Module):
         # 3 x [B, h, T, d_k]
         q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)
         if self.config.qk_norm:
-            q = F.rms_norm(q, (q.size(-1),))
-            k = F.rms_norm(k, (k.size(-1),))
+            q = F.rms_norm(q, q.shape[-1:])
+            k = F.rms_norm(k, k.shape[-1:])
         if rope is not None:
             q = rotary(q, *rope)
             k = rotary(k, *rope)
@@ -457,8 +457,12 @@ class EncoderClassifier(Transformer):
     def __init__(self, config):
         super().__init__(config, causal=False)
         self.head = nn.Linear(config.n_embd, config.n_classes)
-        bow_rows = config.vocab_size + config.bow_buckets
-        self.bow = nn.Embedding(bow_rows, config.n_classes) if config.bow_head else None
+        # a row per token, then bow_buckets rows of hashed bigrams
+        self.bow = (
+            nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes)
+            if config.bow_head
+            else None
+        )
         self.init_weights()
 
     def optimizer_groups(self):

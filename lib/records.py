@@ -26,8 +26,12 @@ def read_metrics(out_dir):
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        record = parse_record(line)
-        if record is not None:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        # a record: an object whose step is an int (not a bool)
+        if isinstance(record, dict) and type(record.get("step")) is int:
             records.append(record)
         elif number == len(lines):
             sys.stderr.write(
@@ -38,18 +42,6 @@ def read_metrics(out_dir):
                 f"{path}:{number}: not a record with an integer 'step': repair or delete that line"
             )
     return records
-
-
-def parse_record(line):
-    """The JSON object of one metrics line, or None when the line is not one with an integer
-    step."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    # an int, not a bool
-    if isinstance(record, dict) and type(record.get("step")) is int:
-        return record
 
 
 def before(record, step):
@@ -79,8 +71,8 @@ class RunRecord:
         self.t0 = time.perf_counter() - resumed_seconds
         self.held = []
         if resumed_step is not None and os.path.isfile(self.path):
-            kept = [r for r in read_metrics(out_dir) if before(r, resumed_step)]
-            self.held = [json.dumps(record) + "\n" for record in kept]
+            records = read_metrics(out_dir)
+            self.held = [json.dumps(r) + "\n" for r in records if before(r, resumed_step)]
         if not hold:
             self.commit()
 
