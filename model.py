@@ -154,16 +154,22 @@ class KVCache:
 
     def __init__(self, config, rows, length, device, dtype=torch.float32):
         shape = (rows, config.n_head, length, config.n_embd // config.n_head)
-        # a tensor per layer: each is written in place, whole (a compiled step mutates no views)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        # (keys, values) per layer, a tensor each: each is written in place, whole (a compiled
+        # step mutates no views)
+        self.kv = [
+            (
+                torch.zeros(shape, device=device, dtype=dtype),
+                torch.zeros(shape, device=device, dtype=dtype),
+            )
+            for _ in range(config.n_layer)
+        ]
         self.lengths = [0] * rows  # on the host: reading them costs no device sync
 
     def step(self, rows, T):
         """The cache for one forward of T new tokens for rows (a list of row indices), each
         writing at its own next positions, which it takes: sets positions [B, T] and keys, how
         many of the rows' keys their queries may read. Returns self."""
-        device = self.k[0].device
+        device = self.kv[0][0].device
         start = torch.tensor([self.lengths[row] for row in rows])
         self.rows = torch.tensor(rows, device=device)
         self.positions = (start[:, None] + torch.arange(T)).to(device)
@@ -179,7 +185,7 @@ class KVCache:
         """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
         [B, h, keys, d_k]."""
         kept = []
-        for cache, new in ((self.k[layer], k), (self.v[layer], v)):
+        for cache, new in zip(self.kv[layer], (k, v)):
             # [B, T, h, d_k] places: row b, every head, position positions[b, t]
             cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2).to(cache.dtype)
             kept.append(cache[self.read, :, : self.keys])
@@ -192,8 +198,9 @@ class KVCache:
         """Row source's keys, values and length into each of rows: a prompt prefilled once serves
         every sample of it."""
         n = self.lengths[source]
-        for cache in self.k + self.v:
-            cache[rows, :, :n] = cache[source, :, :n]
+        for layer in self.kv:
+            for cache in layer:
+                cache[rows, :, :n] = cache[source, :, :n]
         for row in rows:
             self.lengths[row] = n
 
