@@ -264,9 +264,10 @@ class Block(nn.Module):
         self.attn = MultiHeadAttention(config, causal, layer)
         self.ln_2 = nn.LayerNorm(d, bias=config.bias)
         self.mlp = nn.ModuleDict(
-            dict(
-                fc=nn.Linear(d, 4 * d, bias=config.bias), proj=nn.Linear(4 * d, d, bias=config.bias)
-            )
+            {
+                "fc": nn.Linear(d, 4 * d, bias=config.bias),
+                "proj": nn.Linear(4 * d, d, bias=config.bias),
+            }
         )
         self.mlp_dropout = nn.Dropout(config.dropout)
 
@@ -281,7 +282,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """What both models share, the body: token (+ learned position) embeddings, n_layer Blocks, a
     final norm. Each model adds its head, and overrides the hooks below where its head changes
-    what they count, group or load."""
+    what they group or load."""
 
     OWN_MODULES = ()  # the model's modules outside the body: load_body starts them afresh
 
