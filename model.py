@@ -28,7 +28,7 @@ VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, S
 
 def init_module(module):
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        nn.init.normal_(module.weight, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
 
@@ -69,12 +69,13 @@ class GPTConfig:
 
     def __post_init__(self):
         """The rules the shape keeps together, checked wherever a model is built."""
-        head = f"n_head={self.n_head!r}: must be"
         if self.n_head < 1 or self.n_embd % self.n_head:
-            raise Error(f"{head} a divisor of n_embd={self.n_embd}")
+            raise Error(f"n_head={self.n_head!r}: must be a divisor of n_embd={self.n_embd}")
         if self.rope and self.n_embd // self.n_head % 2:
-            even = "the head size n_embd / n_head even: rotary embeddings rotate pairs"
-            raise Error(f"{head} such that {even}")
+            raise Error(
+                f"n_head={self.n_head!r}: must be such that the head size n_embd / n_head even: "
+                "rotary embeddings rotate pairs"
+            )
 
 
 @dataclass
@@ -102,8 +103,10 @@ class EncoderConfig(GPTConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.bow_buckets and not self.bow_head:
-            what = "0 unless bow_head=True (its classifier's bigrams)"
-            raise Error(f"bow_buckets={self.bow_buckets!r}: must be {what}")
+            raise Error(
+                f"bow_buckets={self.bow_buckets!r}: must be 0 unless bow_head=True "
+                "(its classifier's bigrams)"
+            )
 
 
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -138,9 +141,7 @@ def rotation(positions, d_k):
 def rotary(x, cos, sin):
     """x [B, h, T, d_k] rotated pair by pair: a query-key product then depends only on the two
     positions' difference, so attention sees relative positions."""
-    half = x.size(-1) // 2
-    x1 = x[..., :half]
-    x2 = x[..., half:]
+    x1, x2 = x.chunk(2, dim=-1)
     cos = cos.to(x.dtype)
     sin = sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -152,44 +153,43 @@ class KVCache:
     step() readies the cache for one forward; reset() and copy() manage rows between forwards."""
 
     def __init__(self, config, rows, length, device, dtype=torch.float32):
-        d_k = config.n_embd // config.n_head
-        shape = (rows, config.n_head, length, d_k)
-        # a tensor per layer: each is written in place, whole (a compiled step mutates no views)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        shape = (rows, config.n_head, length, config.n_embd // config.n_head)
+        # (keys, values) per layer, a tensor each: each is written in place, whole (a compiled
+        # step mutates no views)
+        self.kv = [
+            (
+                torch.zeros(shape, device=device, dtype=dtype),
+                torch.zeros(shape, device=device, dtype=dtype),
+            )
+            for _ in range(config.n_layer)
+        ]
         self.lengths = [0] * rows  # on the host: reading them costs no device sync
 
     def step(self, rows, T):
         """The cache for one forward of T new tokens for rows (a list of row indices), each
         writing at its own next positions, which it takes: sets positions [B, T] and keys, how
         many of the rows' keys their queries may read. Returns self."""
-        device = self.k[0].device
+        device = self.kv[0][0].device
         start = torch.tensor([self.lengths[row] for row in rows])
         self.rows = torch.tensor(rows, device=device)
         self.positions = (start[:, None] + torch.arange(T)).to(device)
         self.keys = int(start.max()) + T
-        # every row in order: the cache's own views serve, no copies
-        self.every_row = rows == list(range(len(self.lengths)))
+        # every row in order: the cache's own views are read, no copies
+        every_row = rows == list(range(len(self.lengths)))
+        self.read = slice(None) if every_row else self.rows
         for row in rows:
             self.lengths[row] += T
         return self
 
-    def mask(self):
-        """[B, 1, T, keys]: the query at position p sees its row's keys at positions <= p."""
-        keys = torch.arange(self.keys, device=self.positions.device)
-        return keys <= self.positions[:, None, :, None]
-
     def update(self, layer, k, v):
         """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
         [B, h, keys, d_k]."""
-        K = self.k[layer]
-        V = self.v[layer]
-        # [B, T, h, d_k] places: row b, every head, position positions[b, t]
-        K[self.rows[:, None], :, self.positions] = k.transpose(1, 2).to(K.dtype)
-        V[self.rows[:, None], :, self.positions] = v.transpose(1, 2).to(V.dtype)
-        if self.every_row:
-            return K[:, :, : self.keys], V[:, :, : self.keys]
-        return K[self.rows, :, : self.keys], V[self.rows, :, : self.keys]
+        kept = []
+        for cache, new in zip(self.kv[layer], (k, v)):
+            # [B, T, h, d_k] places: row b, every head, position positions[b, t]
+            cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2).to(cache.dtype)
+            kept.append(cache[self.read, :, : self.keys])
+        return kept
 
     def reset(self, row):
         self.lengths[row] = 0
@@ -198,10 +198,10 @@ class KVCache:
         """Row source's keys, values and length into each of rows: a prompt prefilled once serves
         every sample of it."""
         n = self.lengths[source]
+        for layer in self.kv:
+            for cache in layer:
+                cache[rows, :, :n] = cache[source, :, :n]
         for row in rows:
-            for K, V in zip(self.k, self.v):
-                K[row, :, :n] = K[source, :, :n]
-                V[row, :, :n] = V[source, :, :n]
             self.lengths[row] = n
 
 
@@ -230,8 +230,8 @@ class MultiHeadAttention(nn.Module):
         # 3 x [B, h, T, d_k]
         q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)
         if self.config.qk_norm:
-            q = F.rms_norm(q, (q.size(-1),))
-            k = F.rms_norm(k, (k.size(-1),))
+            q = F.rms_norm(q, q.shape[-1:])
+            k = F.rms_norm(k, k.shape[-1:])
         if rope is not None:
             q = rotary(q, *rope)
             k = rotary(k, *rope)
@@ -263,9 +263,12 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(d, bias=config.bias)
         self.attn = MultiHeadAttention(config, causal, layer)
         self.ln_2 = nn.LayerNorm(d, bias=config.bias)
-        fc = nn.Linear(d, 4 * d, bias=config.bias)
-        proj = nn.Linear(4 * d, d, bias=config.bias)
-        self.mlp = nn.ModuleDict(dict(fc=fc, proj=proj))
+        self.mlp = nn.ModuleDict(
+            {
+                "fc": nn.Linear(d, 4 * d, bias=config.bias),
+                "proj": nn.Linear(4 * d, d, bias=config.bias),
+            }
+        )
         self.mlp_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
@@ -279,7 +282,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """What both models share, the body: token (+ learned position) embeddings, n_layer Blocks, a
     final norm. Each model adds its head, and overrides the hooks below where its head changes
-    what they count, group or load."""
+    what they group or load."""
 
     OWN_MODULES = ()  # the model's modules outside the body: load_body starts them afresh
 
@@ -299,7 +302,7 @@ class Transformer(nn.Module):
             init_module(module)
         for name, p in self.named_parameters():
             if name.startswith("blocks.") and name.endswith("proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
         """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones).
@@ -314,7 +317,8 @@ class Transformer(nn.Module):
             positions = torch.arange(T, device=idx.device)
         else:
             positions = cache.positions
-            mask = cache.mask()
+            # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
+            mask = torch.arange(cache.keys, device=positions.device) <= positions[:, None, :, None]
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(positions)
@@ -334,11 +338,6 @@ class Transformer(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
-    def lookup_tables(self):
-        """The embedding tables whose rows are looked up, not multiplied (lib/mfu.py leaves them
-        out of the FLOPs): the position table; a model adds its own."""
-        return [] if self.wpe is None else [self.wpe]
-
     def optimizer_groups(self):
         """AdamW parameter groups with settings of their own, beside the two that
         configure_optimizers builds."""
@@ -354,8 +353,8 @@ class Transformer(nn.Module):
         muon = optimizer == "muon"
         hidden = [p for p in self.blocks.parameters() if muon and p.requires_grad and p.dim() == 2]
         own = self.optimizer_groups()
-        taken = {id(p) for p in hidden} | {id(p) for group in own for p in group["params"]}
-        rest = [p for p in self.parameters() if p.requires_grad and id(p) not in taken]
+        taken = {*hidden, *(p for group in own for p in group["params"])}
+        rest = [p for p in self.parameters() if p.requires_grad and p not in taken]
         groups = [
             {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
@@ -376,15 +375,9 @@ class Transformer(nn.Module):
             )
         return optimizers
 
-    def load_weights(self, state, new=()):
+    def load_weights(self, state):
         """Load a state dict in place of the current tensors (assign: a model built on the meta
-        device takes the loaded tensors without a second copy in memory).
-        new: modules that start afresh instead."""
-        for name in new:
-            module = self.get_submodule(name)
-            module.to_empty(device="cpu")
-            init_module(module)
-            state = {**state, **{f"{name}.{k}": v for k, v in module.state_dict().items()}}
+        device takes the loaded tensors without a second copy in memory)."""
         # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's own
         expected = self.state_dict()
         for k, v in state.items():
@@ -406,8 +399,13 @@ class Transformer(nn.Module):
         body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
             body["wpe.weight"] = body["wpe.weight"][: self.config.block_size]
-        new = [name for name in self.OWN_MODULES if getattr(self, name) is not None]
-        return self.load_weights(body, new=new)
+        for name in self.OWN_MODULES:
+            module = getattr(self, name)
+            if module is not None:
+                module.to_empty(device="cpu")
+                init_module(module)
+                body |= module.state_dict(prefix=f"{name}.")
+        return self.load_weights(body)
 
 
 class GPT(Transformer):
@@ -441,14 +439,14 @@ class GPT(Transformer):
             loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    def load_weights(self, state, new=()):
+    def load_weights(self, state):
         """The base's load, then the head tied again (assign gives the two modules a tensor each).
         save_model keeps one name of the shared tensor, at times the head's: either name fills
         both."""
         table = state.get("wte.weight", state.get("lm_head.weight"))
         if table is not None:
             state = {**state, "wte.weight": table, "lm_head.weight": table}
-        super().load_weights(state, new)
+        super().load_weights(state)
         self.lm_head.weight = self.wte.weight
         return self
 
@@ -467,14 +465,13 @@ class EncoderClassifier(Transformer):
     def __init__(self, config):
         super().__init__(config, causal=False)
         self.head = nn.Linear(config.n_embd, config.n_classes)
-        bow_rows = config.vocab_size + config.bow_buckets
-        self.bow = nn.Embedding(bow_rows, config.n_classes) if config.bow_head else None
+        # a row per token, then bow_buckets rows of hashed bigrams
+        self.bow = (
+            nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes)
+            if config.bow_head
+            else None
+        )
         self.init_weights()
-
-    def lookup_tables(self):
-        """The token table too (the class head is not tied to it), and bow's."""
-        own = [table for table in (self.wte, self.bow) if table is not None]
-        return super().lookup_tables() + own
 
     def optimizer_groups(self):
         """bow's table: a linear model's rows, each met only by the batches that hold its feature,

@@ -25,14 +25,14 @@ DATASHEET_BF16 = {
 
 
 def flops_per_token(model, seq_len):
-    """Training FLOPs per token: 6 per weight it meets in a matmul (2 forward, 4 backward), the
-    weight matrices less the model's lookup_tables(), plus 12 L d T for the attention scores and
+    """Training FLOPs per token: 6 per weight of a Linear (2 forward, 4 backward; the other
+    embedding tables are looked up, not multiplied), plus 12 L d T for the attention scores and
     their weighted sum of the values. Biases and norm gains, a rounding, are left out."""
-    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)
-    looked_up = sum(table.weight.numel() for table in model.lookup_tables())
+    # a set: a table tied to a Linear (GPT's head) is counted once
+    weights = {m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     config = model.config
     attention = 12 * config.n_layer * config.n_embd * seq_len
-    return 6 * (matrices - looked_up) + attention
+    return 6 * sum(w.numel() for w in weights) + attention
 
 
 def datasheet_peak(name):
@@ -40,9 +40,7 @@ def datasheet_peak(name):
     name holds as whole words (an A10G is not an A10, an L40S not an L4, an H100 PCIe not the SXM
     H100)."""
     found = [k for k in DATASHEET_BF16 if re.search(rf"\b{re.escape(k)}\b", name)]
-    if not found:
-        return 0.0
-    return DATASHEET_BF16[max(found, key=len)]
+    return DATASHEET_BF16[max(found, key=len)] if found else 0.0
 
 
 def matmul_flops(device, dtype, n=None, repeats=3):
@@ -50,8 +48,7 @@ def matmul_flops(device, dtype, n=None, repeats=3):
     n = 8192 on a GPU, where a 2048 product is over about as fast as a launch and a sync."""
     if n is None:
         n = 8192 if torch.device(device).type == "cuda" else 2048
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a, b = torch.randn(2, n, n, device=device, dtype=dtype)
     best = float("inf")
     for _ in range(repeats + 1):  # the first one warms up
         sync(device)

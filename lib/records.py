@@ -26,8 +26,12 @@ def read_metrics(out_dir):
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        record = parse_record(line)
-        if record is not None:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        # a record: an object whose step is an int (not a bool)
+        if isinstance(record, dict) and type(record.get("step")) is int:
             records.append(record)
         elif number == len(lines):
             sys.stderr.write(
@@ -40,19 +44,13 @@ def read_metrics(out_dir):
     return records
 
 
-def parse_record(line):
-    """The JSON object of one metrics line, or None when the line is not one with an integer
-    step."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(record, dict):
-        return None
-    step = record.get("step")
-    if not isinstance(step, int) or isinstance(step, bool):
-        return None
-    return record
+def before(record, step):
+    """Whether a record precedes the state at step: its log lines up to step (each written after
+    the update that made it), its evaluations before step (a resumed run evaluates at its first
+    step again)."""
+    if record["step"] == step:
+        return "val/loss" not in record
+    return record["step"] < step
 
 
 class RunRecord:
@@ -66,48 +64,30 @@ class RunRecord:
         again). settings: written beside as train_config.json, as --print_config prints them.
         hold: the settings and lines stay in memory, the files as they are, until commit() (a run
         that replaces another's checkpoint leaves the old records whole until its first save)."""
+        self.out_dir = out_dir
         self.path = os.path.join(out_dir, "metrics.jsonl")
-        self.settings_path = os.path.join(out_dir, "train_config.json")
         self.settings = settings
         self.wandb = wandb_run
         self.t0 = time.perf_counter() - resumed_seconds
         self.held = []
+        if resumed_step is not None and os.path.isfile(self.path):
+            records = read_metrics(out_dir)
+            self.held = [json.dumps(r) + "\n" for r in records if before(r, resumed_step)]
         if not hold:
-            self.commit(self.kept_lines(out_dir, resumed_step))
+            self.commit()
 
     @property
     def holding(self):
         """Whether the lines so far are held in memory (commit() has not written them)."""
         return self.held is not None
 
-    def commit(self, lines=()):
-        """The settings, then lines and the held lines in place of the files; later lines are
-        appended."""
-        write_json(self.settings_path, self.settings)
-        self.write([*lines, *self.held])
-        self.held = None
-
-    def write(self, lines):
-        """lines in place of the file, in one rename."""
+    def commit(self):
+        """The settings, then the held lines in place of the files (in one rename); later lines
+        are appended."""
+        write_json(os.path.join(self.out_dir, "train_config.json"), self.settings)
         with atomic_path(self.path) as tmp, open(tmp, "w") as f:
-            f.writelines(lines)
-
-    def kept_lines(self, out_dir, resumed_step):
-        """A resumed run's lines before resumed_step; none for a new run."""
-        if resumed_step is None or not os.path.isfile(self.path):
-            return []
-        records = read_metrics(out_dir)
-        kept = [r for r in records if self.before(r, resumed_step)]
-        return [json.dumps(record) + "\n" for record in kept]
-
-    @staticmethod
-    def before(record, step):
-        """Whether a record precedes the state at step: its log lines up to step (each written
-        after the update that made it), its evaluations before step (a resumed run evaluates at
-        its first step again)."""
-        if record["step"] == step:
-            return "val/loss" not in record
-        return record["step"] < step
+            f.writelines(self.held)
+        self.held = None
 
     def seconds(self):
         return time.perf_counter() - self.t0
@@ -130,10 +110,8 @@ def start_wandb(cfg, parameters):
     start time, the settings as its config and the parameter count in its summary."""
     import wandb
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     folder = os.path.basename(os.path.abspath(cfg.out_dir))
-    name = cfg.wandb_run_name or f"{folder}-{stamp}"
-    settings = asdict(cfg)
-    wandb_run = wandb.init(project=cfg.wandb_project, name=name, config=settings, dir=cfg.out_dir)
-    wandb_run.summary["parameters"] = parameters
-    return wandb_run
+    name = cfg.wandb_run_name or f"{folder}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg), dir=cfg.out_dir)
+    run.summary["parameters"] = parameters
+    return run
