@@ -16,7 +16,7 @@ uncached path (use_cache=False, for comparison) runs each row's whole window eve
 """
 
 import time
-from collections import deque
+from collections import Counter, deque
 
 import torch
 from torch.nn.attention import sdpa_kernel
@@ -31,7 +31,7 @@ class Row:
     how many more it may make, its slot in the cache, and with logprobs the chosen tokens'
     log-probabilities (and the top `logprobs` alternatives when > 0)."""
 
-    def __init__(self, prompt, pick, max_new_tokens, block_size, logprobs=None):
+    def __init__(self, prompt, pick, max_new_tokens, block_size, logprobs=None, client=None):
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
         self.pick = pick
@@ -43,6 +43,7 @@ class Row:
         self.token_logprobs = []
         self.top_logprobs = []
         self.error = None  # why its decoding stopped short (decoding's Error), or None
+        self.client = client  # who asked for it: waiting requests take turns by client
 
     @property
     def generated(self):
@@ -102,9 +103,10 @@ class Engine:
                     f"torch.compile failed ({reason}): drop --compile, or install a C++ compiler"
                 ) from None
 
-    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False):
+    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False, client=None):
         """A Request of one row per pick, decoded from the next step on; prompt: token ids.
-        echo: score the prompt too (it must fit in block_size)."""
+        echo: score the prompt too (it must fit in block_size). client: who asks (any
+        hashable): waiting requests take turns by client (next_waiting)."""
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         slots = len(self.cache.lengths)
@@ -112,7 +114,9 @@ class Engine:
             raise Error(f"{len(picks)} rows asked of an engine of {slots}")
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
-        rows = [Row(prompt, pick, max_new_tokens, self.block_size, logprobs) for pick in picks]
+        rows = [
+            Row(prompt, pick, max_new_tokens, self.block_size, logprobs, client) for pick in picks
+        ]
         request = Request(rows, echo)
         self.waiting.append(request)
         return request
@@ -150,8 +154,11 @@ class Engine:
         """Requests join while their rows fit in the free slots: the prompt's window prefilled
         once into the first row's slot, copied to the others, each row's first token picked."""
         joined = []
-        while self.waiting and len(self.waiting[0].rows) <= len(self.free):
-            request = self.waiting.popleft()
+        while self.waiting:
+            request = self.next_waiting()
+            if len(request.rows) > len(self.free):
+                break  # it waits for slots: no later request takes them first
+            self.waiting.remove(request)
             rows = [row for row in request.rows if not row.done]
             if not rows:
                 continue
@@ -171,6 +178,14 @@ class Engine:
             self.active.extend(rows)
             joined.extend(rows)
         return joined
+
+    def next_waiting(self):
+        """The waiting request whose turn it is: the first of the client with the fewest rows
+        decoding, so that one client's many requests take turns with the others' instead of
+        holding them back; first come, first served between equals."""
+        decoding = Counter(row.client for row in self.active)
+        turns = [decoding[request.rows[0].client] for request in self.waiting]
+        return self.waiting[turns.index(min(turns))]
 
     def prefill(self, row, keep=1):
         """The row's window through the model (with the cache, into its slot afresh) -> the

@@ -499,7 +499,8 @@ class Completion:
                 picks = [Traced(p, req.trace, self.tokenizer, t) for p, t in zip(picks, traces)]
             # the prompt scored only where its log-probabilities are asked for
             echo = req.echo and req.logprobs is not None
-            request = self.decoder.submit(ids, picks, req.max_tokens, req.logprobs, echo)
+            # the engine's client: its prompts take turns with other completions' prompts
+            request = self.decoder.submit(ids, picks, req.max_tokens, req.logprobs, echo, self)
             self.requests.append(request)
             for row, trace in zip(request.rows, traces):
                 self.choices.append(Choice(len(self.choices), row, text, trace, req.echo))
@@ -751,9 +752,9 @@ class Decoder:
         self.step_seconds = 0.0  # a running mean of a step's wall time (0: none measured yet)
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
-    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False):
+    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False, client=None):
         with self.work:
-            request = self.engine.submit(prompt, picks, max_new_tokens, logprobs, echo)
+            request = self.engine.submit(prompt, picks, max_new_tokens, logprobs, echo, client)
             self.work.notify()
         return request
 
