@@ -363,3 +363,44 @@ def test_int8_weights_stay_within_their_rounding():
     model = for_decoding(tiny_gpt(), "cpu", "int8")
     assert isinstance(model.lm_head, Int8Linear)
     assert len(lone(model, [1, 2], greedy(), 20)) == 20
+
+
+def test_waiting_requests_take_turns_by_client():
+    """An engine of 2 rows; client a asks for 4 rows of 6 tokens, then client b for one of 2.
+    First come, first served, b would wait for three of a's (done at step 14); taking turns, it
+    joins at the first step beside a's first row, and every row still gets its lone tokens."""
+    model = tiny_gpt()
+    engine = Engine(model, rows=2)
+    a = [engine.submit([1, 2], [greedy()], 6, client="a") for _ in range(4)]
+    b = engine.submit([3], [greedy()], 2, client="b")
+    engine.step()
+    assert [request.rows[0].slot for request in (a[0], b)] == [0, 1]
+    engine.step()
+    assert b.done and b.rows[0].generated == lone(model, [3], greedy(), 2)
+    while engine.busy():
+        engine.step()
+    assert [request.rows[0].generated for request in a] == [lone(model, [1, 2], greedy(), 6)] * 4
+
+
+def test_a_float32_row_is_the_same_alone_and_beside_others():
+    """What README promises of the batch: in float32 (oneDNN's packed products on a CPU) a
+    sampled row's tokens are the ones it gets alone, and its log-probabilities differ only by
+    the reordered sums' rounding: a log-softmax moves by at most twice its logits' largest
+    change, 2 * ATOL. bfloat16 and int8 round each product to bfloat16, where a reordered sum
+    can end one bfloat16 step apart (BENCHMARKS.md)."""
+    model = for_decoding(tiny_gpt(), "cpu", "float32")
+    options = dict(temperature=0.9, top_k=20)
+    engine = Engine(model, rows=1)
+    alone = engine.submit([5, 6], picks(options, [7]), 12, logprobs=0)
+    while engine.busy():
+        engine.step()
+    engine = Engine(model, rows=12)
+    for i in range(11):
+        engine.submit([1 + i, 2], picks(options, [100 + i]), 12)
+    beside = engine.submit([5, 6], picks(options, [7]), 12, logprobs=0)
+    while engine.busy():
+        engine.step()
+    assert beside.rows[0].generated == alone.rows[0].generated
+    found = torch.tensor(beside.rows[0].token_logprobs)
+    expected = torch.tensor(alone.rows[0].token_logprobs)
+    torch.testing.assert_close(found, expected, rtol=0, atol=2 * ATOL)
