@@ -359,7 +359,7 @@ def make_model(cfg, meta, state):
             f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
         )
     shape = {"vocab_size": vocab_size}
-    if source is not None:  # its vocabulary as well
+    if source is not None:  # the pretrained shape, its vocabulary included
         shape = {
             k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)
         }

@@ -29,7 +29,7 @@ def run_script(main, prog):
         sys.stderr.write(f"{prog}: error: {e}\n")
         sys.exit(2)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.stderr.write(f"{prog}: interrupted\n")
         sys.exit(130)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
