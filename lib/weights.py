@@ -102,8 +102,9 @@ def from_pretrained(name_or_dir, hf=None):
     path = name_or_dir
     if not os.path.isdir(path):
         if name_or_dir not in GPT2_NAMES:
-            names = ", ".join(GPT2_NAMES)
-            raise Error(f"{name_or_dir!r} is neither a directory nor one of {names}")
+            raise Error(
+                f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}"
+            )
         from huggingface_hub import snapshot_download
 
         path = snapshot_download(
