@@ -159,6 +159,11 @@ def load_gpt(source, device, hub=False):
     folder): what sample.py and the playground decode."""
     where = os.path.join(source, "config.json")
     if not hub and not os.path.isfile(where):
+        if os.path.isfile(os.path.join(source, "trainer_state.pt")):
+            raise Error(
+                f"{source!r} holds a run stopped before its first model save: resume it with "
+                f"`python train.py --out_dir={source} --init_from=resume`"
+            )
         raise Error(
             f"no checkpoint in {source!r}: train one with "
             "`python train.py config/shakespeare_char.py`, point --out_dir at one, "

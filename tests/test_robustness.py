@@ -563,6 +563,10 @@ def test_an_overwrite_run_stopped_before_its_first_evaluation_saves_its_own_stat
     assert state["step"] == 3 and state["config"]["seed"] == 7
     assert json.loads((out / "train_config.json").read_text())["seed"] == 7
     assert new_records(out, since)
+    # sample.py names the way on: the resume below
+    code, _, err = cli("sample.py", f"--out_dir={out}")
+    resume = f"resume it with `python train.py --out_dir={out} --init_from=resume`"
+    assert code == 2 and err.endswith(f"first model save: {resume}\n") and err.count("\n") == 1
     _, metrics = run([f"--out_dir={out}", "--init_from=resume", "--max_iters=5"])
     assert (out / "model.safetensors").exists() and metrics
 
