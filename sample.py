@@ -193,6 +193,9 @@ def main(argv=None):
             file=sys.stderr,
         )
         raise SystemExit(130)
+    for i, row in enumerate(request.rows):
+        if row.error:  # no token left to draw: the message names the option (serve.py's 400)
+            raise Error(f"sample {i + 1} stopped after {len(row.generated)} tokens: {row.error}")
 
 
 def decode_samples(engine, request, tokenizer, args):

@@ -199,5 +199,7 @@ def read_json(path, what):
             return json.load(f)
     except FileNotFoundError:
         raise Error(f"{path}: no such {what}") from None
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError:
+    # arrays or objects nested past Python's recursion limit
+    except (OSError, ValueError, RecursionError) as e:
         raise Error(f"{path}: not a readable JSON {what} ({type(e).__name__})") from None

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from dataclasses import fields
 
 from lib.common import Error
-from model import ARCHITECTURES
+from lib.config import model_keys
+from model import ARCHITECTURES, GPTConfig
 
 # how a message names each kind
 KINDS = {
@@ -149,11 +150,15 @@ def check_card(info, path, shapes):
     weights lack are the load's to report."""
     with checking(info, path, CARD_FIX):
         check_keys(info, CARD, optional=("weights_id", "tokenizer", "label_names", "max_length"))
-        model = info["model"]
+        # a null field is an absent one: the config's default
+        model = {key: value for key, value in info["model"].items() if value is not None}
         config_cls = ARCHITECTURES[info["architecture"]][1]
         kinds = {f.name: f.type for f in fields(config_cls)}
         check_keys(model, kinds, optional=kinds, where="model.")
         check_keys(model, {"vocab_size": (int, 1)}, where="model.")
+        # each field in its range, as train.py checks a setting (model.setting())
+        for key, rule in model_keys(config_cls).items():
+            rule.check(f"model.{key}", model.get(key, rule.default))
         # a card without a tokenizer loads; the scripts that encode text refuse it (get_tokenizer)
         check_tokenizer(info.get("tokenizer"), model["vocab_size"])
         check_label_names(info.get("label_names"), model.get("n_classes"))
@@ -162,12 +167,16 @@ def check_card(info, path, shapes):
 
 
 def check_hf(hf, path, shapes):
-    """A Hugging Face GPT-2 config.json against its weights' shapes (in this project's tensor
-    names), as check_card a card's, and the tokenizer export.py writes into it, if any."""
+    """A Hugging Face GPT-2 config.json: its shape keys (HF_NAMES), each an integer >= 1, against
+    its weights' shapes (in this project's tensor names), as check_card a card's, and the
+    tokenizer export.py writes into it, if any. Returns the GPTConfig (its own rules checked: n_head
+    divides n_embd), before a model of its shape is built."""
     with checking(hf, path, "not a GPT-2 config.json that fits the model.safetensors beside it"):
+        check_keys(hf, dict.fromkeys(HF_NAMES.values(), (int, 1)))
         check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
         check_keys(hf, {"tokenizer": dict}, optional=["tokenizer"])
         check_tokenizer(hf.get("tokenizer"))
+        return GPTConfig(**{key: hf[name] for key, name in HF_NAMES.items()}, bias=True)
 
 
 def check_shapes(shapes, given):

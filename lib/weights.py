@@ -12,9 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 
 from lib.common import Error, atomic_path, read_json
-from lib.schema import HF_NAMES, check_card, check_hf
+from lib.schema import check_card, check_hf
 from lib.tokenizer import get_tokenizer
-from model import ARCHITECTURES, GPT, GPTConfig
+from model import ARCHITECTURES, GPT
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -114,7 +114,6 @@ def from_pretrained(name_or_dir, hf=None):
     if hf is None:
         hf = read_json(config_path, "Hugging Face config")
     try:
-        config = GPTConfig(**{key: hf[name] for key, name in HF_NAMES.items()}, bias=True)
         loaded = load_file(os.path.join(path, "model.safetensors"))
     except Exception as e:
         raise Error(
@@ -134,7 +133,7 @@ def from_pretrained(name_or_dir, hf=None):
         if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
             tensor = tensor.t().contiguous()
         state[key] = tensor
-    check_hf(hf, config_path, {name: tensor.shape for name, tensor in state.items()})
+    config = check_hf(hf, config_path, {name: tensor.shape for name, tensor in state.items()})
     with torch.device("meta"):
         model = GPT(config)
     return model.load_weights(state)
@@ -161,6 +160,11 @@ def load_gpt(source, device, hub=False):
     folder): what sample.py and the playground decode."""
     where = os.path.join(source, "config.json")
     if not hub and not os.path.isfile(where):
+        if os.path.isfile(os.path.join(source, "trainer_state.pt")):
+            raise Error(
+                f"{source!r} holds a run stopped before its first model save: resume it with "
+                f"`python train.py --out_dir={source} --init_from=resume`"
+            )
         raise Error(
             f"no checkpoint in {source!r}: train one with "
             "`python train.py config/shakespeare_char.py`, point --out_dir at one, "

@@ -563,6 +563,10 @@ def test_an_overwrite_run_stopped_before_its_first_evaluation_saves_its_own_stat
     assert state["step"] == 3 and state["config"]["seed"] == 7
     assert json.loads((out / "train_config.json").read_text())["seed"] == 7
     assert new_records(out, since)
+    # sample.py names the way on: the resume below
+    code, _, err = cli("sample.py", f"--out_dir={out}")
+    resume = f"resume it with `python train.py --out_dir={out} --init_from=resume`"
+    assert code == 2 and err.endswith(f"first model save: {resume}\n") and err.count("\n") == 1
     _, metrics = run([f"--out_dir={out}", "--init_from=resume", "--max_iters=5"])
     assert (out / "model.safetensors").exists() and metrics
 
@@ -861,11 +865,15 @@ DELETE = object()  # a damage that removes the key
 
 def damaged_copy(source, dest, file, key, value):
     """dest: a copy of the folder source whose file has key (dotted; None: the whole file) set to
-    value, removed (DELETE), or, for an int key of None, the file's text cut to that length."""
+    value, removed (DELETE), or, for an int key of None, the file's text cut to that length, for a
+    str one, that text."""
     dest.mkdir()
     for path in source.iterdir():
         (dest / path.name).write_bytes(path.read_bytes())
     text = (source / file).read_text()
+    if key is None and isinstance(value, str):
+        (dest / file).write_text(value)
+        return dest
     if key is None and isinstance(value, int):
         (dest / file).write_text(text[:value])
         return dest
@@ -924,6 +932,20 @@ DAMAGED_FILES = [
     ("gpt_hf", "config.json", "n_layer", 10**6, "'n_layer' is 1000000, the weights' shapes say 1"),
     ("gpt_hf", "config.json", "n_positions", 10**9, "'n_positions' is 1000000000, the weights'"),
     ("gpt_hf", "config.json", "n_embd", 32, "'n_embd' is 32, the weights' shapes say 16"),
+    # every key of a config.json of either kind in its type and range, whatever the parser raises
+    ("gpt_hf", "config.json", "n_head", 0, "'n_head' must be >= 1, got 0"),
+    ("gpt_hf", "config.json", "n_head", -4, "'n_head' must be >= 1, got -4"),
+    ("gpt_hf", "config.json", "n_head", "4", "'n_head' must be an integer, got '4'"),
+    ("gpt_hf", "config.json", "n_head", 3, "n_head=3: must be a divisor of n_embd=16"),
+    ("gpt_hf", "config.json", "n_head", DELETE, "no 'n_head' key"),
+    ("gpt_hf", "config.json", "tokenizer.chars", 5, "'tokenizer.chars' must be a string, got 5"),
+    ("gpt_hf", "config.json", None, "[" * 100_000, "not a readable JSON checkpoint config"),
+    ("gpt", "config.json", None, "[" * 100_000, "not a readable JSON checkpoint config"),
+    ("gpt", "config.json", None, '{"a": ' + "9" * 4301 + "}", "not a readable JSON checkpoint"),
+    ("gpt", "config.json", "model.n_head", -4, "model.n_head=-4: must be >= 1"),
+    ("gpt", "config.json", "model.n_head", None, "n_head=6: must be a divisor of n_embd=16"),
+    ("gpt", "config.json", "model.dropout", 5, "model.dropout=5: must be in [0, 1)"),
+    ("gpt", "config.json", "model.attn_impl", "sdp", "model.attn_impl='sdp': must be one of sdpa"),
 ]
 # the scripts that read each kind of folder, and their arguments
 READERS = {
@@ -943,7 +965,13 @@ READERS = {
 }
 
 
-@pytest.mark.parametrize("source, file, key, value, words", DAMAGED_FILES)
+def case_id(value):
+    """A value too long for a test's name, named by its length (None: pytest's own name)."""
+    if isinstance(value, str) and len(value) > 1000:
+        return f"{len(value)}-characters"
+
+
+@pytest.mark.parametrize("source, file, key, value, words", DAMAGED_FILES, ids=case_id)
 def test_a_damaged_file_is_one_line_from_every_script_that_reads_it(
     files, tmp_path, source, file, key, value, words
 ):

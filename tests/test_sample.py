@@ -211,6 +211,43 @@ def test_more_errors_in_process(args, message, capsys, tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.parametrize(
+    "args, generated, message",
+    [
+        # 1e-300 leaves no finite softmax: no token to draw from the first
+        (["--temperature", "1e-300"], 0, "temperature overflows the logits"),
+        # each of the 65 characters once: 'ROMEO:' holds 5, so 60 more, then none is left
+        (["--no_repeat_ngram_size", "1", "--greedy"], 60, "no_repeat_ngram_size blocks every"),
+        (["--nan"], 0, "the model's logits are not finite numbers"),
+    ],
+)
+def test_a_sample_with_no_token_left_to_draw_is_printed_then_one_line(
+    char_model, tmp_path, capsys, args, generated, message
+):
+    """What was generated goes to stdout, then the row's error (serve.py's 400) is the last line
+    of stderr, naming the sample and how far it got, exit 2."""
+    out_dir = char_model
+    if args == ["--nan"]:  # weights all NaN: the model's own logits are NaN
+        model, _ = from_checkpoint(char_model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))
+        out_dir = tmp_path / "nan"
+        save_pretrained(model, out_dir, task="lm", tokenizer={"type": "char", "chars": CHARS})
+        args = []
+    argv = ["--out_dir", str(out_dir), "--start", "ROMEO:", "--max_new_tokens", "100", *args]
+    with pytest.raises(SystemExit) as e:
+        run_script(lambda: main(argv), "sample.py")
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and "Traceback" not in err
+    assert out.startswith("ROMEO:") and len(out) == len("ROMEO:") + generated + 1
+    assert len(set(out[6:-1])) == generated  # no_repeat_ngram_size=1: every character new
+    last = err.splitlines()[-1]
+    assert last.startswith(
+        f"sample.py: error: sample 1 stopped after {generated} tokens: {message}"
+    )
+
+
 def test_printable_holds_back_half_characters_and_a_possible_stop():
     assert printable("caf\ufffd") == "caf"  # the first byte of 'é' only: wait for the next token
     assert printable("hello wor", ["world"]) == "hello "  # 'wor' may begin the stop string
