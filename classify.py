@@ -22,7 +22,7 @@ import sys
 
 from lib.classifier import attention_maps, load, predict
 from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
-from lib.plots import pyplot
+from lib.plots import pyplot, save_figure
 from lib.prepare import read_labelled
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
@@ -80,7 +80,7 @@ def plot_confusion(cm, names, path, title):
     ax.set_xticklabels(names, rotation=45, ha="right")
     ax.set_yticklabels(names)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -234,7 +234,7 @@ def main(argv=None):
             texts[0] if len(texts[0]) <= 80 else texts[0][:79] + "…"
         )
         fig = attention_figure([m.numpy() for m in maps], tokens, title)
-        fig.savefig(a.attention_maps, dpi=100)
+        save_figure(fig, a.attention_maps, dpi=100)
         print(
             f"wrote {a.attention_maps}: {len(maps) * maps[0].shape[0]} panels, "
             f"{len(maps)} layers x {maps[0].shape[0]} heads, {len(tokens)} tokens",

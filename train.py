@@ -195,7 +195,7 @@ def main(argv):
         # a refusal on any rank is every rank's one line
         state, settings = agreed(run, open_run)
         run = run.resolved(settings.dtype, settings.strategy)
-        with StepGuard(run) as guard:
+        with StepGuard(run) as guard, checkpoint.what_survives(settings.out_dir):
             return train(settings, run, guard, state)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from lib.common import TEMPORARY, Error, atomic_path, fsync
+from lib.common import TEMPORARY, Error, WriteError, atomic_path, fsync
 from lib.distributed import plain_class
 from lib.weights import save_pretrained
 
@@ -83,6 +83,27 @@ def locked_out_dir(out_dir, new_run):
                 "another --out_dir"
             )
         yield
+
+
+@contextmanager
+def what_survives(out_dir):
+    """A write the system refused (a WriteError: a full disk, a folder without write permission)
+    ends the run in one line that adds what out_dir holds and how to go on: trainer_state.pt,
+    whole (each save replaces it in one rename), read for its step."""
+    try:
+        yield
+    except WriteError as e:
+        path = os.path.join(out_dir, "trainer_state.pt")
+        if not os.path.exists(path):
+            raise Error(
+                f"{e}; {out_dir} holds no trainer state yet: free space (or fix the folder's "
+                "permissions) and run again with --overwrite_out_dir=True"
+            ) from None
+        step = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"]
+        raise Error(
+            f"{e}; the checkpoint of step {step} in {out_dir} is intact: free space (or fix the "
+            "folder's permissions) and resume with --init_from=resume"
+        ) from None
 
 
 def saved_files(out_dir):

@@ -11,11 +11,16 @@ import sys
 from contextlib import contextmanager, nullcontext
 
 import torch
+from safetensors import SafetensorError
 
 
 class Error(Exception):
     """A problem the user can fix (a bad value, a missing file, an absent device). Scripts print it
     as one line."""
+
+
+class WriteError(Error):
+    """A write the system refused (a full disk, a folder without write permission)."""
 
 
 def run_script(main, prog):
@@ -34,6 +39,9 @@ def run_script(main, prog):
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except OSError as e:  # one the system raised outside writing(): it names its file
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        sys.exit(2)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -166,13 +174,26 @@ def atomic_path(path):
     the new one whole."""
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # TEMPORARY's form
     try:
-        yield tmp
-        fsync(tmp)
-        os.replace(tmp, path)
+        with writing(path):
+            yield tmp
+            fsync(tmp)
+            os.replace(tmp, path)
         fsync(os.path.dirname(os.path.abspath(path)))
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+@contextmanager
+def writing(path):
+    """Turns a write the system refused into a WriteError naming path and the cause: an OSError's
+    strerror, or the message of torch's or safetensors' writer (torch.save on a full disk raises a
+    RuntimeError that names no cause)."""
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as e:
+        cause = getattr(e, "strerror", None) or str(e).partition("\n")[0]
+        raise WriteError(f"cannot write {path} ({cause}): what it held before is whole") from None
 
 
 def fsync(path):

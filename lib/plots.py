@@ -3,7 +3,7 @@ metrics.jsonl, and matplotlib set up to draw into files."""
 
 import os
 
-from lib.common import Error
+from lib.common import Error, atomic_path
 from lib.records import read_metrics
 
 
@@ -51,8 +51,15 @@ def plot_runs(out_dirs, path, x="step"):
     for ax in axes[0]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
+
+
+def save_figure(fig, path, dpi):
+    """fig as an image of the type path's extension names, written atomically: a write the system
+    refuses is one line (lib.common.writing), an image there before stays whole."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=os.path.splitext(path)[1][1:].lower())
 
 
 def pyplot():

@@ -177,9 +177,11 @@ def token_dtype(vocab_size):
 
 
 def save_array(path, array):
-    """Write .bin (raw) or .npy atomically: a half-written file never takes the name."""
+    """Write .bin (raw) or .npy atomically: a half-written file never takes the name. The raw
+    bytes go through Python's file, which reports a refused write (numpy's tofile() can leave a
+    short file without an error)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, array) if path.endswith(".npy") else array.tofile(f)
+        np.save(f, array) if path.endswith(".npy") else f.write(array.data)
 
 
 def check_out_dir(out_dir):

@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from lib.common import Error, atomic_path, write_json
+from lib.common import Error, atomic_path, write_json, writing
 
 
 def read_metrics(out_dir):
@@ -99,7 +99,7 @@ class RunRecord:
         if self.holding:
             self.held.append(line)
         else:
-            with open(self.path, "a") as f:
+            with writing(self.path), open(self.path, "a") as f:
                 f.write(line)
         if self.wandb:
             self.wandb.log(metrics, step=step)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 from functools import partial
 
 import numpy as np
@@ -610,6 +610,163 @@ def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(f
     )
     assert third.returncode == 0, third.stderr[-2000:]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@contextmanager
+def file_size_limit(size):
+    """The kernel refuses every write that takes a file past size bytes (EFBIG, "File too large"),
+    from torch's, safetensors' and Python's writers alike: a full disk that root does not get
+    past. Python ignores SIGXFSZ, so the write fails rather than the process."""
+    import resource
+
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+
+
+def refuse_torch_save(*args, **kwargs):
+    raise RuntimeError("basic_ios::clear: iostream error")  # torch.save's, on a full disk
+
+
+def train_error(err):
+    """train.py's one error line (tqdm's bar may precede it on the same line)."""
+    lines = re.findall(r"train\.py: error: .*", err)
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+# the end of train.py's line after a refused write, once trainer_state.pt of step 2 is saved
+INTACT = (
+    "what it held before is whole; the checkpoint of step 2 in {out} is intact: free space (or "
+    "fix the folder's permissions) and resume with --init_from=resume"
+)
+
+
+def check_resumes(files, out, saved):
+    """out's files are as saved (a dict of their bytes), and out resumes to step 4 as a run that
+    never failed does."""
+    assert {f: (out / f).read_bytes() for f in saved} == saved
+    assert not list(out.glob("*.tmp"))
+    common = TINY + [f"--dataset={files}/lm", "--eval_interval=2", "--max_iters=4"]
+    model, metrics = run(common + [f"--out_dir={out}", "--init_from=resume"])
+    whole, whole_metrics = run(common + [f"--out_dir={out.parent / 'whole'}"])
+    assert metrics == whole_metrics
+    for (name, p), q in zip(model.state_dict().items(), whole.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert torch.load(out / "trainer_state.pt", weights_only=True)["step"] == 4
+
+
+@pytest.mark.parametrize("refusal", ["file size limit", "torch.save's error"])
+def test_a_full_disk_at_a_save_is_one_line_and_the_last_checkpoint_resumes(
+    files, tmp_path, monkeypatch, refusal
+):
+    """A trainer_state.pt that the disk refuses (torch's writer raises a RuntimeError) ends the run
+    in one line, exit status 2: the file, the cause, and the checkpoint that is intact. It is, and
+    resumes as if nothing had happened. A run that had saved nothing yet says so."""
+    out = tmp_path / "out"
+    common = TINY + [f"--dataset={files}/lm", "--eval_interval=2"]
+    run(common + [f"--out_dir={out}", "--max_iters=2"])
+    saved = {f: (out / f).read_bytes() for f in RUN_FILES}
+    limit = nullcontext()
+    if refusal == "torch.save's error":
+        monkeypatch.setattr(torch, "save", refuse_torch_save)
+    else:  # model.safetensors fits, trainer_state.pt does not
+        assert len(saved["model.safetensors"]) < 32_000 < len(saved["trainer_state.pt"])
+        limit = file_size_limit(32_000)
+    with limit:
+        code, _, err = cli("train.py", f"--out_dir={out}", "--init_from=resume", "--max_iters=4")
+        fresh, _, fresh_err = cli(
+            "train.py", *common, f"--out_dir={tmp_path / 'fresh'}", "--max_iters=4"
+        )
+    monkeypatch.undo()
+    line = train_error(err)
+    cause = "basic_ios::clear: iostream error" if refusal != "file size limit" else ".+"
+    assert code == 2 and re.fullmatch(
+        re.escape(f"train.py: error: cannot write {out}/trainer_state.pt (")
+        + cause
+        + re.escape("): " + INTACT.format(out=out)),
+        line,
+    ), line
+    assert fresh == 2 and train_error(fresh_err).endswith(
+        f"; {tmp_path / 'fresh'} holds no trainer state yet: free space (or fix the folder's "
+        "permissions) and run again with --overwrite_out_dir=True"
+    ), fresh_err[-2000:]
+    # the improved model of step 4 went before its state: only trainer_state.pt is as saved
+    saved = {"trainer_state.pt": saved["trainer_state.pt"]}
+    check_resumes(files, out, saved)
+    run(common + [f"--out_dir={tmp_path / 'fresh'}", "--overwrite_out_dir=True", "--max_iters=2"])
+
+
+@pytest.mark.parametrize("name, mode", [("train_config.json", "w"), ("metrics.jsonl", "a")])
+def test_a_refused_write_of_the_settings_or_records_is_one_line(
+    files, tmp_path, monkeypatch, name, mode
+):
+    """A folder that refuses a write (chmod a-w, chattr +i; played here by open(), since root
+    writes anyway): the settings' atomic replace or a record's append ends the run in one line
+    naming the file and its cause, and the checkpoint of step 2 stays whole and resumable."""
+    out = tmp_path / "out"
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--eval_interval=2", "--max_iters=2"])
+    # the settings and records are rewritten as a resumed run starts
+    saved = {f: (out / f).read_bytes() for f in RUN_FILES[:3]}
+    real_open = open
+
+    def refusing_open(file, *args, **kwargs):
+        given = args[0] if args else kwargs.get("mode", "r")
+        if os.path.basename(str(file)).startswith(name) and given.startswith(mode):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refusing_open)
+    code, _, err = cli("train.py", f"--out_dir={out}", "--init_from=resume", "--max_iters=4")
+    monkeypatch.undo()
+    line = train_error(err)
+    expected = f"cannot write {out}/{name} (Permission denied): " + INTACT.format(out=out)
+    assert code == 2 and line == f"train.py: error: {expected}", line
+    check_resumes(files, out, saved)
+
+
+def test_a_refused_write_is_one_line_from_every_script_that_writes(files, tmp_path):
+    """export.py, plot.py, classify.py and prepare.py on a disk that takes no more than 100 bytes a
+    file: each ends in one line, exit status 2, that names the file and the cause; a file that
+    was there stays whole."""
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"])
+    text = tmp_path / "text.txt"
+    text.write_text("abcdefghij" * 100)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "chars").mkdir()
+    # (the file each writes, the command)
+    commands = [
+        (
+            tmp_path / "hf" / "model.safetensors",
+            ["export.py", f"--out_dir={files}/gpt", f"--hf_dir={tmp_path}/hf", "--overwrite"],
+        ),
+        (tmp_path / "loss.png", ["plot.py", tmp_path / "run", f"--out={tmp_path}/loss.png"]),
+        (
+            tmp_path / "maps.png",
+            ["classify.py", f"--out_dir={files}/clf", f"--attention_maps={tmp_path}/maps.png", "a"],
+        ),
+        (
+            tmp_path / "chars" / "train.bin",
+            ["data/shakespeare_char/prepare.py", f"--source={text}", f"--out_dir={tmp_path}/chars"],
+        ),
+    ]
+    for path, (script, *args) in commands:
+        path.write_bytes(b"what was there")
+        with file_size_limit(100):
+            code, _, err = cli(script, *args)
+        last = err.strip().splitlines()[-1]
+        prog = os.path.basename(script)
+        assert code == 2 and re.fullmatch(
+            re.escape(f"{prog}: error: cannot write {path} (")
+            + ".*File too large.*"
+            + re.escape("): what it held before is whole"),
+            last,
+        ), err[-3000:]
+        assert path.read_bytes() == b"what was there"
+        assert not list(path.parent.glob("*.tmp"))
 
 
 # train.py in a child process whose every fsync first waits 30 ms: a save then takes a few hundred
