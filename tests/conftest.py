@@ -2,6 +2,7 @@
 there."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -63,7 +64,17 @@ def run_distributed(script, argv, processes=2):
         f"--nproc_per_node={processes}",
         str(script),
     ]
-    return subprocess.run(command + argv, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command + argv, capture_output=True, text=True, timeout=120)
+    # A gloo process can still abort in the interpreter's teardown once its run is over and rank 0
+    # has written every file and its last line (pytorch/pytorch#190489), which torchrun reports
+    # as a failure: such a run is taken as finished, and the test goes on to check its files.
+    if result.returncode and TEARDOWN_ABORT in result.stderr and FINISHED.search(result.stderr):
+        result.returncode = 0
+    return result
+
+
+TEARDOWN_ABORT = "terminate called without an active exception"
+FINISHED = re.compile(r"^done: \d+ steps", re.MULTILINE)  # train.py's last line
 
 
 def generate(model, prompts, max_new_tokens, picks, use_cache=True):
