@@ -491,5 +491,9 @@ def finish(out_dir, record, metric, best, best_step, steps, metrics):
         record.wandb.finish()
 
 
+def script():
+    main(sys.argv[1:])
+
+
 if __name__ == "__main__":
-    run_script(lambda: main(sys.argv[1:]), "train.py")
+    run_script(script, "train.py")

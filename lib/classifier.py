@@ -38,7 +38,8 @@ def predict(model, rows, batch_size, device):
     """Class probabilities [len(rows), n_classes], in the rows' order. Rows go in sorted by length,
     so each batch pads little (to its longest row)."""
     probs = torch.empty(len(rows), model.config.n_classes)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    lengths = [len(row) for row in rows]
+    order = sorted(range(len(rows)), key=lengths.__getitem__)
     chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     for chunk in tqdm(
         chunks, desc="classifying", unit="batch", file=sys.stderr, disable=len(chunks) < 2
