@@ -204,6 +204,7 @@ def decode_samples(engine, request, tokenizer, args):
     there; --stream prints the first sample as it grows."""
     rows = request.rows
     texts = [""] * len(rows)
+    decoded = [0] * len(rows)  # each row's tokens in its text
     steps = 0
     shown = 0  # characters of sample 0 already streamed
     if args.stream:
@@ -215,8 +216,10 @@ def decode_samples(engine, request, tokenizer, args):
         while not request.done:
             engine.step()
             for i, row in enumerate(rows):
-                # the whole continuation decoded: bytes split over tokens join up; a row that
-                # stopped takes no more tokens, so its text stays cut
+                if len(row.generated) == decoded[i]:  # no new token (stopped, or done)
+                    continue
+                decoded[i] = len(row.generated)
+                # the whole continuation decoded: bytes split over tokens join up
                 texts[i] = tokenizer.decode(row.generated)
                 cut = first_stop(texts[i], stops)
                 if cut >= 0:
