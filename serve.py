@@ -90,21 +90,23 @@ class Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def null_is_default(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def unicode_text(cls, data):
+        """A RequestError for a text field holding a lone surrogate ("\\ud800" in JSON): no
+        UTF-8 text has one, so it could be neither encoded nor sent back."""
         if not isinstance(data, dict):
             return data
         for name, value in data.items():
-            refuse_surrogates(name, value)
-        return {k: v for k, v in data.items() if v is not None}
-
-
-def refuse_surrogates(name, value):
-    """A RequestError for a text field holding a lone surrogate ("\\ud800" in JSON): no UTF-8
-    text has one, so it could be neither encoded nor sent back."""
-    texts = value if isinstance(value, list) else [value]
-    for text in texts:
-        if isinstance(text, str) and SURROGATE.search(text):
-            what = "is not valid Unicode (a lone surrogate): send UTF-8 text"
-            raise RequestError(400, f"{name} {what}", name)
+            texts = value if isinstance(value, list) else [value]
+            if any(isinstance(text, str) and SURROGATE.search(text) for text in texts):
+                what = "is not valid Unicode (a lone surrogate): send UTF-8 text"
+                raise RequestError(400, f"{name} {what}", name)
+        return data
 
 
 class StreamOptions(Body):
