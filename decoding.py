@@ -130,9 +130,9 @@ class Options:
 
 
 def in_range(value, ge, gt, le, help):
-    """Whether value satisfies an option's bounds: ge or gt below, le (None: none) above."""
-    below = value < ge if gt is None else value <= gt
-    return not below and (le is None or value <= le)
+    """Whether value satisfies an option's bounds (None: no bound)."""
+    above_low = (ge is None or value >= ge) and (gt is None or value > gt)
+    return above_low and (le is None or value <= le)
 
 
 def describe(ge, gt, le, help):
