@@ -3,9 +3,10 @@ Export a GPT checkpoint of this project to the Hugging Face GPT-2 layout, which 
 as GPT2LMHeadModel (AutoModelForCausalLM, pipeline("text-generation")):
   python export.py --out_dir=out-shakespeare --hf_dir=hf-shakespeare
 writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv1D weights are
-[in, out]), generation_config.json, a model card (README.md) and, for GPT-2's BPE, the tokenizer
-files (vocab.json, merges.txt), which give the same ids as tiktoken. A character-level model exports
-its weights; its tokenizer is this project's.
+[in, out]), generation_config.json, a model card (README.md) and, for a byte-pair encoding
+(GPT-2's or one trained on the data), the tokenizer files (vocab.json, merges.txt), which give the
+same ids as tiktoken; a trained one's tokenizer.tiktoken too, which sample.py reads. A
+character-level model exports its weights; its tokenizer is this project's.
 Options GPT-2 does not have (rotary positions, QK-norm) cannot be expressed in its layout: such a
 model is refused.
 """
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
-from lib.tokenizer import get_tokenizer
+from lib.tokenizer import TrainedBPE, bytes_to_unicode, get_tokenizer, merges
 from lib.weights import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
@@ -51,52 +52,28 @@ def hf_state_dict(model):
     return state
 
 
-def bytes_to_unicode():
-    """GPT-2's map from the 256 byte values to printable characters, in which vocab.json and
-    merges.txt are written."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    extra = iter(range(256, 512))
-    return {b: chr(b if b in printable else next(extra)) for b in range(256)}
-
-
 def bpe_files(encoding):
-    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding. Each
-    token's merge is the pair that byte-pair encoding with only the lower ranks leaves it as."""
+    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding, written
+    in GPT-2's byte-to-character map: Hugging Face's byte-pair encoding of these merges gives
+    tiktoken's ids."""
     ranks = encoding._mergeable_ranks  # token bytes -> rank = id
     char = bytes_to_unicode()
 
     def text(token):
         return "".join(char[b] for b in token)
 
-    merges = []
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(token) < 2:
-            continue
-        parts = [bytes([b]) for b in token]
-        # merge the lowest-ranked adjacent pair, as encoding does, with the ranks below this token's
-        while True:
-            pair_ranks = [ranks.get(parts[j] + parts[j + 1], rank) for j in range(len(parts) - 1)]
-            if min(pair_ranks) >= rank:
-                break
-            i = pair_ranks.index(min(pair_ranks))
-            parts[i : i + 2] = [parts[i] + parts[i + 1]]
-        merges.append(f"{text(parts[0])} {text(parts[1])}")
+    pairs = merges(ranks)
+    merged = [(rank, pairs[token]) for token, rank in ranks.items() if len(token) > 1]
+    lines = [f"{text(left)} {text(right)}" for _, (left, right) in sorted(merged)]
     vocab = {text(token): rank for token, rank in ranks.items()}
     vocab.update(encoding._special_tokens)
-    return vocab, merges
+    return vocab, lines
 
 
 def model_card(info, config):
     metrics = info.get("metrics", {})
     command = " ".join(info.get("command") or ["(not recorded)"])
-    bpe = info["tokenizer"]["type"] == "bpe"
-    tokenizer = (
-        " (GPT-2 BPE, tiktoken r50k_base)" if bpe else " (characters: not a Hugging Face tokenizer)"
-    )
+    tokenizer = TOKENIZER_NAMES[tokenizer_kind(info["tokenizer"])]
     return "\n".join(
         [
             "---",
@@ -117,7 +94,7 @@ def model_card(info, config):
             "|---|---|",
             f"| context | {config.block_size} tokens |",
             f"| vocabulary | {config.vocab_size} |",
-            f"| tokenizer | {info['tokenizer']['type']}{tokenizer} |",
+            f"| tokenizer | {tokenizer} |",
             *[
                 f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
                 for k, v in metrics.items()
@@ -131,6 +108,19 @@ def model_card(info, config):
             "",
         ]
     )
+
+
+TOKENIZER_NAMES = {
+    "gpt2": "GPT-2's BPE (tiktoken r50k_base)",
+    "trained": "a byte-level BPE trained on the data (tokenizer.tiktoken)",
+    "char": "characters (not a Hugging Face tokenizer)",
+}
+
+
+def tokenizer_kind(spec):
+    if spec["type"] == "char":
+        return "char"
+    return "trained" if "file" in spec else "gpt2"
 
 
 # files whose presence makes a folder a model: ours (train.py, export.py) or anyone's
@@ -155,7 +145,7 @@ def check_target(out_dir, hf_dir, overwrite):
 def export(out_dir, hf_dir, overwrite=False):
     model, info = from_checkpoint(out_dir)
     config_path = os.path.join(out_dir, "config.json")
-    get_tokenizer(info.get("tokenizer"), config_path, model.config.vocab_size)
+    tokenizer = get_tokenizer(info.get("tokenizer"), config_path, model.config.vocab_size)
     if info["architecture"] != "GPT":
         raise Error(
             f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT"
@@ -173,7 +163,9 @@ def export(out_dir, hf_dir, overwrite=False):
     with atomic_path(os.path.join(hf_dir, "model.safetensors")) as tmp:
         save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
     bpe = info["tokenizer"]["type"] == "bpe"
-    eos = 50256 if bpe else None
+    if isinstance(tokenizer, TrainedBPE):
+        tokenizer.save(hf_dir)  # sample.py reads the export with it
+    eos = tokenizer.eot_token
     write_json(
         os.path.join(hf_dir, "config.json"),
         {
@@ -194,14 +186,14 @@ def export(out_dir, hf_dir, overwrite=False):
             "eos_token_id": eos,
             "torch_dtype": "float32",
             # this project's tokenizer (characters or a tiktoken encoding), which sample.py reads
-            "tokenizer": info["tokenizer"],
+            "tokenizer": tokenizer.spec,
         },
     )
     write_json(
         os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos}
     )
     if bpe:
-        vocab, merges = bpe_files(get_tokenizer(info["tokenizer"], config_path).enc)
+        vocab, merges = bpe_files(tokenizer.enc)
         write_json(os.path.join(hf_dir, "vocab.json"), vocab)
         with (
             atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp,
@@ -219,9 +211,9 @@ def export(out_dir, hf_dir, overwrite=False):
                 "add_prefix_space": False,
             },
         )
-        tokenizer = "GPT-2's BPE (vocab.json, merges.txt): AutoTokenizer gives tiktoken's ids"
+        described = "vocab.json, merges.txt: AutoTokenizer gives tiktoken's ids"
     else:
-        tokenizer = (
+        described = (
             f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
             f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)"
         )
@@ -232,7 +224,7 @@ def export(out_dir, hf_dir, overwrite=False):
         f.write(model_card(info, config))
     print(
         f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; "
-        f"tokenizer: {tokenizer}",
+        f"tokenizer: {TOKENIZER_NAMES[tokenizer_kind(tokenizer.spec)]}, {described}",
         file=sys.stderr,
     )
 

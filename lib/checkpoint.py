@@ -164,10 +164,10 @@ def save_state(out_dir, model, optimizers, scaler, progress, run):
         torch.save(state, tmp)
 
 
-def save_model(model, out_dir, run, **extra):
-    """model.safetensors + config.json (save_pretrained), written by rank 0. A sharded model's
-    tensors are gathered first, every rank taking part, into a plain copy of the model on rank 0's
-    CPU."""
+def save_model(model, out_dir, run, data_dir, **extra):
+    """model.safetensors + config.json (save_pretrained; data_dir: where a trained tokenizer's
+    file comes from), written by rank 0. A sharded model's tensors are gathered first, every rank
+    taking part, into a plain copy of the model on rank 0's CPU."""
     state, _ = gathered(model, [], run)
     if not run.master:
         return
@@ -175,7 +175,7 @@ def save_model(model, out_dir, run, **extra):
         with torch.device("meta"):
             copy = plain_class(model)(model.config)
         model = copy.load_weights(state)
-    save_pretrained(model, out_dir, **extra)
+    save_pretrained(model, out_dir, data_dir, **extra)
 
 
 def drop_model(out_dir):

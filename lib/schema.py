@@ -5,6 +5,7 @@ the shapes of their weights. Each check names the file, the key and what it shou
 wrote the file. A table holds each file's keys: key -> its kind (int, float, bool, str, list,
 dict), (kind, the least value it may hold) or [the values it may hold]."""
 
+import os
 from contextlib import contextmanager
 from dataclasses import fields
 
@@ -23,8 +24,14 @@ KINDS = {
 }
 # how many token ids each dtype of a dataset's files holds
 ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
-# a tokenizer spec's keys besides its type, by type ("lowercase" is optional)
-TOKENIZERS = {"char": {"chars": str}, "bpe": {"encoding": str, "lowercase": bool}}
+# a tokenizer spec's keys besides its type, by type and form: a tiktoken encoding by name, or a
+# trained one in a file; "lowercase" and "eot" are optional
+TOKENIZERS = {
+    "char": {"chars": str, "eot": bool},
+    "bpe": {"encoding": str, "lowercase": bool},
+    "trained": {"file": str, "sha256": str},
+}
+OPTIONAL_TOKENIZER_KEYS = ("lowercase", "eot")
 META = {
     "task": ["lm", "classify"],
     "vocab_size": (int, 1),
@@ -98,11 +105,14 @@ def check_tokenizer(spec, vocab_size=None):
     is known once loaded); None: no tokenizer to check."""
     if spec is None:
         return
-    check_keys(spec, {"type": list(TOKENIZERS)}, where="tokenizer.")
-    check_keys(spec, TOKENIZERS[spec["type"]], optional=["lowercase"], where="tokenizer.")
+    check_keys(spec, {"type": ["char", "bpe"]}, where="tokenizer.")
+    form = "trained" if "file" in spec else spec["type"]
+    check_keys(spec, TOKENIZERS[form], OPTIONAL_TOKENIZER_KEYS, where="tokenizer.")
+    if form == "trained" and os.path.basename(spec["file"]) != spec["file"]:
+        raise Error(f"'tokenizer.file' {shown(spec['file'])} is not a file name")
     if spec["type"] == "bpe":
         return
-    size = len(spec["chars"])
+    size = len(spec["chars"]) + spec.get("eot", False)
     if not size:
         raise Error("'tokenizer.chars' is empty: it holds the vocabulary's characters")
     if vocab_size is not None and size > vocab_size:
@@ -130,6 +140,10 @@ def check_meta(meta, path):
             raise Error(f"vocab_size {vocab_size:,} has ids past what {meta['dtype']} holds")
         splits = meta["splits"]
         check_keys(splits, dict.fromkeys(splits, (int, 0)), where="splits.")
+        # the bytes of each split's text (lm data prepared since they are counted)
+        check_keys(meta, {"bytes": dict}, optional=["bytes"])
+        text_bytes = meta.get("bytes", {})
+        check_keys(text_bytes, dict.fromkeys(text_bytes, (int, 1)), where="bytes.")
         if meta["task"] == "classify":
             check_keys(meta, CLASSIFY_META)
             check_label_names(meta["label_names"])

@@ -1,23 +1,39 @@
-"""Tokenizers, named by a dataset's meta.json:
-GPT-2's byte-pair encoding (tiktoken) or a character vocabulary."""
+"""Tokenizers, named by a dataset's meta.json: a byte-pair encoding
+encoded by tiktoken (GPT-2's, or one trained on the data and kept in a
+file beside it) or a character vocabulary."""
+
+import base64
+import hashlib
+import os
 
 import tiktoken
+from tiktoken_ext.openai_public import r50k_pat_str
 
-from lib.common import Error
+from lib.common import Error, atomic_path
+
+# the end of a document: a token of its own, never produced from text
+EOT = "<|endoftext|>"
+# a trained BPE's ids are stored as tiktoken's files store them
+RANKS_FILE = "tokenizer.tiktoken"
 
 
 def get_tokenizer(spec, where="tokenizer", vocab_size=None):
-    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false} or
-    {"type": "char", "chars": "..."}, checked where its file is read (lib/schema.check_tokenizer);
-    None: the file (where) names none. With vocab_size, its ids must all index a model's embedding
-    table of that many rows."""
+    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false},
+    {"type": "bpe", "file": "tokenizer.tiktoken", "sha256": "..."} or
+    {"type": "char", "chars": "...", "eot": true}, checked where its file is
+    read (lib/schema.check_tokenizer); None: the file (where) names none. A
+    trained BPE's file lies beside that file. With vocab_size, its ids must
+    all index a model's embedding table of that many rows."""
     if spec is None:
         raise Error(
             f"{where}: no tokenizer this project knows: add a 'tokenizer' key "
             "(a char one holds 'chars', a bpe one 'encoding')"
         )
     if spec["type"] == "char":
-        tokenizer = CharTokenizer(spec["chars"])
+        tokenizer = CharTokenizer(spec["chars"], spec.get("eot", False))
+    elif "file" in spec:
+        path = os.path.join(os.path.dirname(where), spec["file"])
+        tokenizer = TrainedBPE(read_ranks(path, spec["sha256"], where))
     else:
         tokenizer = BPETokenizer(spec["encoding"], spec.get("lowercase", False))
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
@@ -29,12 +45,19 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
 
 
 class CharTokenizer:
-    def __init__(self, chars):
+    def __init__(self, chars, eot=False):
+        """eot: one more id, after the characters', ends a document."""
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
-        self.vocab_size = len(chars)
-        self.start_token = self.stoi.get("\n", 0)  # what an empty prompt starts from
+        self.vocab_size = len(chars) + eot
+        self.eot_token = len(chars) if eot else None
+        # what an empty prompt starts from
+        self.start_token = self.stoi.get("\n", 0)
+        if eot:
+            self.start_token = self.eot_token
         self.spec = {"type": "char", "chars": chars}
+        if eot:
+            self.spec["eot"] = True
 
     def encode(self, text):
         unknown = sorted(set(text) - self.stoi.keys())
@@ -46,21 +69,26 @@ class CharTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids):
-        return "".join(self.chars[i] for i in ids)
+        return "".join(self.token_text(i) for i in ids)
+
+    def token_text(self, i):
+        return EOT if i == self.eot_token else self.chars[i]
 
 
 class BPETokenizer:
     # r50k_base: GPT-2's, tiktoken's "gpt2" ranks
-    def __init__(self, encoding, lowercase=False):
+    def __init__(self, encoding, lowercase=False, enc=None):
+        """enc: a tiktoken Encoding made elsewhere (TrainedBPE)."""
         try:
-            self.enc = tiktoken.get_encoding(encoding)
+            self.enc = enc or tiktoken.get_encoding(encoding)
         except Exception as e:  # tiktoken downloads the file once, then reads its cache
             raise Error(
                 f"cannot load the tiktoken encoding {encoding!r} ({type(e).__name__}); "
                 f"offline, set TIKTOKEN_CACHE_DIR to a folder holding its cache file"
             ) from None
         self.vocab_size = self.enc.n_vocab
-        self.start_token = self.enc.eot_token  # <|endoftext|> = 50256
+        self.eot_token = self.enc.eot_token  # <|endoftext|>: 50256 in GPT-2's
+        self.start_token = self.eot_token
         # never produced from text: padding cannot be mistaken for a token
         self.pad_token_id = self.start_token
         # "Oil", " oil", "OIL": one token, which small labelled sets spread thinly otherwise
@@ -79,3 +107,119 @@ class BPETokenizer:
 
     def decode(self, ids):
         return self.enc.decode(ids)
+
+
+class TrainedBPE(BPETokenizer):
+    """A byte-level BPE trained on a corpus (train_bpe): its ranks (token
+    bytes -> id), GPT-2's split of text into words, and <|endoftext|> as
+    the last id."""
+
+    def __init__(self, ranks):
+        enc = tiktoken.Encoding(
+            "trained",
+            pat_str=r50k_pat_str,
+            mergeable_ranks=ranks,
+            special_tokens={EOT: len(ranks)},
+        )
+        super().__init__(None, enc=enc)
+        self.ranks = ranks
+
+    def save(self, folder):
+        """Writes the ranks into folder (tiktoken's format: a token's bytes
+        in base64, its id) and sets spec to name them."""
+        lines = [
+            base64.b64encode(token).decode() + f" {rank}\n" for token, rank in self.ranks.items()
+        ]
+        text = "".join(lines).encode()
+        path = os.path.join(folder, RANKS_FILE)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            f.write(text)
+        self.spec = {
+            "type": "bpe",
+            "file": RANKS_FILE,
+            "sha256": hashlib.sha256(text).hexdigest(),
+        }
+
+
+def read_ranks(path, sha256, where):
+    """The ranks that TrainedBPE.save wrote to path, checked against the
+    sha256 that the file where names."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise Error(
+            f"{path}: cannot read the tokenizer that {where} names "
+            f"({e.strerror}): copy it back beside {os.path.basename(where)}"
+        ) from None
+    if hashlib.sha256(text).hexdigest() != sha256:
+        raise Error(
+            f"{path}: not the tokenizer that {where} names (its sha256 "
+            "differs): the folder mixes two runs' files; prepare or "
+            "export again"
+        )
+    ranks = {}
+    for line in text.splitlines():
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def train_bpe(texts, vocab_size):
+    """A TrainedBPE of vocab_size ids (its <|endoftext|> included) learned
+    from texts (an iterable of strings, read once) by Hugging Face's
+    trainer, on GPT-2's words: the 256 bytes, then one token per merge.
+    A token that tiktoken's encoding never reaches from its bytes (no
+    pair of lower ranks makes it) is dropped, so Hugging Face's tokenizer
+    of the same merges gives the same ids (merges())."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    # GPT-2's regular expression and byte-to-character map
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 1,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=True,
+    )
+    tok.train_from_iterator(texts, trainer)
+    byte = {c: b for b, c in bytes_to_unicode().items()}
+    ranks = {}
+    for text, _ in sorted(tok.get_vocab().items(), key=token_id):
+        ranks[bytes(byte[c] for c in text)] = len(ranks)
+    reached = {t for t, pair in merges(ranks).items() if pair}
+    kept = [t for t in ranks if len(t) == 1 or t in reached]
+    return TrainedBPE({t: i for i, t in enumerate(kept)})
+
+
+def token_id(item):
+    return item[1]
+
+
+def merges(ranks):
+    """{token: the pair that makes it, or None}: byte-pair encoding of a
+    token's bytes with only the lower ranks leaves it as that pair (none
+    for a single byte or a token it never reaches)."""
+    found = {}
+    for token, rank in ranks.items():
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 1:
+            pair_ranks = [ranks.get(parts[j] + parts[j + 1], rank) for j in range(len(parts) - 1)]
+            if min(pair_ranks) >= rank:
+                break
+            i = pair_ranks.index(min(pair_ranks))
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        found[token] = tuple(parts) if len(parts) == 2 else None
+    return found
+
+
+def bytes_to_unicode():
+    """GPT-2's map from the 256 byte values to printable characters, in
+    which Hugging Face's byte-level vocabularies are written."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    extra = iter(range(256, 512))
+    return {b: chr(b if b in printable else next(extra)) for b in range(256)}

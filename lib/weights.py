@@ -5,6 +5,8 @@ once per load and checked against its weights' header before a model of its shap
 import json
 import os
 import secrets
+import shutil
+from contextlib import ExitStack
 from dataclasses import asdict
 
 import torch
@@ -20,11 +22,13 @@ from model import ARCHITECTURES, GPT
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
-def save_pretrained(model, out_dir, **extra):
+def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
     """model.safetensors + config.json. Both are written whole to temporary files first, then
     renamed, the weights before the card; the card names the weights' id (stored in the weights'
     header), so a crash between the two renames is a mismatch that from_checkpoint reports, never
-    a new model paired with an old card. extra: task, tokenizer, label names."""
+    a new model paired with an old card. extra: task, tokenizer, label names. A trained
+    tokenizer's file is copied from tokenizer_dir, renamed before the weights (the card names its
+    sha256: a card paired with another file is refused as it loads)."""
     os.makedirs(out_dir, exist_ok=True)
     token = secrets.token_hex(8)
     card = {
@@ -33,12 +37,17 @@ def save_pretrained(model, out_dir, **extra):
         **extra,
         "weights_id": token,
     }
-    with atomic_path(os.path.join(out_dir, "config.json")) as card_tmp:
-        with atomic_path(os.path.join(out_dir, "model.safetensors")) as weights_tmp:
-            # drops a tied head's duplicate tensor
-            save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
-            with open(card_tmp, "w") as f:
-                json.dump(card, f, indent=2)
+    tokenizer_file = (card.get("tokenizer") or {}).get("file")
+    with ExitStack() as files:
+        card_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "config.json")))
+        weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
+        if tokenizer_file:
+            copy = files.enter_context(atomic_path(os.path.join(out_dir, tokenizer_file)))
+            shutil.copyfile(os.path.join(tokenizer_dir, tokenizer_file), copy)
+        # drops a tied head's duplicate tensor
+        save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
+        with open(card_tmp, "w") as f:
+            json.dump(card, f, indent=2)
 
 
 def from_checkpoint(out_dir, device="cpu", info=None):
