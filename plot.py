@@ -1,7 +1,8 @@
 """
 Draw the loss curves of one or more runs on one axis, from the metrics.jsonl that train.py writes
 into each out_dir: validation loss (solid) and training loss (dashed) against step or seconds, and
-validation accuracy beside them for classifiers. The picture to compare recipes with.
+beside them validation accuracy for classifiers and validation bits per byte for language models
+(the loss that compares runs of different tokenizers). The picture to compare recipes with.
   python plot.py out-shakespeare-char-cpu out-shakespeare-char-fast --x seconds --out compare.png
 """
 

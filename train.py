@@ -280,7 +280,9 @@ def train(cfg, run, guard, state):
                     best_step = step
                     card = checkpoint.model_card(cfg, train_data.meta)
                     scores = {"step": step, **metrics}
-                    checkpoint.save_model(raw_model, cfg.out_dir, run, **card, metrics=scores)
+                    checkpoint.save_model(
+                        raw_model, cfg.out_dir, run, train_data.folder, **card, metrics=scores
+                    )
                 if best_step == step or cfg.always_save_checkpoint:
                     save()
             # the bar's rate and the logged speed count training steps, not evaluations
@@ -460,7 +462,12 @@ def evaluate(model, data, cfg, run, ctx):
     loss = loss_sum / n
     if data.labelled:
         return {"loss": loss, "accuracy": correct / n}
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50))}
+    metrics = {"loss": loss, "perplexity": math.exp(min(loss, 50))}
+    # nats per token to bits per byte of the split's text: a loss that
+    # compares runs across tokenizers
+    if data.tokens_per_byte:
+        metrics["bpb"] = loss / math.log(2) * data.tokens_per_byte
+    return metrics
 
 
 def finish(out_dir, record, metric, best, best_step, steps, metrics):

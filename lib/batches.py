@@ -13,6 +13,7 @@ import torch
 
 from lib.common import Error, read_json
 from lib.schema import META_FIX, check_meta
+from lib.tokenizer import get_tokenizer
 
 # the repository: data/<name>/ holds each dataset's prepare.py and files
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +66,12 @@ class LMData:
     def __init__(self, path, size, block_size, meta):
         """path: the split's files, less their extension; size: its tokens, as meta.json says."""
         self.meta = meta
+        self.folder = os.path.dirname(path)
         self.block_size = block_size
+        # the bytes of the UTF-8 text the split's tokens decode to (none
+        # in data prepared before they were counted)
+        text_bytes = meta.get("bytes", {}).get(os.path.basename(path))
+        self.tokens_per_byte = text_bytes and size / text_bytes
         path += ".bin"
         self.tokens = load_array(path, meta["dtype"])
         n = len(self.tokens)
@@ -116,6 +122,7 @@ class ClassificationData:
         if n == 0:
             raise Error(f"{path}: the split has no rows: prepare it from more data")
         self.meta = meta
+        self.folder = os.path.dirname(path)
         self.block_size = block_size
         tokens = load_array(path + ".bin", meta["dtype"])
         offsets = load_array(path + ".offsets.npy")
@@ -213,6 +220,10 @@ def load_data(cfg, master):
                 f"{command} --source DIR"
             )
     train_data = load_split(path, "train", cfg.block_size)
+    # a trained tokenizer's file, checked now: each model save copies it
+    spec = train_data.meta["tokenizer"]
+    if "file" in spec:
+        get_tokenizer(spec, os.path.join(path, "meta.json"))
     val_data = load_split(path, "val", cfg.block_size)
     task = train_data.meta["task"]
     if task != cfg.task:

@@ -6,11 +6,15 @@ import os
 from lib.common import Error, atomic_path
 from lib.records import read_metrics
 
+# the metrics drawn beside the loss, each in a panel of its own: a classifier's accuracy, and a
+# language model's bits per byte, which compares runs of different tokenizers
+PANELS = {"val/accuracy": "validation accuracy", "val/bpb": "validation bits per byte"}
+
 
 def plot_runs(out_dirs, path, x="step"):
     """Validation (solid) and training (dashed) loss of each run against step or seconds, one colour
-    a run; a second panel with validation accuracy when any run is a classifier. Saved to path (PNG,
-    SVG, PDF: by its extension)."""
+    a run; a panel beside it with each of PANELS that any run records. Saved to path (PNG, SVG,
+    PDF: by its extension)."""
     if not path.lower().endswith((".png", ".svg", ".pdf")) or not os.path.isdir(
         os.path.dirname(os.path.abspath(path))
     ):
@@ -19,9 +23,10 @@ def plot_runs(out_dirs, path, x="step"):
         )
     plt = pyplot()
     runs = {d: [r for r in read_metrics(d) if "val/loss" in r] for d in out_dirs}
-    accuracy = any("val/accuracy" in r for rows in runs.values() for r in rows)
+    # a panel beside the loss for each of these that any run records
+    panels = [k for k in PANELS if any(k in r for rows in runs.values() for r in rows)]
     fig, axes = plt.subplots(
-        1, 1 + accuracy, figsize=(7 + 5 * accuracy, 4.5), squeeze=False, layout="constrained"
+        1, 1 + len(panels), figsize=(7 + 5 * len(panels), 4.5), squeeze=False, layout="constrained"
     )
     for i, (d, rows) in enumerate(runs.items()):
         colour, label, xs = f"C{i % 10}", os.path.basename(os.path.abspath(d)), [r[x] for r in rows]
@@ -36,18 +41,11 @@ def plot_runs(out_dirs, path, x="step"):
         axes[0][0].plot(
             xs, [r["train/loss"] for r in rows], "--", color=colour, label=f"{label} train"
         )
-        if accuracy:
-            axes[0][1].plot(
-                xs,
-                [r.get("val/accuracy") for r in rows],
-                "-o",
-                color=colour,
-                markersize=3,
-                label=label,
-            )
+        for ax, key in zip(axes[0][1:], panels):
+            ax.plot(xs, [r.get(key) for r in rows], "-o", color=colour, markersize=3, label=label)
     axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
-    if accuracy:
-        axes[0][1].set(xlabel=x, ylabel="validation accuracy", title="accuracy")
+    for ax, key in zip(axes[0][1:], panels):
+        ax.set(xlabel=x, ylabel=PANELS[key], title=PANELS[key])
     for ax in axes[0]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -10,6 +10,7 @@ parquet, jsonl), and writing a prepared dataset, meta.json last, in the formats 
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import re
@@ -172,6 +173,12 @@ def read_text(source, url):
     return text
 
 
+def in_val(text, val_fraction):
+    """Whether a text goes to val: the same text always hashes the same way, so duplicates can't
+    straddle train and val (a leak into val), and every run splits alike."""
+    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) / 2**32 < val_fraction
+
+
 def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2**16 else np.uint32
 
@@ -204,8 +211,9 @@ def write_meta(data_dir, **meta):
     write_json(os.path.join(data_dir, "meta.json"), meta)
 
 
-def write_lm(out_dir, splits, tok, source):
-    """splits: {name: token ids}. Writes {name}.bin for each, then meta.json (task "lm") last."""
+def write_lm(out_dir, splits, text_bytes, tok, source):
+    """splits: {name: token ids}; text_bytes: {name: the bytes of its UTF-8 text}. Writes
+    {name}.bin for each, then meta.json (task "lm") last."""
     dtype = token_dtype(tok.vocab_size)
     unpublish(out_dir)
     for name, ids in splits.items():
@@ -217,6 +225,7 @@ def write_lm(out_dir, splits, tok, source):
         vocab_size=tok.vocab_size,
         dtype=np.dtype(dtype).name,
         splits={name: len(ids) for name, ids in splits.items()},
+        bytes=text_bytes,
         source=source,
     )
 
@@ -235,7 +244,8 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
     tok = tokenizer_for(text)
     n = int(len(text) * 0.9)
     splits = {"train": tok.encode(text[:n]), "val": tok.encode(text[n:])}
-    write_lm(args.out_dir, splits, tok, source=args.source or url)
+    text_bytes = {"train": len(text[:n].encode()), "val": len(text[n:].encode())}
+    write_lm(args.out_dir, splits, text_bytes, tok, source=args.source or url)
     print(
         f"{len(text):,} characters, {tok.spec['type']} vocabulary of {tok.vocab_size}: "
         f"train {len(splits['train']):,} tokens, val {len(splits['val']):,} tokens "

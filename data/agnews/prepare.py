@@ -13,7 +13,6 @@ split.
 """
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -88,12 +87,6 @@ def load_hub():
     }
 
 
-def in_val(text, val_fraction):
-    """The same text always hashes the same way, so duplicates can't straddle train and val (a leak
-    into val)."""
-    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) / 2**32 < val_fraction
-
-
 def main():
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -126,7 +119,7 @@ def main():
     splits = load_local(args.source) if args.source else load_hub()
     if "val" not in splits:
         texts, labels = splits["train"]
-        held = [in_val(t, args.val_fraction) for t in texts]
+        held = [prepare.in_val(t, args.val_fraction) for t in texts]
         splits["val"] = (
             [t for t, h in zip(texts, held) if h],
             [y for y, h in zip(labels, held) if h],

@@ -34,7 +34,7 @@ def process(example):
     tok = tok or BPETokenizer("r50k_base")
     # <|endoftext|> closes each document, as in GPT-2
     ids = tok.encode(example["text"]) + [tok.start_token]
-    return {"ids": ids, "len": len(ids)}
+    return {"ids": ids, "len": len(ids), "bytes": len(example["text"].encode("utf-8"))}
 
 
 def load(source, num_proc):
@@ -124,6 +124,7 @@ def main():
     # from here on the folder is being rewritten: no meta.json until it is whole
     prepare.unpublish(args.out_dir)
     counts = {}
+    text_bytes = {}
     for name, d in tokenized.items():
         # write through a memmap, a shard at a time: train is ~9B tokens, more than fits in memory
         # as a list
@@ -140,6 +141,7 @@ def main():
         del arr
         os.replace(path + ".tmp", path)  # only a whole file takes the name
         counts[name] = n
+        text_bytes[name] = int(np.sum(d["bytes"], dtype=np.uint64))
         print(f"{name}: {len(d):,} documents, {n:,} tokens")
     prepare.write_meta(
         args.out_dir,
@@ -148,6 +150,7 @@ def main():
         vocab_size=tok.vocab_size,
         dtype=np.dtype(dtype).name,
         splits=counts,
+        bytes=text_bytes,
         source=args.source or HUB_NAME,
     )
     print(f"wrote {args.out_dir} ({time.time() - t0:.1f} s)")
