@@ -1,0 +1,358 @@
+"""
+Your own text as a language model's data: a file, a folder of files or a Hugging Face dataset, in
+a vocabulary of its characters, GPT-2's BPE, or a byte-level BPE trained on its train split. Every
+document ends with the tokenizer's <|endoftext|>; a hash of each document's text puts it in val
+(--val_fraction) or train, the same way every run. Writes train.bin, val.bin, a trained BPE's
+tokenizer.tiktoken and meta.json (with the documents, bytes and tokens of each split) into this
+folder or --out_dir; nothing there changes until the whole corpus has been read.
+  python data/text/prepare.py --source my_notes/ --tokenizer bpe --vocab_size 4096
+  python data/text/prepare.py --source posts.jsonl --column body --tokenizer gpt2
+  python data/text/prepare.py --dataset roneneldan/TinyStories --tokenizer bpe  # streamed
+Documents: a folder's .txt and .md files (subfolders too) are one each, and its .jsonl and
+.parquet files one per row; a lone .txt or .md file is cut at its blank lines. The text column is
+--column, else "text", else a file's or dataset's one column of strings.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import ExitStack
+
+import numpy as np
+from tqdm import tqdm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
+from lib import prepare
+from lib.common import ArgumentParser, Error, at_least, atomic_path, run_script
+from lib.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, train_bpe
+
+TEXT_FILES = (".txt", ".md")
+ROW_FILES = (".jsonl", ".parquet")
+# ids a token file holds: a vocabulary past it has nowhere to go
+MOST_TOKENS = 2**32
+# a token file's writes: this many ids at a time
+BUFFER = 1 << 20
+
+
+def text_files(folder):
+    """The files of folder and its subfolders that hold documents, sorted: the same order, every
+    run."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [
+            os.path.join(root, f) for f in sorted(files) if f.endswith(TEXT_FILES + ROW_FILES)
+        ]
+    return found
+
+
+def paragraphs(path):
+    """A text file's documents, read a line at a time: the runs of lines between blank lines."""
+    lines = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                lines.append(line)
+            elif lines:
+                yield "".join(lines).removesuffix("\n")
+                lines = []
+    if lines:
+        yield "".join(lines).removesuffix("\n")
+
+
+def whole_file(path):
+    with open(path, encoding="utf-8") as f:
+        yield f.read()
+
+
+def pick_column(names, column, where):
+    """The text column among names: --column, else "text", else the only one (names: the string
+    columns, or all where the kinds are unknown)."""
+    if column is not None and column not in names:
+        raise Error(f"{where}: no column {column!r} (found {sorted(names)}); pass --column NAME")
+    if column is not None:
+        return column
+    if "text" in names:
+        return "text"
+    if len(names) == 1:
+        return next(iter(names))
+    raise Error(f"{where}: which column holds the text? (found {sorted(names)}); pass --column")
+
+
+def jsonl_rows(path, column):
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise Error(f"{path}:{number}: not a JSON object; fix or delete the line") from None
+            if not isinstance(row, dict):
+                raise Error(f"{path}:{number}: not a JSON object; fix or delete the line")
+            strings = [k for k, v in row.items() if isinstance(v, str)]
+            name = pick_column(strings if column is None else row, column, f"{path}:{number}")
+            yield row[name]
+
+
+def parquet_rows(path, column):
+    import pyarrow as pa  # installed with datasets
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(path)
+    strings = [f.name for f in table.schema_arrow if pa.types.is_string(f.type)]
+    name = pick_column(strings if column is None else table.schema_arrow.names, column, path)
+    for batch in table.iter_batches(columns=[name], batch_size=1024):
+        yield from batch.column(0).to_pylist()
+
+
+def file_documents(path, column, alone):
+    """The documents of one file; alone: the corpus is this one text file."""
+    if path.endswith(".jsonl"):
+        return jsonl_rows(path, column)
+    if path.endswith(".parquet"):
+        return parquet_rows(path, column)
+    return paragraphs(path) if alone else whole_file(path)
+
+
+def hub_documents(name, split, column):
+    """A Hugging Face dataset's rows, streamed: never more than a batch of it in memory."""
+    import datasets  # imported here so that --help answers at once
+
+    try:
+        ds = datasets.load_dataset(name, split=split, streaming=True)
+        names = ds.column_names or list(next(iter(ds)))
+    except Exception as e:  # offline it is a ConnectionError; every failure has the same way out
+        reason = (str(e).splitlines() or [""])[0][:200]
+        raise Error(
+            f"--dataset {name}: cannot load its {split} split ({type(e).__name__}: {reason}); "
+            "offline, pass --source with a local copy"
+        ) from None
+    name = pick_column(names, column, f"--dataset {name}")
+    for row in ds:
+        yield row[name]
+
+
+class Corpus:
+    """The documents of --source or --dataset, read afresh on each pass, each checked: a string
+    of UTF-8 text with some text in it (empty ones are skipped and counted)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.skipped = 0
+        source = args.source
+        if args.dataset is not None:
+            self.files = None
+        elif os.path.isdir(source):
+            self.files = text_files(source)
+            if not self.files:
+                raise Error(
+                    f"--source {source}: no .txt, .md, .jsonl or .parquet file in this folder "
+                    "or below it; put the text there"
+                )
+        elif os.path.isfile(source) and source.endswith(TEXT_FILES + ROW_FILES):
+            self.files = [source]
+        else:
+            raise Error(
+                f"--source {source}: not a folder, nor a .txt, .md, .jsonl or .parquet file"
+            )
+
+    def __iter__(self):
+        self.skipped = 0
+        if self.files is None:
+            docs = hub_documents(self.args.dataset, self.args.split, self.args.column)
+            yield from self.checked(docs, f"--dataset {self.args.dataset}")
+            return
+        alone = len(self.files) == 1
+        for path in self.files:
+            try:
+                docs = file_documents(path, self.args.column, alone)
+                yield from self.checked(docs, path)
+            except UnicodeDecodeError as e:
+                raise Error(
+                    f"{path}: not UTF-8 text ({e.reason}); convert the file to "
+                    "UTF-8 or move it out of the corpus"
+                ) from None
+            except OSError as e:
+                raise Error(f"{path}: cannot read it ({e.strerror})") from None
+
+    def checked(self, docs, where):
+        for i, text in enumerate(docs):
+            if not isinstance(text, str):
+                raise Error(f"{where}: document {i + 1} is {type(text).__name__}, not text")
+            if not text.strip():
+                self.skipped += 1
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise Error(
+                    f"{where}: document {i + 1} holds a lone surrogate, not text; fix its source"
+                ) from None
+            yield text
+
+
+def make_tokenizer(args, corpus):
+    """The tokenizer args name; char and bpe read the corpus for it (bpe its train split)."""
+    if args.tokenizer == "gpt2":
+        return BPETokenizer("r50k_base")
+    if args.tokenizer == "char":
+        chars = set()
+        for text in tqdm(corpus, desc="characters", unit=" docs", disable=None):
+            chars.update(text)
+        if not chars:
+            raise Error(f"{args.source or args.dataset}: no document holds any text")
+        return CharTokenizer("".join(sorted(chars)), eot=True)
+    docs = tqdm(corpus, desc="documents for the BPE", unit=" docs", disable=None)
+    train = (t for t in docs if not prepare.in_val(t, args.val_fraction))
+    t0 = time.time()
+    tok = train_bpe(train, args.vocab_size)
+    print(f"trained a BPE of {tok.vocab_size:,} tokens in {time.time() - t0:.1f} s")
+    return tok
+
+
+class SplitWriter:
+    """One split's token file, written under a temporary name as the documents come (files: the
+    ExitStack that gives it its name, or deletes it), with its counts of documents, bytes and
+    tokens."""
+
+    def __init__(self, files, out_dir, name, dtype):
+        tmp = files.enter_context(atomic_path(os.path.join(out_dir, f"{name}.bin")))
+        self.file = files.enter_context(open(tmp, "wb"))
+        self.dtype = dtype
+        self.ids = []
+        self.counts = {"documents": 0, "bytes": 0, "tokens": 0}
+
+    def add(self, text, ids):
+        self.ids += ids
+        self.counts["documents"] += 1
+        self.counts["bytes"] += len(text.encode("utf-8"))
+        self.counts["tokens"] += len(ids)
+        if len(self.ids) >= BUFFER:
+            self.flush()
+
+    def flush(self):
+        self.file.write(np.asarray(self.ids, dtype=self.dtype).data)
+        self.ids = []
+
+
+def main(argv=None):
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--source", help="a .txt, .md, .jsonl or .parquet file, or a folder of them")
+    where.add_argument("--dataset", help="a Hugging Face dataset's name, read streamed")
+    p.add_argument("--split", default="train", help="the --dataset split to read (%(default)s)")
+    p.add_argument("--column", help='the text column (default: "text", or the only one)')
+    p.add_argument(
+        "--tokenizer",
+        choices=["char", "gpt2", "bpe"],
+        default="bpe",
+        help="the text's characters, GPT-2's BPE, or a BPE trained here (default: %(default)s)",
+    )
+    p.add_argument(
+        "--vocab_size",
+        type=at_least(257),
+        default=4096,
+        help="a trained BPE's tokens: the 256 bytes, merges, <|endoftext|> (default: %(default)s)",
+    )
+    p.add_argument(
+        "--val_fraction",
+        type=prepare.fraction,
+        default=0.1,
+        help="the share of documents for val (default: %(default)s)",
+    )
+    p.add_argument(
+        "--block_size",
+        type=at_least(1),
+        default=256,
+        help="each split must hold more tokens than this: the block you train with "
+        "(default: %(default)s, config/text.py's)",
+    )
+    p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
+    args = p.parse_args(argv)
+    if args.vocab_size > MOST_TOKENS:
+        raise Error(f"--vocab_size {args.vocab_size:,}: past the {MOST_TOKENS:,} ids uint32 holds")
+    t0 = time.time()
+    prepare.check_out_dir(args.out_dir)
+    corpus = Corpus(args)
+    tok = make_tokenizer(args, corpus)
+    os.makedirs(args.out_dir, exist_ok=True)
+    dtype = prepare.token_dtype(tok.vocab_size)
+    # the token files take their names as this block ends, unless it fails
+    with ExitStack() as files:
+        splits = {name: SplitWriter(files, args.out_dir, name, dtype) for name in ("train", "val")}
+        encode(corpus, tok, splits, args)
+        check_counts(splits, corpus, args)
+        for split in splits.values():
+            split.flush()
+        # the old meta.json goes before its files do
+        prepare.unpublish(args.out_dir)
+    publish(args, tok, splits, time.time() - t0)
+
+
+def encode(corpus, tok, splits, args):
+    """Every document's ids and <|endoftext|> into its split's file, a batch of documents at a
+    time (tiktoken encodes a batch in threads)."""
+    batch = []
+    for text in tqdm(corpus, desc="encoding", unit=" docs", disable=None):
+        batch.append(text)
+        if len(batch) == 1024:
+            add(batch, tok, splits, args)
+            batch = []
+    add(batch, tok, splits, args)
+
+
+def add(texts, tok, splits, args):
+    for text, ids in zip(texts, tok.encode_batch(texts)):
+        name = "val" if prepare.in_val(text, args.val_fraction) else "train"
+        splits[name].add(text, ids + [tok.eot_token])
+
+
+def check_counts(splits, corpus, args):
+    """Each split holds a training row (more than block_size tokens)."""
+    where = args.source or args.dataset
+    documents = sum(s.counts["documents"] for s in splits.values())
+    if not documents:
+        raise Error(f"{where}: no document holds any text; {corpus.skipped:,} are empty")
+    for name, split in splits.items():
+        tokens = split.counts["tokens"]
+        if tokens <= args.block_size:
+            raise Error(
+                f"{where}: {name} holds {tokens:,} tokens of {documents:,} documents, not more "
+                f"than --block_size {args.block_size}: add text, change --val_fraction, or "
+                "pass the smaller block_size you train with"
+            )
+
+
+def publish(args, tok, splits, seconds):
+    """The token files have their names: the trained tokenizer's file, then meta.json, last."""
+    if isinstance(tok, TrainedBPE):
+        tok.save(args.out_dir)
+    counts = {key: {n: s.counts[key] for n, s in splits.items()} for key in ("documents", "bytes")}
+    tokens = {name: split.counts["tokens"] for name, split in splits.items()}
+    prepare.write_meta(
+        args.out_dir,
+        task="lm",
+        tokenizer=tok.spec,
+        vocab_size=tok.vocab_size,
+        dtype=np.dtype(prepare.token_dtype(tok.vocab_size)).name,
+        splits=tokens,
+        **counts,
+        source=args.source or f"{args.dataset}:{args.split}",
+    )
+    for name, split in splits.items():
+        c = split.counts
+        print(
+            f"{name}: {c['documents']:,} documents, {c['bytes']:,} bytes, {c['tokens']:,} tokens "
+            f"({c['tokens'] / c['bytes']:.3f} per byte)"
+        )
+    print(
+        f"{tok.spec['type']} vocabulary of {tok.vocab_size:,} -> {args.out_dir} ({seconds:.1f} s)"
+    )
+
+
+if __name__ == "__main__":
+    run_script(main, "prepare.py")

@@ -1,0 +1,341 @@
+"""data/text/prepare.py, any text to a trained GPT: a corpus in a script other than Latin goes
+through prepare (a BPE trained on it), train, sample, serve and export, and Hugging Face's
+AutoTokenizer gives our ids; bits per byte by their definition; each bad input one line, nothing
+written."""
+
+import http.client
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT, SHARED, TINY, needs_shared
+
+import serve
+from export import export
+from lib.batches import read_meta
+from lib.common import Error
+from lib.tokenizer import get_tokenizer
+from lib.weights import load_gpt
+
+SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
+# sentences written for these tests: Russian, with a Greek and a Ukrainian one
+SENTENCES = [
+    "Внимание — это взвешенная сумма значений.",
+    "Каждая голова смотрит на свою часть контекста.",
+    "Маска ставит минус бесконечность перед софтмаксом.",
+    "Модель читает текст слева направо, токен за токеном.",
+    "Ёжик в тумане ищет лошадку.",
+    "Η προσοχή είναι ένας σταθμισμένος μέσος όρος.",
+    "Щастя — це коли тебе розуміють.",
+    "Словарь из байтов: любое слово можно записать.",
+]
+# texts that an exported tokenizer must encode to our ids
+PROBES = [
+    "Внимание — это всё, что нужно.",
+    "Ёлка, ёжик и щётка: ЁЩЪ ёщъ.",
+    "Ελληνικά και русский, mixed with English 123 — 😀!",
+    "  два  пробела\n\nи новая строка\t",
+]
+
+
+def documents():
+    """40 documents of three to five sentences each, none empty."""
+    return [
+        " ".join(SENTENCES[(i + j * 3) % len(SENTENCES)] for j in range(3 + i % 3)) + "\n"
+        for i in range(40)
+    ]
+
+
+def script():
+    """data/text/prepare.py as a module: its main(argv) runs in this process."""
+    path = os.path.join(ROOT, "data", "text", "prepare.py")
+    spec = importlib.util.spec_from_file_location("text_prepare", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PREPARE = script()
+
+
+def prepare(*args):
+    PREPARE.main([str(a) for a in args])
+
+
+def refusal(capsys, *args):
+    """The one line that a bad input gets from prepare.py: its Error, or argparse's."""
+    try:
+        prepare(*args)
+    except Error as e:
+        return str(e)
+    except SystemExit as e:
+        assert e.code == 2
+        line = capsys.readouterr().err.strip()
+        assert "\n" not in line
+        return line
+    raise AssertionError(f"prepare.py {args} was not refused")
+
+
+def split_documents(folder, name, tokenizer):
+    """The texts of a split's documents, each cut at its <|endoftext|>."""
+    ids = np.fromfile(os.path.join(folder, f"{name}.bin"), dtype=np.uint16)
+    assert ids[-1] == tokenizer.eot_token  # every document ends with it
+    ends = np.flatnonzero(ids == tokenizer.eot_token)
+    return [tokenizer.decode(d[:-1].tolist()) for d in np.split(ids, ends + 1)[:-1]]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A folder of the documents, .md and .txt files, and a subfolder."""
+    d = tmp_path_factory.mktemp("corpus")
+    os.makedirs(d / "more")
+    for i, text in enumerate(documents()):
+        folder = d / "more" if i % 4 == 0 else d
+        (folder / f"{i:02d}.{'md' if i % 2 else 'txt'}").write_text(text, encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("data")
+    # run as a user runs it
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "data", "text", "prepare.py"),
+            "--source",
+            corpus,
+            "--vocab_size=300",
+            "--val_fraction=0.25",
+            "--block_size=16",
+            "--out_dir",
+            out,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_the_corpus_round_trips_through_its_own_bpe(prepared):
+    meta = read_meta(prepared)
+    tokenizer = get_tokenizer(meta["tokenizer"], os.path.join(prepared, "meta.json"))
+    assert meta["vocab_size"] == tokenizer.vocab_size == 300
+    assert tokenizer.eot_token == 299
+    found = []
+    for name in ("train", "val"):
+        docs = split_documents(prepared, name, tokenizer)
+        # the counts meta.json keeps are the files'
+        assert meta["documents"][name] == len(docs)
+        assert meta["bytes"][name] == sum(len(d.encode("utf-8")) for d in docs)
+        assert meta["splits"][name] == os.path.getsize(prepared / f"{name}.bin") // 2
+        found += docs
+    # each document once, whole, in the split its hash names
+    assert sorted(found) == sorted(documents())
+    # a trained BPE spends fewer tokens than bytes on this text (two bytes a Cyrillic letter)
+    assert sum(meta["splits"].values()) < 0.7 * sum(meta["bytes"].values())
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--dataset={prepared}"]
+    steps = ["--max_iters=4", "--eval_interval=2", f"--out_dir={out}", "--overwrite_out_dir=True"]
+    r = subprocess.run(command + steps, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_bits_per_byte_is_the_loss_in_bits_over_the_splits_bytes(prepared, trained):
+    meta = read_meta(prepared)
+    records = [json.loads(line) for line in open(trained / "metrics.jsonl")]
+    evaluations = [r for r in records if "val/loss" in r]
+    assert len(evaluations) == 3
+    for r in evaluations:
+        for name in ("train", "val"):
+            tokens_per_byte = meta["splits"][name] / meta["bytes"][name]
+            expected = r[f"{name}/loss"] / math.log(2) * tokens_per_byte
+            assert r[f"{name}/bpb"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_checkpoint_carries_its_tokenizer_and_sample_py_uses_it(trained):
+    assert (trained / "tokenizer.tiktoken").is_file()
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "sample.py"),
+            f"--out_dir={trained}",
+            "--start=Внимание",
+            "--max_new_tokens=8",
+            "--num_samples=1",
+            "--seed=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Внимание")
+
+
+def test_a_tokenizer_file_that_is_not_the_named_one_is_refused(trained, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(trained, copy)
+    with open(copy / "tokenizer.tiktoken", "a") as f:
+        f.write("QUJD 300\n")
+    with pytest.raises(Error, match="tokenizer.tiktoken: not the tokenizer that .* names"):
+        load_gpt(str(copy), "cpu")
+    os.remove(copy / "tokenizer.tiktoken")
+    with pytest.raises(Error, match="cannot read the tokenizer that"):
+        load_gpt(str(copy), "cpu")
+
+
+def request(address, path, body):
+    connection = http.client.HTTPConnection(address, timeout=60)
+    connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    assert response.status == 200, answer
+    return answer
+
+
+def test_the_playground_tokenizes_with_the_trained_bpe(trained):
+    playground = serve.Playground([trained], "cpu", "float32", max_tokens=16)
+    tokenizer = playground.models[os.path.basename(trained)]["tokenizer"]
+    httpd = serve.Server(playground, quiet=True, port=0)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    while not httpd.started:
+        time.sleep(0.01)
+    address = f"127.0.0.1:{httpd.port}"
+    try:
+        for text in PROBES:
+            ids = request(address, "/tokenize", {"prompt": text})["tokens"]
+            assert ids == tokenizer.encode(text)
+            assert request(address, "/detokenize", {"tokens": ids})["prompt"] == text
+        body = {"prompt": "Маска", "max_tokens": 4, "seed": 3}
+        assert request(address, "/v1/completions", body)["choices"][0]["text"]
+    finally:
+        httpd.stop()
+        thread.join()
+
+
+def test_the_export_encodes_as_we_do_in_auto_tokenizer(trained, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    export(str(trained), str(tmp_path / "hf"))
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    # the export holds its tokenizer's file: this project reads it back, as sample.py does
+    _, ours, _ = load_gpt(str(tmp_path / "hf"), "cpu", hub=True)
+    for text in PROBES + documents()[:5]:
+        assert hf.encode(text) == ours.encode(text), text
+        assert hf.decode(ours.encode(text)) == text
+    assert hf.eos_token_id == ours.eot_token == 299
+
+
+@needs_shared
+def test_a_bpe_trained_on_shakespeare_encodes_as_hugging_faces_does():
+    transformers = pytest.importorskip("transformers")
+    from export import bpe_files
+    from lib.tokenizer import train_bpe
+
+    with open(SHAKESPEARE, encoding="utf-8") as f:
+        text = f.read()
+    tokenizer = train_bpe(text.split("\n\n"), 2048)
+    vocab, merges = bpe_files(tokenizer.enc)
+    pairs = [tuple(line.split(" ")) for line in merges]
+    hf = transformers.GPT2TokenizerFast(vocab=vocab, merges=pairs)
+    # the whole play, and text unlike it
+    assert hf.encode(text) == tokenizer.encode(text)
+    for probe in PROBES:
+        assert hf.encode(probe) == tokenizer.encode(probe)
+
+
+def test_the_split_is_the_hash_of_each_document_whatever_the_tokenizer(corpus, prepared, tmp_path):
+    prepare(
+        "--source",
+        corpus,
+        "--tokenizer",
+        "char",
+        "--val_fraction",
+        0.25,
+        "--block_size",
+        16,
+        "--out_dir",
+        tmp_path,
+    )
+    chars = get_tokenizer(read_meta(tmp_path)["tokenizer"], str(tmp_path / "meta.json"))
+    bpe = get_tokenizer(read_meta(prepared)["tokenizer"], str(prepared / "meta.json"))
+    assert chars.decode([chars.eot_token]) == "<|endoftext|>"
+    for name in ("train", "val"):
+        assert split_documents(tmp_path, name, chars) == split_documents(prepared, name, bpe)
+
+
+def test_rows_of_jsonl_and_parquet_find_their_text_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = documents()
+    os.makedirs(tmp_path / "rows")
+    with open(tmp_path / "rows" / "a.jsonl", "w", encoding="utf-8") as f:
+        for i, text in enumerate(docs[:20]):
+            f.write(json.dumps({"id": i, "body": text}, ensure_ascii=False) + "\n")
+    table = pa.table({"id": list(range(20)), "body": docs[20:]})
+    pq.write_table(table, tmp_path / "rows" / "b.parquet")
+    prepare(
+        "--source",
+        tmp_path / "rows",
+        "--tokenizer",
+        "char",
+        "--val_fraction",
+        0.25,
+        "--block_size",
+        16,
+        "--out_dir",
+        tmp_path / "out",
+    )
+    meta = read_meta(tmp_path / "out")
+    assert sum(meta["documents"].values()) == 40
+    tokenizer = get_tokenizer(meta["tokenizer"], str(tmp_path / "out" / "meta.json"))
+    found = [d for s in ("train", "val") for d in split_documents(tmp_path / "out", s, tokenizer)]
+    assert sorted(found) == sorted(docs)
+
+
+def bad_inputs(d):
+    """(arguments, words of the one line) for each bad input, its files made in d."""
+    os.makedirs(d / "empty")
+    (d / "empty" / "a.txt").write_text("\n\n  \n", encoding="utf-8")
+    os.makedirs(d / "no_text")
+    (d / "no_text" / "a.csv").write_text("text,label\nx,1\n", encoding="utf-8")
+    (d / "rows.jsonl").write_text('{"body": "Маска"}\n', encoding="utf-8")
+    (d / "short.txt").write_text("Ёжик в тумане.\n", encoding="utf-8")
+    (d / "latin1.txt").write_bytes("Ünïcode in Latin-1".encode("latin-1"))
+    return [
+        (["--source", d / "empty"], "no document holds any text"),
+        (["--source", d / "no_text"], "no .txt, .md, .jsonl or .parquet file"),
+        (["--source", d / "rows.jsonl", "--column", "text"], "no column 'text'"),
+        (["--source", d / "short.txt", "--vocab_size", 255], "must be >= 257"),
+        (["--source", d / "short.txt", "--vocab_size", 2**32 + 1], "past the 4,294,967,296 ids"),
+        (["--source", d / "short.txt", "--tokenizer", "char"], "not more than --block_size 256"),
+        (["--source", d / "latin1.txt"], "not UTF-8 text (invalid"),
+        (["--source", d / "nowhere"], "not a folder, nor a .txt"),
+    ]
+
+
+def test_each_bad_input_is_one_line_and_nothing_is_written(tmp_path, capsys):
+    out = tmp_path / "out"
+    os.makedirs(out)
+    (out / "meta.json").write_text("{}")  # what an earlier run left: it must stay
+    for args, words in bad_inputs(tmp_path):
+        line = refusal(capsys, *args, "--out_dir", out)
+        assert words in line and "\n" not in line, line
+        assert sorted(os.listdir(out)) == ["meta.json"] and (out / "meta.json").read_text() == "{}"
