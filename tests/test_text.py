@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED, TINY, needs_shared
 
+import sample
 import serve
+import train
 from export import export
 from lib.batches import read_meta
 from lib.common import Error
@@ -149,10 +151,8 @@ def test_the_corpus_round_trips_through_its_own_bpe(prepared):
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
-    command = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, f"--dataset={prepared}"]
     steps = ["--max_iters=4", "--eval_interval=2", f"--out_dir={out}", "--overwrite_out_dir=True"]
-    r = subprocess.run(command + steps, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    train.main(TINY + [f"--dataset={prepared}"] + steps)
     return out
 
 
@@ -168,24 +168,11 @@ def test_bits_per_byte_is_the_loss_in_bits_over_the_splits_bytes(prepared, train
             assert r[f"{name}/bpb"] == pytest.approx(expected, rel=1e-12)
 
 
-def test_the_checkpoint_carries_its_tokenizer_and_sample_py_uses_it(trained):
+def test_the_checkpoint_carries_its_tokenizer_and_sample_py_uses_it(trained, capsys):
     assert (trained / "tokenizer.tiktoken").is_file()
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "sample.py"),
-            f"--out_dir={trained}",
-            "--start=Внимание",
-            "--max_new_tokens=8",
-            "--num_samples=1",
-            "--seed=1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("Внимание")
+    options = ["--start=Внимание", "--max_new_tokens=8", "--num_samples=1", "--seed=1"]
+    sample.main([f"--out_dir={trained}", *options])
+    assert capsys.readouterr().out.startswith("Внимание")
 
 
 def test_a_tokenizer_file_that_is_not_the_named_one_is_refused(trained, tmp_path):
@@ -305,6 +292,32 @@ def test_rows_of_jsonl_and_parquet_find_their_text_column(tmp_path):
     )
     meta = read_meta(tmp_path / "out")
     assert sum(meta["documents"].values()) == 40
+    tokenizer = get_tokenizer(meta["tokenizer"], str(tmp_path / "out" / "meta.json"))
+    found = [d for s in ("train", "val") for d in split_documents(tmp_path / "out", s, tokenizer)]
+    assert sorted(found) == sorted(docs)
+
+
+def test_a_dataset_is_read_streamed_through_datasets(tmp_path):
+    """--dataset takes a hub name or a local folder of data files; the same reader, offline."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = documents()
+    os.makedirs(tmp_path / "hub")
+    table = pa.table({"id": list(range(40)), "story": docs})
+    pq.write_table(table, tmp_path / "hub" / "train.parquet")
+    prepare(
+        "--dataset",
+        tmp_path / "hub",
+        "--tokenizer",
+        "char",
+        "--block_size",
+        16,
+        "--out_dir",
+        tmp_path / "out",
+    )
+    meta = read_meta(tmp_path / "out")
+    assert meta["source"] == f"{tmp_path / 'hub'}:train"
     tokenizer = get_tokenizer(meta["tokenizer"], str(tmp_path / "out" / "meta.json"))
     found = [d for s in ("train", "val") for d in split_documents(tmp_path / "out", s, tokenizer)]
     assert sorted(found) == sorted(docs)

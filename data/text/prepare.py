@@ -118,20 +118,23 @@ def file_documents(path, column, alone):
     return paragraphs(path) if alone else whole_file(path)
 
 
-def hub_documents(name, split, column):
+def hub_documents(dataset, split, column):
     """A Hugging Face dataset's rows, streamed: never more than a batch of it in memory."""
     import datasets  # imported here so that --help answers at once
 
     try:
-        ds = datasets.load_dataset(name, split=split, streaming=True)
-        names = ds.column_names or list(next(iter(ds)))
+        ds = datasets.load_dataset(dataset, split=split, streaming=True)
+        # each column's kind: declared, or where the dataset declares none, its first value's
+        first = {} if ds.features else next(iter(ds))
+        kinds = ds.features or {k: type(v).__name__ for k, v in first.items()}
     except Exception as e:  # offline it is a ConnectionError; every failure has the same way out
         reason = (str(e).splitlines() or [""])[0][:200]
         raise Error(
-            f"--dataset {name}: cannot load its {split} split ({type(e).__name__}: {reason}); "
+            f"--dataset {dataset}: cannot load its {split} split ({type(e).__name__}: {reason}); "
             "offline, pass --source with a local copy"
         ) from None
-    name = pick_column(names, column, f"--dataset {name}")
+    strings = [k for k, kind in kinds.items() if getattr(kind, "dtype", kind) in ("string", "str")]
+    name = pick_column(strings if column is None else kinds, column, f"--dataset {dataset}")
     for row in ds:
         yield row[name]
 
