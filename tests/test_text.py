@@ -168,6 +168,19 @@ def test_bits_per_byte_is_the_loss_in_bits_over_the_splits_bytes(prepared, train
             assert r[f"{name}/bpb"] == pytest.approx(expected, rel=1e-12)
 
 
+def test_plot_draws_bits_per_byte_beside_the_loss(trained, tmp_path, monkeypatch):
+    from lib import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi: drawn.append(fig))
+    plots.plot_runs([str(trained)], str(tmp_path / "loss.png"))
+    loss, bpb = drawn[0].axes
+    assert (loss.get_title(), bpb.get_title()) == ("loss", "validation bits per byte")
+    records = [json.loads(line) for line in open(trained / "metrics.jsonl")]
+    expected = [r["val/bpb"] for r in records if "val/loss" in r]
+    assert list(bpb.lines[0].get_ydata()) == expected
+
+
 def test_the_checkpoint_carries_its_tokenizer_and_sample_py_uses_it(trained, capsys):
     assert (trained / "tokenizer.tiktoken").is_file()
     options = ["--start=Внимание", "--max_new_tokens=8", "--num_samples=1", "--seed=1"]
@@ -338,7 +351,7 @@ def bad_inputs(d):
         (["--source", d / "rows.jsonl", "--column", "text"], "no column 'text'"),
         (["--source", d / "short.txt", "--vocab_size", 255], "must be >= 257"),
         (["--source", d / "short.txt", "--vocab_size", 2**32 + 1], "past the 4,294,967,296 ids"),
-        (["--source", d / "short.txt", "--tokenizer", "char"], "not more than --block_size 256"),
+        (["--source", d / "short.txt", "--tokenizer", "char"], "not more than --block_size 128"),
         (["--source", d / "latin1.txt"], "not UTF-8 text (invalid"),
         (["--source", d / "nowhere"], "not a folder, nor a .txt"),
     ]

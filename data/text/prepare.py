@@ -246,7 +246,9 @@ def main(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--source", help="a .txt, .md, .jsonl or .parquet file, or a folder of them")
-    where.add_argument("--dataset", help="a Hugging Face dataset's name, read streamed")
+    where.add_argument(
+        "--dataset", help="a Hugging Face dataset's name (or a folder of its files), streamed"
+    )
     p.add_argument("--split", default="train", help="the --dataset split to read (%(default)s)")
     p.add_argument("--column", help='the text column (default: "text", or the only one)')
     p.add_argument(
@@ -270,7 +272,7 @@ def main(argv=None):
     p.add_argument(
         "--block_size",
         type=at_least(1),
-        default=256,
+        default=128,
         help="each split must hold more tokens than this: the block you train with "
         "(default: %(default)s, config/text.py's)",
     )
