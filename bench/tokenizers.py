@@ -1,8 +1,10 @@
 """
 The tokenizers side by side on one corpus: each prepares it with data/text/prepare.py (the same
 documents in val for all, by their hash), then trains config/text.py's model for the same steps,
-and the table gives each one's tokens per byte, the wall time of training the tokenizer, and the
-best val loss and val bits per byte (the loss that compares across vocabularies).
+and the table gives each one's tokens per byte, the wall time of training the tokenizer, the best
+val loss and val bits per byte (the loss that compares across vocabularies), the training's wall
+time, and each run's val bits per byte at the wall time of the fastest (its last evaluation by
+then). Run nothing else beside it: the times are its own.
   TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache \
   python bench/tokenizers.py --source ../shared/data/tinyshakespeare/input.txt --work /tmp/tok
 """
@@ -41,6 +43,7 @@ def main():
     p.add_argument("--max_iters", type=int, default=1000, help="each run's steps (%(default)s)")
     args = p.parse_args()
     rows = []
+    runs = []
     for name, options in TOKENIZERS:
         data = os.path.join(args.work, name)
         out = os.path.join(args.work, "out-" + name)
@@ -52,7 +55,9 @@ def main():
         train = [sys.executable, "train.py", "config/text.py", f"--dataset={data}"]
         steps = f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}"
         run(train + [f"--out_dir={out}", *steps, "--dtype=float32", "--overwrite_out_dir=True"])
-        best = min((r for r in read_metrics(out) if "val/bpb" in r), key=val_loss)
+        evaluations = [r for r in read_metrics(out) if "val/bpb" in r]
+        runs.append(evaluations)
+        best = min(evaluations, key=val_loss)
         rows.append(
             [
                 name,
@@ -62,11 +67,21 @@ def main():
                 f"{best['val/loss']:.4f}",
                 f"{best['val/bpb']:.4f}",
                 str(best["step"]),
+                f"{evaluations[-1]['seconds']:.0f}",
             ]
         )
-    print("| tokenizer | vocabulary | val tokens per byte | tokenizer training (s) | ", end="")
-    print("best val loss | its val bits per byte | at step |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    fastest = min(evaluations[-1]["seconds"] for evaluations in runs)
+    for row, evaluations in zip(rows, runs):
+        by_then = [r for r in evaluations if r["seconds"] <= fastest][-1]
+        row.append(f"{by_then['val/bpb']:.4f} (step {by_then['step']})")
+    print(
+        "| tokenizer | vocabulary | val tokens per byte | tokenizer training (s) | best val loss ",
+        end="",
+    )
+    print(
+        f"| its val bits per byte | at step | training (s) | val bits per byte at {fastest:.0f} s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
 
