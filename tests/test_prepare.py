@@ -316,7 +316,11 @@ def test_shakespeare_matches_nanogpt(tmp_path, name, vocab, n_train, n_val):
         else lambda ids: "".join(meta["tokenizer"]["chars"][i] for i in ids)
     )
     with open(SHAKESPEARE, encoding="utf-8") as f:
-        assert decode(ids) == f.read()
+        text = f.read()
+    assert decode(ids) == text
+    # bits per byte's denominator: the bytes of each split's text
+    n = int(len(text) * 0.9)
+    assert meta["bytes"] == {"train": len(text[:n].encode()), "val": len(text[n:].encode())}
 
 
 @pytest.mark.slow
@@ -349,6 +353,7 @@ def test_openwebtext_local_folder(tmp_path):
         # each without its 50256
         found += [enc.decode(d[:-1].tolist()) for d in np.split(ids, ends + 1)[:-1]]
     assert sorted(found) == sorted(docs)  # each document once, whole, between two <|endoftext|>
+    assert sum(meta["bytes"].values()) == sum(len(d.encode()) for d in docs)
     assert meta["task"] == "lm" and meta["dtype"] == "uint16" and meta["vocab_size"] == 50257
     assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]
     assert load_split(str(tmp_path / "out"), "train", block_size=4).batch(np.array([0]))[

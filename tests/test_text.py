@@ -172,7 +172,11 @@ def test_plot_draws_bits_per_byte_beside_the_loss(trained, tmp_path, monkeypatch
     from lib import plots
 
     drawn = []
-    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi: drawn.append(fig))
+
+    def keep(fig, path, dpi):
+        drawn.append(fig)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
     plots.plot_runs([str(trained)], str(tmp_path / "loss.png"))
     loss, bpb = drawn[0].axes
     assert (loss.get_title(), bpb.get_title()) == ("loss", "validation bits per byte")
