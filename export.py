@@ -217,6 +217,8 @@ def export(out_dir, hf_dir, overwrite=False):
             f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
             f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)"
         )
+        if tokenizer.eot_token is not None:
+            described += f", and token {tokenizer.eot_token} is <|endoftext|>"
     with (
         atomic_path(os.path.join(hf_dir, "README.md")) as tmp,
         open(tmp, "w", encoding="utf-8") as f,

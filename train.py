@@ -203,6 +203,8 @@ def train(cfg, run, guard, state):
     """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if
     asked, take one optimizer step, log. Returns (the model, the last evaluation's metrics)."""
     train_data, val_data = load_data(cfg, run.master)
+    if state is not None:
+        checkpoint.check_tokenizer_kept(cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
     cfg, raw_model = make_model(cfg, train_data.meta, state)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)

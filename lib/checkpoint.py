@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from lib.common import TEMPORARY, Error, WriteError, atomic_path, fsync
+from lib.common import TEMPORARY, Error, WriteError, atomic_path, fsync, read_json
 from lib.distributed import plain_class
 from lib.weights import save_pretrained
 
@@ -146,6 +146,20 @@ def resume(settings, user_keys):
     given = (user_keys | {"device"}) - {"init_from"}
     kept = {k: v for k, v in saved.items() if k in current and k not in given}
     return state, replace(settings, **kept)
+
+
+def check_tokenizer_kept(out_dir, meta, data_dir):
+    """A resumed run's data is tokenized as its model was: the tokenizer its card names is the
+    one the data's meta.json names (a run stopped before its first model save has no card)."""
+    path = os.path.join(out_dir, "config.json")
+    if not os.path.isfile(path):
+        return
+    if read_json(path, "checkpoint config").get("tokenizer") != meta["tokenizer"]:
+        raise Error(
+            f"{data_dir}: not tokenized as the model in {out_dir} (its tokenizer differs from the "
+            f"one {path} names: prepared again since the run began?): prepare it as before, or "
+            "start a new run"
+        )
 
 
 def save_state(out_dir, model, optimizers, scaler, progress, run):

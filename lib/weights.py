@@ -2,6 +2,7 @@
 the Hugging Face hub) and GPT-2's weights in the Hugging Face layout. Every config.json is read
 once per load and checked against its weights' header before a model of its shape is built."""
 
+import hashlib
 import json
 import os
 import secrets
@@ -43,7 +44,14 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
         weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
         if tokenizer_file:
             copy = files.enter_context(atomic_path(os.path.join(out_dir, tokenizer_file)))
-            shutil.copyfile(os.path.join(tokenizer_dir, tokenizer_file), copy)
+            source = os.path.join(tokenizer_dir, tokenizer_file)
+            shutil.copyfile(source, copy)
+            with open(copy, "rb") as f:
+                if hashlib.sha256(f.read()).hexdigest() != card["tokenizer"]["sha256"]:
+                    raise Error(
+                        f"{source}: not the tokenizer the run began with (prepared again since?): "
+                        "prepare its data again only between runs"
+                    )
         # drops a tied head's duplicate tensor
         save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
         with open(card_tmp, "w") as f:

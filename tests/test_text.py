@@ -192,6 +192,18 @@ def test_the_checkpoint_carries_its_tokenizer_and_sample_py_uses_it(trained, cap
     assert capsys.readouterr().out.startswith("Внимание")
 
 
+def test_a_resume_on_data_prepared_again_with_another_tokenizer_is_refused(
+    corpus, prepared, trained, tmp_path
+):
+    shutil.copytree(trained, tmp_path / "out")
+    prepare(
+        "--source", corpus, "--vocab_size", 280, "--block_size", 16, "--out_dir", tmp_path / "data"
+    )
+    resume = [f"--out_dir={tmp_path / 'out'}", "--init_from=resume", "--max_iters=6"]
+    with pytest.raises(Error, match="not tokenized as the model in"):
+        train.main(TINY + [f"--dataset={tmp_path / 'data'}"] + resume)
+
+
 def test_a_tokenizer_file_that_is_not_the_named_one_is_refused(trained, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(trained, copy)
@@ -290,10 +302,15 @@ def test_rows_of_jsonl_and_parquet_find_their_text_column(tmp_path):
 
     docs = documents()
     os.makedirs(tmp_path / "rows")
-    with open(tmp_path / "rows" / "a.jsonl", "w", encoding="utf-8") as f:
+    # a byte-order mark first, as some editors write; a row with no text is an empty document,
+    # whatever else it holds
+    with open(tmp_path / "rows" / "a.jsonl", "w", encoding="utf-8-sig") as f:
         for i, text in enumerate(docs[:20]):
             f.write(json.dumps({"id": i, "body": text}, ensure_ascii=False) + "\n")
-    table = pa.table({"id": list(range(20)), "body": docs[20:]})
+        f.write(json.dumps({"id": 20, "body": None, "title": "not the text"}) + "\n")
+    # polars writes large strings
+    body = pa.array(docs[20:], type=pa.large_string())
+    table = pa.table({"id": list(range(20)), "body": body})
     pq.write_table(table, tmp_path / "rows" / "b.parquet")
     prepare(
         "--source",
@@ -347,8 +364,11 @@ def bad_inputs(d):
     os.makedirs(d / "no_text")
     (d / "no_text" / "a.csv").write_text("text,label\nx,1\n", encoding="utf-8")
     (d / "rows.jsonl").write_text('{"body": "Маска"}\n', encoding="utf-8")
-    (d / "short.txt").write_text("Ёжик в тумане.\n", encoding="utf-8")
+    (d / "short.txt").write_text("Ёжик в тумане.\n\nЛошадка!\n", encoding="utf-8")
     (d / "latin1.txt").write_bytes("Ünïcode in Latin-1".encode("latin-1"))
+    # a folder's file is one document, blank lines or not
+    os.makedirs(d / "one_file")
+    (d / "one_file" / "a.txt").write_text("\n\n".join(documents()), encoding="utf-8")
     return [
         (["--source", d / "empty"], "no document holds any text"),
         (["--source", d / "no_text"], "no .txt, .md, .jsonl or .parquet file"),
@@ -357,6 +377,7 @@ def bad_inputs(d):
         (["--source", d / "short.txt", "--vocab_size", 2**32 + 1], "past the 4,294,967,296 ids"),
         (["--source", d / "short.txt", "--tokenizer", "char"], "not more than --block_size 128"),
         (["--source", d / "latin1.txt"], "not UTF-8 text (invalid"),
+        (["--source", d / "one_file"], "one document, which cannot be split"),
         (["--source", d / "nowhere"], "not a folder, nor a .txt"),
     ]
 

@@ -31,6 +31,8 @@ from lib.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, train_bpe
 
 TEXT_FILES = (".txt", ".md")
 ROW_FILES = (".jsonl", ".parquet")
+# how a dataset's features (or its first row's values) name a text column
+TEXT_KINDS = ("string", "large_string", "str")
 # ids a token file holds: a vocabulary past it has nowhere to go
 MOST_TOKENS = 2**32
 # a token file's writes: this many ids at a time
@@ -52,7 +54,7 @@ def text_files(folder):
 def paragraphs(path):
     """A text file's documents, read a line at a time: the runs of lines between blank lines."""
     lines = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for line in f:
             if line.strip():
                 lines.append(line)
@@ -64,7 +66,7 @@ def paragraphs(path):
 
 
 def whole_file(path):
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         yield f.read()
 
 
@@ -83,7 +85,10 @@ def pick_column(names, column, where):
 
 
 def jsonl_rows(path, column):
-    with open(path, encoding="utf-8") as f:
+    """The text of each row; the column is chosen by the first row (a row without it, or with
+    null there, reads as an empty document)."""
+    name = None
+    with open(path, encoding="utf-8-sig") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -93,20 +98,26 @@ def jsonl_rows(path, column):
                 raise Error(f"{path}:{number}: not a JSON object; fix or delete the line") from None
             if not isinstance(row, dict):
                 raise Error(f"{path}:{number}: not a JSON object; fix or delete the line")
-            strings = [k for k, v in row.items() if isinstance(v, str)]
-            name = pick_column(strings if column is None else row, column, f"{path}:{number}")
-            yield row[name]
+            if name is None:
+                strings = [k for k, v in row.items() if isinstance(v, str)]
+                name = pick_column(strings if column is None else row, column, f"{path}:{number}")
+            yield row.get(name)
 
 
 def parquet_rows(path, column):
-    import pyarrow as pa  # installed with datasets
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # installed with datasets
 
     table = pq.ParquetFile(path)
-    strings = [f.name for f in table.schema_arrow if pa.types.is_string(f.type)]
+    strings = [f.name for f in table.schema_arrow if is_text(f.type)]
     name = pick_column(strings if column is None else table.schema_arrow.names, column, path)
     for batch in table.iter_batches(columns=[name], batch_size=1024):
         yield from batch.column(0).to_pylist()
+
+
+def is_text(kind):
+    import pyarrow as pa
+
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def file_documents(path, column, alone):
@@ -133,10 +144,19 @@ def hub_documents(dataset, split, column):
             f"--dataset {dataset}: cannot load its {split} split ({type(e).__name__}: {reason}); "
             "offline, pass --source with a local copy"
         ) from None
-    strings = [k for k, kind in kinds.items() if getattr(kind, "dtype", kind) in ("string", "str")]
+    strings = [k for k, kind in kinds.items() if getattr(kind, "dtype", kind) in TEXT_KINDS]
     name = pick_column(strings if column is None else kinds, column, f"--dataset {dataset}")
-    for row in ds:
-        yield row[name]
+    rows = 0
+    try:
+        for row in ds:
+            yield row.get(name)
+            rows += 1
+    except Exception as e:  # a dropped connection, a damaged shard: not a write that failed
+        reason = (str(e).splitlines() or [""])[0][:200]
+        raise Error(
+            f"--dataset {dataset}: the stream broke after {rows:,} rows ({type(e).__name__}: "
+            f"{reason}); run again, or pass --source with a local copy"
+        ) from None
 
 
 class Corpus:
@@ -169,7 +189,8 @@ class Corpus:
             docs = hub_documents(self.args.dataset, self.args.split, self.args.column)
             yield from self.checked(docs, f"--dataset {self.args.dataset}")
             return
-        alone = len(self.files) == 1
+        # a lone text file is cut at its blank lines; a folder's files are one document each
+        alone = os.path.isfile(self.args.source)
         for path in self.files:
             try:
                 docs = file_documents(path, self.args.column, alone)
@@ -184,6 +205,8 @@ class Corpus:
 
     def checked(self, docs, where):
         for i, text in enumerate(docs):
+            if text is None:
+                text = ""
             if not isinstance(text, str):
                 raise Error(f"{where}: document {i + 1} is {type(text).__name__}, not text")
             if not text.strip():
@@ -322,6 +345,11 @@ def check_counts(splits, corpus, args):
     documents = sum(s.counts["documents"] for s in splits.values())
     if not documents:
         raise Error(f"{where}: no document holds any text; {corpus.skipped:,} are empty")
+    if documents == 1:
+        raise Error(
+            f"{where}: one document, which cannot be split into train and val: cut the text into "
+            "documents (blank lines between them in one file, or a file each)"
+        )
     for name, split in splits.items():
         tokens = split.counts["tokens"]
         if tokens <= args.block_size:
