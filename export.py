@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
-from lib.tokenizer import TrainedBPE, bytes_to_unicode, get_tokenizer, merges
+from lib.tokenizer import BPETokenizer, TrainedBPE, bytes_to_unicode, get_tokenizer, merges
 from lib.weights import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
@@ -70,10 +70,9 @@ def bpe_files(encoding):
     return vocab, lines
 
 
-def model_card(info, config):
+def model_card(info, config, tokenizer):
     metrics = info.get("metrics", {})
     command = " ".join(info.get("command") or ["(not recorded)"])
-    tokenizer = TOKENIZER_NAMES[tokenizer_kind(info["tokenizer"])]
     return "\n".join(
         [
             "---",
@@ -94,7 +93,7 @@ def model_card(info, config):
             "|---|---|",
             f"| context | {config.block_size} tokens |",
             f"| vocabulary | {config.vocab_size} |",
-            f"| tokenizer | {tokenizer} |",
+            f"| tokenizer | {tokenizer.name} |",
             *[
                 f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
                 for k, v in metrics.items()
@@ -108,19 +107,6 @@ def model_card(info, config):
             "",
         ]
     )
-
-
-TOKENIZER_NAMES = {
-    "gpt2": "GPT-2's BPE (tiktoken r50k_base)",
-    "trained": "a byte-level BPE trained on the data (tokenizer.tiktoken)",
-    "char": "characters (not a Hugging Face tokenizer)",
-}
-
-
-def tokenizer_kind(spec):
-    if spec["type"] == "char":
-        return "char"
-    return "trained" if "file" in spec else "gpt2"
 
 
 # files whose presence makes a folder a model: ours (train.py, export.py) or anyone's
@@ -162,7 +148,6 @@ def export(out_dir, hf_dir, overwrite=False):
     os.makedirs(hf_dir, exist_ok=True)
     with atomic_path(os.path.join(hf_dir, "model.safetensors")) as tmp:
         save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
-    bpe = info["tokenizer"]["type"] == "bpe"
     if isinstance(tokenizer, TrainedBPE):
         tokenizer.save(hf_dir)  # sample.py reads the export with it
     eos = tokenizer.eot_token
@@ -192,14 +177,14 @@ def export(out_dir, hf_dir, overwrite=False):
     write_json(
         os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos}
     )
-    if bpe:
-        vocab, merges = bpe_files(tokenizer.enc)
+    if isinstance(tokenizer, BPETokenizer):
+        vocab, merge_lines = bpe_files(tokenizer.enc)
         write_json(os.path.join(hf_dir, "vocab.json"), vocab)
         with (
             atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp,
             open(tmp, "w", encoding="utf-8") as f,
         ):
-            f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+            f.write("#version: 0.2\n" + "\n".join(merge_lines) + "\n")
         write_json(
             os.path.join(hf_dir, "tokenizer_config.json"),
             {
@@ -223,10 +208,10 @@ def export(out_dir, hf_dir, overwrite=False):
         atomic_path(os.path.join(hf_dir, "README.md")) as tmp,
         open(tmp, "w", encoding="utf-8") as f,
     ):
-        f.write(model_card(info, config))
+        f.write(model_card(info, config, tokenizer))
     print(
         f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; "
-        f"tokenizer: {TOKENIZER_NAMES[tokenizer_kind(tokenizer.spec)]}, {described}",
+        f"tokenizer: {tokenizer.name}, {described}",
         file=sys.stderr,
     )
 

@@ -33,7 +33,7 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
         tokenizer = CharTokenizer(spec["chars"], spec.get("eot", False))
     elif "file" in spec:
         path = os.path.join(os.path.dirname(where), spec["file"])
-        tokenizer = TrainedBPE(read_ranks(path, spec["sha256"], where))
+        tokenizer = TrainedBPE(read_ranks(path, spec["sha256"], where), spec)
     else:
         tokenizer = BPETokenizer(spec["encoding"], spec.get("lowercase", False))
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
@@ -45,6 +45,8 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
 
 
 class CharTokenizer:
+    name = "characters (not a Hugging Face tokenizer)"
+
     def __init__(self, chars, eot=False):
         """eot: one more id, after the characters', ends a document."""
         self.chars = chars
@@ -88,6 +90,7 @@ class BPETokenizer:
             ) from None
         self.vocab_size = self.enc.n_vocab
         self.eot_token = self.enc.eot_token  # <|endoftext|>: 50256 in GPT-2's
+        self.name = f"tiktoken's {self.enc.name}"  # what it is, in words
         self.start_token = self.eot_token
         # never produced from text: padding cannot be mistaken for a token
         self.pad_token_id = self.start_token
@@ -112,9 +115,9 @@ class BPETokenizer:
 class TrainedBPE(BPETokenizer):
     """A byte-level BPE trained on a corpus (train_bpe): its ranks (token
     bytes -> id), GPT-2's split of text into words, and <|endoftext|> as
-    the last id."""
+    the last id. spec: the spec it was read by (save() sets a new one's)."""
 
-    def __init__(self, ranks):
+    def __init__(self, ranks, spec=None):
         enc = tiktoken.Encoding(
             "trained",
             pat_str=r50k_pat_str,
@@ -123,6 +126,8 @@ class TrainedBPE(BPETokenizer):
         )
         super().__init__(None, enc=enc)
         self.ranks = ranks
+        self.spec = spec
+        self.name = "a byte-level BPE trained on the data (tokenizer.tiktoken)"
 
     def save(self, folder):
         """Writes the ranks into folder (tiktoken's format: a token's bytes
@@ -185,15 +190,12 @@ def train_bpe(texts, vocab_size):
     tok.train_from_iterator(texts, trainer)
     byte = {c: b for b, c in bytes_to_unicode().items()}
     ranks = {}
-    for text, _ in sorted(tok.get_vocab().items(), key=token_id):
+    vocab = tok.get_vocab()  # token text -> id, in merge order
+    for text in sorted(vocab, key=vocab.get):
         ranks[bytes(byte[c] for c in text)] = len(ranks)
     reached = {t for t, pair in merges(ranks).items() if pair}
     kept = [t for t in ranks if len(t) == 1 or t in reached]
     return TrainedBPE({t: i for i, t in enumerate(kept)})
-
-
-def token_id(item):
-    return item[1]
 
 
 def merges(ranks):

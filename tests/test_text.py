@@ -94,6 +94,18 @@ def split_documents(folder, name, tokenizer):
     return [tokenizer.decode(d[:-1].tolist()) for d in np.split(ids, ends + 1)[:-1]]
 
 
+def data_tokenizer(folder):
+    """The tokenizer prepare.py wrote, read from the data's folder: what the checkpoint and its
+    export must carry."""
+    return get_tokenizer(read_meta(folder)["tokenizer"], str(folder / "meta.json"))
+
+
+def all_documents(folder):
+    """The texts of every document in the data's folder, train's then val's."""
+    tokenizer = data_tokenizer(folder)
+    return [d for name in ("train", "val") for d in split_documents(folder, name, tokenizer)]
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A folder of the documents, .md and .txt files, and a subfolder."""
@@ -131,7 +143,7 @@ def prepared(corpus, tmp_path_factory):
 
 def test_the_corpus_round_trips_through_its_own_bpe(prepared):
     meta = read_meta(prepared)
-    tokenizer = get_tokenizer(meta["tokenizer"], os.path.join(prepared, "meta.json"))
+    tokenizer = data_tokenizer(prepared)
     assert meta["vocab_size"] == tokenizer.vocab_size == 300
     assert tokenizer.eot_token == 299
     found = []
@@ -225,9 +237,9 @@ def request(address, path, body):
     return answer
 
 
-def test_the_playground_tokenizes_with_the_trained_bpe(trained):
+def test_the_playground_tokenizes_with_the_trained_bpe(prepared, trained):
     playground = serve.Playground([trained], "cpu", "float32", max_tokens=16)
-    tokenizer = playground.models[os.path.basename(trained)]["tokenizer"]
+    tokenizer = data_tokenizer(prepared)
     httpd = serve.Server(playground, quiet=True, port=0)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -246,16 +258,18 @@ def test_the_playground_tokenizes_with_the_trained_bpe(trained):
         thread.join()
 
 
-def test_the_export_encodes_as_we_do_in_auto_tokenizer(trained, tmp_path):
+def test_the_export_encodes_as_we_do_in_auto_tokenizer(prepared, trained, tmp_path):
     transformers = pytest.importorskip("transformers")
     export(str(trained), str(tmp_path / "hf"))
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ours = data_tokenizer(prepared)
     # the export holds its tokenizer's file: this project reads it back, as sample.py does
-    _, ours, _ = load_gpt(str(tmp_path / "hf"), "cpu", hub=True)
+    _, exported, _ = load_gpt(str(tmp_path / "hf"), "cpu", hub=True)
     for text in PROBES + documents()[:5]:
-        assert hf.encode(text) == ours.encode(text), text
-        assert hf.decode(ours.encode(text)) == text
-    assert hf.eos_token_id == ours.eot_token == 299
+        ids = ours.encode(text)
+        assert hf.encode(text) == ids == exported.encode(text), text
+        assert hf.decode(ids) == text
+    assert hf.eos_token_id == ours.eot_token == exported.eot_token == 299
 
 
 @needs_shared
@@ -289,8 +303,8 @@ def test_the_split_is_the_hash_of_each_document_whatever_the_tokenizer(corpus, p
         "--out_dir",
         tmp_path,
     )
-    chars = get_tokenizer(read_meta(tmp_path)["tokenizer"], str(tmp_path / "meta.json"))
-    bpe = get_tokenizer(read_meta(prepared)["tokenizer"], str(prepared / "meta.json"))
+    chars = data_tokenizer(tmp_path)
+    bpe = data_tokenizer(prepared)
     assert chars.decode([chars.eot_token]) == "<|endoftext|>"
     for name in ("train", "val"):
         assert split_documents(tmp_path, name, chars) == split_documents(prepared, name, bpe)
@@ -326,8 +340,7 @@ def test_rows_of_jsonl_and_parquet_find_their_text_column(tmp_path):
     )
     meta = read_meta(tmp_path / "out")
     assert sum(meta["documents"].values()) == 40
-    tokenizer = get_tokenizer(meta["tokenizer"], str(tmp_path / "out" / "meta.json"))
-    found = [d for s in ("train", "val") for d in split_documents(tmp_path / "out", s, tokenizer)]
+    found = all_documents(tmp_path / "out")
     assert sorted(found) == sorted(docs)
 
 
@@ -352,8 +365,7 @@ def test_a_dataset_is_read_streamed_through_datasets(tmp_path):
     )
     meta = read_meta(tmp_path / "out")
     assert meta["source"] == f"{tmp_path / 'hub'}:train"
-    tokenizer = get_tokenizer(meta["tokenizer"], str(tmp_path / "out" / "meta.json"))
-    found = [d for s in ("train", "val") for d in split_documents(tmp_path / "out", s, tokenizer)]
+    found = all_documents(tmp_path / "out")
     assert sorted(found) == sorted(docs)
 
 
