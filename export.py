@@ -18,8 +18,9 @@ import sys
 import torch
 from safetensors.torch import save_file
 
+from lib.bpe import bytes_to_unicode, merges, save_ranks
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
-from lib.tokenizer import BPETokenizer, TrainedBPE, bytes_to_unicode, get_tokenizer, merges
+from lib.tokenizer import BPETokenizer, TrainedBPE, get_tokenizer
 from lib.weights import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
@@ -149,7 +150,8 @@ def export(out_dir, hf_dir, overwrite=False):
     with atomic_path(os.path.join(hf_dir, "model.safetensors")) as tmp:
         save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
     if isinstance(tokenizer, TrainedBPE):
-        tokenizer.save(hf_dir)  # sample.py reads the export with it
+        # sample.py reads the export with it
+        tokenizer.spec = save_ranks(tokenizer.ranks, hf_dir)
     eos = tokenizer.eot_token
     write_json(
         os.path.join(hf_dir, "config.json"),

@@ -26,8 +26,9 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
+from lib.bpe import save_ranks, train_bpe
 from lib.common import ArgumentParser, Error, at_least, atomic_path, run_script
-from lib.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, train_bpe
+from lib.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE
 
 TEXT_FILES = (".txt", ".md")
 ROW_FILES = (".jsonl", ".parquet")
@@ -363,7 +364,7 @@ def check_counts(splits, corpus, args):
 def publish(args, tok, splits, seconds):
     """The token files have their names: the trained tokenizer's file, then meta.json, last."""
     if isinstance(tok, TrainedBPE):
-        tok.save(args.out_dir)
+        tok.spec = save_ranks(tok.ranks, args.out_dir)
     counts = {key: {n: s.counts[key] for n, s in splits.items()} for key in ("documents", "bytes")}
     tokens = {name: split.counts["tokens"] for name, split in splits.items()}
     prepare.write_meta(
