@@ -1,6 +1,5 @@
-"""Tokenizers, named by a dataset's meta.json: a byte-pair encoding
-encoded by tiktoken (GPT-2's, or one trained on the data and kept in a
-file beside it) or a character vocabulary."""
+"""The tokenizers a dataset's meta.json or a checkpoint names: GPT-2's BPE (tiktoken), a byte-level
+BPE trained on the data and kept in a file beside it (lib/bpe.py trains it), or characters."""
 
 import base64
 import hashlib
@@ -18,12 +17,8 @@ RANKS_FILE = "tokenizer.tiktoken"
 
 
 def get_tokenizer(spec, where="tokenizer", vocab_size=None):
-    """spec: {"type": "bpe", "encoding": "r50k_base", "lowercase": false},
-    {"type": "bpe", "file": "tokenizer.tiktoken", "sha256": "..."} or
-    {"type": "char", "chars": "...", "eot": true}, checked where its file is
-    read (lib/schema.check_tokenizer); None: the file (where) names none. A
-    trained BPE's file lies beside that file. With vocab_size, its ids must
-    all index a model's embedding table of that many rows."""
+    """The tokenizer that spec (its keys: lib/schema.py's) names in the file where; a trained BPE's
+    file lies beside that file. With vocab_size, every id must index a model's embedding rows."""
     if spec is None:
         raise Error(
             f"{where}: no tokenizer this project knows: add a 'tokenizer' key "
