@@ -3,12 +3,12 @@ the context [B, t] of every token so far, prompt included) that returns new logi
 compose. Options declares each one's setting once; NextToken applies them in order and draws.
 Names and meanings follow Hugging Face's generate() and OpenAI's API."""
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 
 from lib.common import Error
+from lib.config import keys_of, setting
 
 NEG_INF = float("-inf")
 
@@ -85,61 +85,34 @@ def top_p(logits, p):
     return logits.masked_fill(probs < cutoff, NEG_INF)
 
 
-def option(off, help, ge=None, gt=None, le=None):
-    """One decoding option: the value that turns it off (its default), what it does, its range."""
-    return field(default=off, metadata=dict(help=help, ge=ge, gt=gt, le=le))
-
-
 @dataclass(frozen=True)
 class Options:
     """Every decoding option, in the order NextToken applies them: the penalties and n-gram
     blocking on the raw logits, then temperature, top-k, top-p. sample.py's flags and the
     playground's request fields are made from these fields; a value out of range raises Error."""
 
-    frequency_penalty: float = option(
+    frequency_penalty: float = setting(
         0.0, "OpenAI's: logit -= a x (times the token occurs so far)", ge=-2, le=2
     )
-    presence_penalty: float = option(
+    presence_penalty: float = setting(
         0.0, "OpenAI's: logit -= b for each token that occurs at all", ge=-2, le=2
     )
-    repetition_penalty: float = option(
+    repetition_penalty: float = setting(
         1.0, "Hugging Face's: seen tokens' logits / r if > 0, x r if < 0 (1 = off)", gt=0
     )
-    no_repeat_ngram_size: int = option(
+    no_repeat_ngram_size: int = setting(
         0, "Hugging Face's: never repeat an n-gram of the prompt or output (0 = off)", ge=0
     )
-    temperature: float = option(1.0, "logits / t: < 1 sharper, > 1 flatter (0 = greedy)", ge=0)
-    top_k: int = option(0, "keep the k most likely tokens (0 = off)", ge=0)
-    top_p: float = option(
+    temperature: float = setting(1.0, "logits / t: < 1 sharper, > 1 flatter (0 = greedy)", ge=0)
+    top_k: int = setting(0, "keep the k most likely tokens (0 = off)", ge=0)
+    top_p: float = setting(
         1.0, "keep the most likely tokens up to probability p (1 = off)", gt=0, le=1
     )
 
     def __post_init__(self):
-        """Error unless each value has its option's type (a float takes an int) and lies in its
-        range."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type is float and type(value) is int:
-                value = float(value) if abs(value) < 1e300 else math.inf
-            if type(value) is not f.type:
-                raise Error(f"{f.name} must be {f.type.__name__}, got {value!r:.40}")
-            if f.type is float and not math.isfinite(value):
-                raise Error(f"{f.name} must be a finite number, got {value}")
-            if not in_range(value, **f.metadata):
-                raise Error(f"{f.name} must be {describe(**f.metadata)}, got {value!r:.40}")
-
-
-def in_range(value, ge, gt, le, help):
-    """Whether value satisfies an option's bounds (None: no bound)."""
-    above_low = (ge is None or value >= ge) and (gt is None or value > gt)
-    return above_low and (le is None or value <= le)
-
-
-def describe(ge, gt, le, help):
-    """An option's range in words: ">= 0", "> 0", "in (0, 1]", "in [-2, 2]"."""
-    if le is None:
-        return f">= {ge}" if gt is None else f"> {gt}"
-    return f"in [{ge}, {le}]" if gt is None else f"in ({gt}, {le}]"
+        """Error unless each value has its option's type and lies in its range."""
+        for name, key in keys_of(Options).items():
+            key.check(name, getattr(self, name))
 
 
 # each option's strategy: those that read the context, and those of the logits alone

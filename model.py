@@ -12,7 +12,7 @@ weights; the configs' fields double as train.py's keys).
 """
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lib.common import Error
+from lib.config import setting
 
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
 # cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
@@ -33,12 +34,6 @@ def init_module(module):
         nn.init.zeros_(module.bias)
 
 
-def setting(default, help, **limits):
-    """A config field that train.py takes as a setting of the same name: its default, what it
-    does and its range (lib/config.Key's at_least, below, choices)."""
-    return field(default=default, metadata=dict(help=help, **limits))
-
-
 @dataclass
 class GPTConfig:
     """The model's shape and options; the defaults are train.py's (nanoGPT's Shakespeare model),
@@ -46,13 +41,13 @@ class GPTConfig:
 
     vocab_size: int = 50304  # GPT-2's 50,257 padded up to a multiple of 64, which matmuls prefer
     block_size: int = setting(
-        256, "tokens of context (classify: the most tokens of a row the model reads)", at_least=1
+        256, "tokens of context (classify: the most tokens of a row the model reads)", ge=1
     )
-    n_layer: int = setting(6, "transformer blocks", at_least=1)
-    n_head: int = setting(6, "attention heads per block, dividing n_embd", at_least=1)
-    n_embd: int = setting(384, "width of the residual stream", at_least=1)
+    n_layer: int = setting(6, "transformer blocks", ge=1)
+    n_head: int = setting(6, "attention heads per block, dividing n_embd", ge=1)
+    n_embd: int = setting(384, "width of the residual stream", ge=1)
     dropout: float = setting(
-        0.0, "dropout on embeddings, attention weights and residual branches", at_least=0, below=1
+        0.0, "dropout on embeddings, attention weights and residual branches", ge=0, lt=1
     )
     bias: bool = setting(
         False, "biases in Linears and LayerNorms, as GPT-2 (False is a little faster, no worse)"
@@ -85,8 +80,8 @@ class EncoderConfig(GPTConfig):
     token_dropout: float = setting(
         0.0,
         "classify: hide this fraction of each training row's tokens (augmentation for small data)",
-        at_least=0,
-        below=1,
+        ge=0,
+        lt=1,
     )
     bow_head: bool = setting(
         False,
@@ -97,7 +92,7 @@ class EncoderConfig(GPTConfig):
         0,
         "classify: > 0: bow_head also counts (previous token, token) pairs, "
         "hashed into this many rows",
-        at_least=0,
+        ge=0,
     )
 
     def __post_init__(self):

@@ -63,8 +63,8 @@ KEYS = dict(
     ),
     overwrite_out_dir=Key(
         False,
-        "let a new run replace the checkpoint in out_dir (without it, it refuses): the old "
-        "files stay whole, and resumable, until the new run's first save replaces them all",
+        "let a new run start in an out_dir that holds a checkpoint (without it, it refuses): "
+        "the old run's files move into out_dir/previous",
     ),
     seed=Key(1337, "batches, initial weights and dropout all follow from it"),
     device=Key(
@@ -95,10 +95,12 @@ KEYS = dict(
         "kept, for a second forward pass (about a third more compute)",
     ),
     # evaluation, logging, checkpoints
-    eval_interval=Key(250, "steps between evaluations (and checkpoints)", at_least=1),
-    eval_iters=Key(100, "batches per evaluation, the same ones every time", at_least=1),
+    eval_interval=Key(250, "steps between evaluations (and checkpoints)", ge=1),
+    eval_iters=Key(100, "batches per evaluation, the same ones every time", ge=1),
     log_interval=Key(
-        10, "steps between log lines (loss, lr, speed, MFU, gradient norm)", at_least=1
+        10,
+        "steps between log lines (loss, lr, speed, gradient norm; MFU on known GPUs)",
+        ge=1,
     ),
     eval_only=Key(False, "evaluate once and exit"),
     always_save_checkpoint=Key(
@@ -108,30 +110,30 @@ KEYS = dict(
     wandb_project=Key("gpt-starter", "the wandb project"),
     wandb_run_name=Key("", "the wandb run's name; empty: out_dir and the start time"),
     # data and model
-    batch_size=Key(12, "rows per micro-step per process", at_least=1),
+    batch_size=Key(12, "rows per micro-step per process", ge=1),
     gradient_accumulation_steps=Key(
-        1, "micro-steps per optimizer step, over all processes together", at_least=1
+        1, "micro-steps per optimizer step, over all processes together", ge=1
     ),
-    vocab_size=Key(0, "0: the dataset's", at_least=0),
+    vocab_size=Key(0, "0: the dataset's", ge=0),
     # the model's keys, declared with its config: block_size, n_layer, n_head, n_embd, dropout,
     # bias, attn_impl, rope, qk_norm, token_dropout, bow_head, bow_buckets
-    **config.model_keys(EncoderConfig),
+    **config.keys_of(EncoderConfig),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
     optimizer=Key(
         "adamw",
         "adamw; muon: Muon for the blocks' matrices, AdamW for the rest",
         choices=("adamw", "muon"),
     ),
-    learning_rate=Key(6e-4, "peak learning rate", at_least=0),
-    min_lr=Key(6e-5, "learning rate at the end of the decay", at_least=0),
-    warmup_iters=Key(100, "steps of linear warmup", at_least=0),
-    lr_decay_iters=Key(5000, "the step at which the decay reaches min_lr", at_least=0),
+    learning_rate=Key(6e-4, "peak learning rate", ge=0),
+    min_lr=Key(6e-5, "learning rate at the end of the decay", ge=0),
+    warmup_iters=Key(100, "steps of linear warmup", ge=0),
+    lr_decay_iters=Key(5000, "the step at which the decay reaches min_lr", ge=0),
     decay_lr=Key(True, "False: learning_rate throughout"),
-    max_iters=Key(5000, "optimizer steps in all", at_least=0),
-    weight_decay=Key(0.1, "decoupled weight decay of matrices and embeddings", at_least=0),
-    beta1=Key(0.9, "Adam's first-moment decay", at_least=0, below=1),
-    beta2=Key(0.95, "Adam's second-moment decay", at_least=0, below=1),
-    grad_clip=Key(1.0, "clip the gradient's global norm to this; 0 turns clipping off", at_least=0),
+    max_iters=Key(5000, "optimizer steps in all", ge=0),
+    weight_decay=Key(0.1, "decoupled weight decay of matrices and embeddings", ge=0),
+    beta1=Key(0.9, "Adam's first-moment decay", ge=0, lt=1),
+    beta2=Key(0.95, "Adam's second-moment decay", ge=0, lt=1),
+    grad_clip=Key(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
 )
 
 
@@ -159,6 +161,14 @@ def check_rules(cfg, resuming):
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
+    first_rank = int(os.environ.get("RANK", 0)) == 0
+    if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
+        print(
+            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
+            "learning rate will not have decayed to min_lr by the end "
+            f"(lr_decay_iters={cfg.max_iters} gives a full schedule)",
+            file=sys.stderr,
+        )
     # the model's own rules (its config checks them): a shape's
     model_config(cfg.task, asdict(cfg))
 
@@ -178,14 +188,16 @@ def main(argv):
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
         return None, {}
-    new_run = not resuming and not settings.overwrite_out_dir  # then a checkpoint is refused
     with started(settings.device, settings.deterministic) as run, ExitStack() as held:
 
         def open_run():
             """Rank 0 holds out_dir for the run; every rank reads a resumed run's state and
             settings, and checks them. -> (state or None, settings)."""
             if run.master:
-                held.enter_context(checkpoint.locked_out_dir(settings.out_dir, new_run))
+                out_dir = checkpoint.locked_out_dir(
+                    settings.out_dir, resuming, settings.overwrite_out_dir
+                )
+                held.enter_context(out_dir)
             if not resuming:
                 return None, settings
             state, resumed = checkpoint.resume(settings, user_keys)
@@ -202,7 +214,7 @@ def main(argv):
 def train(cfg, run, guard, state):
     """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if
     asked, take one optimizer step, log. Returns (the model, the last evaluation's metrics)."""
-    train_data, val_data = load_data(cfg, run.master)
+    train_data, val_data = load_data(cfg)
     if state is not None:
         checkpoint.check_tokenizer_kept(cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
@@ -229,14 +241,6 @@ def train(cfg, run, guard, state):
         seconds = record.seconds() if run.master else None
         progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
-        # A run that replaces another's checkpoint holds its settings and records until here,
-        # its first save, and writes them right after trainer_state.pt: the file a resume reads,
-        # whose rename is the one step from the old run to the new (its model and card, paired
-        # by weights_id, went just before). Held in memory, not under other names: a crash
-        # before this point leaves nothing of the new run to clean up or to mistake for the
-        # old run's.
-        if run.master and record.holding:
-            record.commit()
 
     micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
     bar = tqdm(
@@ -254,10 +258,6 @@ def train(cfg, run, guard, state):
         if guard.stop_now():
             bar.close()
             with guard.stopping(step, cfg.out_dir):
-                # stopped before this run's first evaluation save: the old run's model does not
-                # go with the state saved now
-                if run.master and record.holding:
-                    checkpoint.drop_model(cfg.out_dir)
                 save()
         lr = get_lr(step, cfg)
         for optimizer in optimizers:
@@ -329,11 +329,13 @@ def train(cfg, run, guard, state):
         if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
             rate, mfu = speed.read(run.world_size)
             unit = train_data.unit
-            bar.set_postfix_str(
-                f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s, mfu {100 * mfu:.1f}%"
-            )
+            line = f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s"
             logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate}
-            record.log(step, **logged, mfu=mfu, grad_norm=norm_value)
+            if mfu is not None:
+                line += f", mfu {100 * mfu:.1f}%"
+                logged["mfu"] = mfu
+            bar.set_postfix_str(line)
+            record.log(step, **logged, grad_norm=norm_value)
     bar.close()
     if run.master:
         finish(cfg.out_dir, record, metric, best, best_step, step - first_step, metrics)
@@ -387,20 +389,19 @@ def make_model(cfg, meta, state):
 
 def start_records(cfg, run, model, seconds, resumed_step):
     """(metrics.jsonl's writer, with the wandb run if any, or None; the speed meter): the
-    master's, and the run's first line on stderr. A new run in an out_dir that holds a checkpoint
-    replaces it: its settings and records are held until its first save."""
-    peak, peak_source = peak_flops(run.device, run.dtype)
-    speed = Speed(model, peak, clamp=run.device_type == "cpu")
+    master's, and the run's first line on stderr."""
+    peak = peak_flops(run.device, run.dtype)
+    speed = Speed(model, peak)
     if not run.master:
         return None, speed
+    against = f"; MFU against {peak / 1e12:.3g} TFLOP/s" if peak else ""
     print(
         f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on "
-        f"{run.device}, {run.dtype}; MFU against {peak / 1e12:.3g} TFLOP/s ({peak_source})",
+        f"{run.device}, {run.dtype}{against}",
         file=sys.stderr,
     )
     wandb_run = start_wandb(cfg, model.num_params()) if cfg.wandb_log else None
-    replacing = bool(checkpoint.saved_files(cfg.out_dir)) and resumed_step is None
-    record = RunRecord(cfg.out_dir, asdict(cfg), wandb_run, seconds, resumed_step, replacing)
+    record = RunRecord(cfg.out_dir, asdict(cfg), wandb_run, seconds, resumed_step)
     return record, speed
 
 
@@ -487,13 +488,10 @@ def finish(out_dir, record, metric, best, best_step, steps, metrics):
         lines.append(
             f"no better {metric} than before ({best:.4f}): {out_dir}/model.safetensors unchanged"
         )
-    if record.holding:
-        lines.append(f"nothing saved: {out_dir} holds the earlier run's checkpoint as it was")
-    else:
-        lines.append(
-            f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); "
-            f"state: {out_dir}/trainer_state.pt"
-        )
+    lines.append(
+        f"records: {out_dir}/metrics.jsonl (python plot.py {out_dir}); "
+        f"state: {out_dir}/trainer_state.pt"
+    )
     print("\n".join(lines), file=sys.stderr)
     if record.wandb:
         record.wandb.summary[f"best {metric}"] = best

@@ -55,7 +55,7 @@ from lib.common import (
     run_script,
     sync,
 )
-from lib.mfu import flops_per_token, matmul_flops
+from lib.mfu import flops_per_token
 from lib.plots import pyplot, read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, model_config
 
@@ -169,8 +169,22 @@ def machine(device):
     }  # other jobs skew CPU timings
 
 
+def matmul_flops(device, dtype, n, repeats=3):
+    """Achievable matmul FLOP/s: the best of a few n x n products, each timed between two
+    syncs (the first one warms up)."""
+    a, b = torch.randn(2, n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
 def bench_matmul(device, dtype, n, repeats):
-    """mfu.matmul_flops once per repeat (each call warms up, then times one n x n product):
+    """matmul_flops once per repeat (each call warms up, then times one n x n product):
     FLOP/s samples."""
     return [matmul_flops(device, dtype, n=n, repeats=1) for _ in range(repeats)]
 

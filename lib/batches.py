@@ -204,7 +204,7 @@ def load_split(data_dir, split, block_size):
     return cls(os.path.join(data_dir, split), meta["splits"][split], block_size, meta)
 
 
-def load_data(cfg, master):
+def load_data(cfg):
     """(train, val) of the dataset, checked against the task; a dataset never prepared is prepared
     first by its prepare.py (a single process only), or the error names the command."""
     path = cfg.dataset if os.sep in cfg.dataset else os.path.join(ROOT, "data", cfg.dataset)
@@ -228,13 +228,6 @@ def load_data(cfg, master):
     task = train_data.meta["task"]
     if task != cfg.task:
         raise Error(f"dataset {cfg.dataset} is prepared for task={task}, but task={cfg.task}")
-    if master and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
-        print(
-            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
-            "learning rate will not have decayed to min_lr by the end "
-            f"(lr_decay_iters={cfg.max_iters} gives a full schedule)",
-            file=sys.stderr,
-        )
     return train_data, val_data
 
 

@@ -6,6 +6,7 @@ strategy and number of processes (torch's DTensor module, imported when a run sh
 adds about a second to every start)."""
 
 import os
+import shutil
 import socket
 import sys
 from contextlib import contextmanager
@@ -34,13 +35,15 @@ SHAPE = (
 KEPT_ON_RESUME = SHAPE + ("task", "optimizer")
 # the files whose presence means out_dir holds a checkpoint
 CHECKPOINT = ("model.safetensors", "trainer_state.pt")
+# where --overwrite_out_dir moves the old run's files
+PREVIOUS = "previous"
 
 
 @contextmanager
-def locked_out_dir(out_dir, new_run):
+def locked_out_dir(out_dir, resuming, overwrite):
     """Make out_dir and hold a lock on it for the run (flock: the OS releases it when the process
-    dies, kill -9 included); a new run (new_run: not a resume) never replaces a checkpoint that is
-    there."""
+    dies). A new run refuses a checkpoint there, or with overwrite moves the old run's files into
+    out_dir/previous."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = open(os.path.join(out_dir, ".lock"), "a+")
@@ -70,19 +73,32 @@ def locked_out_dir(out_dir, new_run):
         lock.truncate(0)
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
         lock.flush()
-        # the temporary files of saves cut short (kill -9 mid-write): with the lock held no other
-        # run writes here, so every such file is a dead process's
+        # the temporary files of saves cut short: with the lock held, every one is a dead run's
         for path in Path(out_dir).iterdir():
             if TEMPORARY.search(path.name):
                 path.unlink()
         saved = saved_files(out_dir)
-        if saved and new_run:
+        if saved and not resuming and not overwrite:
             raise Error(
                 f"out_dir {out_dir!r} already holds a checkpoint ({', '.join(saved)}): continue it "
                 "with --init_from=resume, replace it with --overwrite_out_dir=True, or pick "
                 "another --out_dir"
             )
+        if saved and not resuming:
+            move_aside(out_dir)
         yield
+
+
+def move_aside(out_dir):
+    """The old run's files into out_dir/previous, by rename: nothing is lost, and the folder that
+    an earlier overwrite left there goes."""
+    previous = Path(out_dir, PREVIOUS)
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    for path in Path(out_dir).iterdir():
+        if path.name not in (".lock", PREVIOUS):
+            path.rename(previous / path.name)
+    fsync(os.path.abspath(out_dir))
 
 
 @contextmanager
@@ -190,15 +206,6 @@ def save_model(model, out_dir, run, data_dir, **extra):
             copy = plain_class(model)(model.config)
         model = copy.load_weights(state)
     save_pretrained(model, out_dir, data_dir, **extra)
-
-
-def drop_model(out_dir):
-    """Remove model.safetensors + config.json: an earlier run's model, which the state saved now
-    does not belong with. The card goes first: weights without a card are no checkpoint to load
-    (from_checkpoint looks for config.json), never a card paired with other weights."""
-    for name in ("config.json", "model.safetensors"):
-        Path(out_dir, name).unlink(missing_ok=True)
-    fsync(os.path.abspath(out_dir))
 
 
 def gathered(model, optimizers, run):

@@ -1,49 +1,79 @@
-"""train.py's settings: the Key that describes one; config files (Python that sets keys, and may
-include() another) and --key=value overrides, read in order, each value checked against its key's
-type and range; --help from the keys. The settings come out as a frozen dataclass: a run reads
-them and never writes them (a later step makes a new one with dataclasses.replace)."""
+"""Settings and their ranges, in one place: Key checks a value of train.py's settings, of the
+models' configs, of decoding.Options and of the JSON files read (lib/schema.py). Config files are
+Python that sets keys (and may include() another), read in order with --key=value overrides."""
 
 import ast
 import difflib
 import math
+import operator
 import os
 import traceback
-from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from types import ModuleType
 
 from lib.common import Error
 
+# the bounds a Key may have, by pydantic's names
+BOUNDS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+
 
 @dataclass
 class Key:
-    """One setting: its default (which fixes its type), help, and range: at_least <= value <
-    below, or in choices."""
+    """One value's rule: its default (which fixes its type), help, bounds (ge <= value, gt <
+    value, le >= value, lt > value) or choices."""
 
     default: object
-    help: str
-    at_least: float = None
-    below: float = None
+    help: str = ""
+    ge: float = None
+    gt: float = None
+    le: float = None
+    lt: float = None
     choices: tuple = None
 
     def check(self, name, value):
-        """An Error naming the key, its value and what it must be, if value is out of range."""
-        must = None
-        if isinstance(value, float) and not math.isfinite(value):
-            must = "a finite number"
-        elif self.below is not None and not self.at_least <= value < self.below:
-            must = f"in [{self.at_least}, {self.below})"
-        elif self.at_least is not None and value < self.at_least:
-            must = f">= {self.at_least}"
-        elif self.choices and value not in self.choices:
-            must = f"one of {', '.join(map(str, self.choices))}"
+        """value (an int taken as a float where a float is due), or an Error naming the key, its
+        value and what it must be."""
+        kind = type(self.default)
+        if kind is float and type(value) is int:
+            value = float(value) if abs(value) < 1e300 else math.inf
+        must = self.must(value)
         if must:
-            raise Error(f"{name}={value!r}: must be {must}")
+            raise Error(f"{name}={value!r:.40}: must be {must}")
+        return value
+
+    def must(self, value):
+        """What value must be, if it breaks the rule; else None."""
+        kind = type(self.default)
+        if type(value) is not kind:
+            return kind.__name__
+        if kind is float and not math.isfinite(value):
+            return "a finite number"
+        if self.choices and value not in self.choices:
+            return f"one of {', '.join(map(str, self.choices))}"
+        bounds = {k: getattr(self, k) for k in BOUNDS if getattr(self, k) is not None}
+        if all(BOUNDS[k](value, bound) for k, bound in bounds.items()):
+            return None
+        low = self.ge if self.ge is not None else self.gt
+        high = self.le if self.le is not None else self.lt
+        if high is None:
+            return f">= {low}" if self.ge is not None else f"> {low}"
+        if low is None:
+            return f"<= {high}" if self.le is not None else f"< {high}"
+        opening = "[" if self.ge is not None else "("
+        closing = "]" if self.le is not None else ")"
+        return f"in {opening}{low}, {high}{closing}"
 
 
-def model_keys(config_cls):
-    """A Key for each of a model config's fields that is a setting (model.setting(): its help and
-    range in the field's metadata)."""
-    return {f.name: Key(f.default, **f.metadata) for f in fields(config_cls) if f.metadata}
+def setting(default, help, ge=None, gt=None, le=None, lt=None, choices=None):
+    """A dataclass field that is also a Key: its default, and its help and range in its
+    metadata (the models' configs, decoding.Options)."""
+    limits = dict(help=help, ge=ge, gt=gt, le=le, lt=lt, choices=choices)
+    return field(default=default, metadata=limits)
+
+
+def keys_of(cls):
+    """A Key for each field of a dataclass that is a setting()."""
+    return {f.name: Key(f.default, **f.metadata) for f in fields(cls) if f.metadata}
 
 
 def parse(argv, keys, doc):
@@ -70,16 +100,11 @@ def parse(argv, keys, doc):
             if name not in keys:
                 hint = did_you_mean(name, keys) or " (see --help)"
                 raise Error(f"unknown key {name!r} in {arg}{hint}")
-            expected = type(keys[name].default)
-            if expected is float and type(value) is int:
-                value = float(value)
-            if type(value) is not expected:
-                got = f"{type(value).__name__} {value!r}"
-                raise Error(f"{name} must be {expected.__name__}, got {got} in {arg}")
-            given[name] = value
+            try:
+                given[name] = keys[name].check(name, value)
+            except Error as e:
+                raise Error(f"{e} (in {arg})") from None
     values = {name: key.default for name, key in keys.items()} | given
-    for name, key in keys.items():
-        key.check(name, values[name])
     typed = [(name, type(key.default)) for name, key in keys.items()]
     return make_dataclass("Settings", typed, frozen=True)(**values), set(given)
 
@@ -107,30 +132,21 @@ def read_file(path, scope):
     file (to work from any directory)."""
     if not os.path.isfile(path):
         raise Error(f"no config file {path!r} (config files live in config/)")
-    data = open(path, "rb").read()
-    try:
-        source = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise Error(
-            f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#x}): save the file as UTF-8"
-        ) from None
 
     def include(other):
         return read_file(os.path.join(os.path.dirname(path), other), scope)
 
     scope["include"] = include
     try:
-        exec(compile(source, path, "exec"), scope)
+        with open(path, "rb") as f:
+            exec(compile(f.read(), path, "exec"), scope)
     except Error:
         raise
     except SyntaxError as e:
         raise Error(f"{e.filename}:{e.lineno}: {e.msg}") from None
-    except Exception as e:
-        # the line of this file that raised it (the last of its frames: its own or an include's)
-        frames = traceback.extract_tb(e.__traceback__)
-        line = [f.lineno for f in frames if f.filename == path][-1]
-        raise Error(f"{path}:{line}: {type(e).__name__}: {e}") from None
+    except Exception as e:  # where Python says it was raised
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise Error(f"{frame.filename}:{frame.lineno}: {type(e).__name__}: {e}") from None
     return {
         name: value
         for name, value in scope.items()

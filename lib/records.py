@@ -55,39 +55,21 @@ def before(record, step):
 
 class RunRecord:
     """Appends {"step", "seconds", "time", ...metrics} lines to out_dir/metrics.jsonl and logs the
-    same to wandb, if given. seconds: since this run's start, plus a resumed run's earlier ones;
-    time: Unix time, to line runs up."""
+    same to wandb, if given. seconds: since the run's start, resumes included; time: Unix time."""
 
-    def __init__(self, out_dir, settings, wandb_run, resumed_seconds, resumed_step, hold):
+    def __init__(self, out_dir, settings, wandb_run, resumed_seconds, resumed_step):
         """A new run starts the file afresh; a resumed one keeps the lines before the step it
-        resumes from (a run that crashed after its last save had logged steps that it will now run
-        again). settings: written beside as train_config.json, as --print_config prints them.
-        hold: the settings and lines stay in memory, the files as they are, until commit() (a run
-        that replaces another's checkpoint leaves the old records whole until its first save)."""
-        self.out_dir = out_dir
+        resumes from. settings: written beside as train_config.json."""
         self.path = os.path.join(out_dir, "metrics.jsonl")
-        self.settings = settings
         self.wandb = wandb_run
         self.t0 = time.perf_counter() - resumed_seconds
-        self.held = []
+        kept = []
         if resumed_step is not None and os.path.isfile(self.path):
             records = read_metrics(out_dir)
-            self.held = [json.dumps(r) + "\n" for r in records if before(r, resumed_step)]
-        if not hold:
-            self.commit()
-
-    @property
-    def holding(self):
-        """Whether the lines so far are held in memory (commit() has not written them)."""
-        return self.held is not None
-
-    def commit(self):
-        """The settings, then the held lines in place of the files (in one rename); later lines
-        are appended."""
-        write_json(os.path.join(self.out_dir, "train_config.json"), self.settings)
+            kept = [json.dumps(r) + "\n" for r in records if before(r, resumed_step)]
+        write_json(os.path.join(out_dir, "train_config.json"), settings)
         with atomic_path(self.path) as tmp, open(tmp, "w") as f:
-            f.writelines(self.held)
-        self.held = None
+            f.writelines(kept)
 
     def seconds(self):
         return time.perf_counter() - self.t0
@@ -96,11 +78,8 @@ class RunRecord:
         seconds = round(self.seconds(), 3)
         now = round(time.time(), 3)
         line = json.dumps({"step": step, "seconds": seconds, "time": now, **metrics}) + "\n"
-        if self.holding:
-            self.held.append(line)
-        else:
-            with writing(self.path), open(self.path, "a") as f:
-                f.write(line)
+        with writing(self.path), open(self.path, "a") as f:
+            f.write(line)
         if self.wandb:
             self.wandb.log(metrics, step=step)
 

@@ -133,8 +133,8 @@ def test_config_file_overrides_and_types(tmp_path):
     "argv, message",
     [
         (["--n_layers=4"], "unknown key 'n_layers' in --n_layers=4 \\(did you mean n_layer\\?\\)"),
-        (["--n_layer=2.5"], "n_layer must be int, got float 2.5"),
-        (["--compile=yes"], "compile must be bool, got str 'yes'"),
+        (["--n_layer=2.5"], "n_layer=2.5: must be int"),
+        (["--compile=yes"], "compile='yes': must be bool"),
         (["--n_layer"], "write --n_layer=VALUE"),
         (["missing.py"], "no config file 'missing.py'"),
         (["--task=regress"], "task='regress': must be one of lm, classify"),
@@ -174,7 +174,7 @@ def test_config_errors_are_one_clear_line(argv, message):
     [
         ("n_layer = 2\nn_head = (\n", r"c.py:2: '\(' was never closed"),
         ("n_layer = 2\nx = 1 / 0\n", "c.py:2: ZeroDivisionError: division by zero"),
-        (b"n_layer = 2\n# caf\xe9\n", r"c.py:2: not UTF-8 text \(byte 0xe9\)"),
+        (b"n_layer = 2\nname = 'caf\xe9'\n", r"c.py:2: \(unicode error\) 'utf-8' codec"),
         ("include('nowhere.py')\n", "no config file '.*nowhere.py'"),
     ],
 )
@@ -285,12 +285,12 @@ def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
 
 def torchrun(tmp_path, argv, processes=2):
     """train.main under torchrun (gloo), each rank saving (state dict, metrics) as rank<N>.pt in
-    tmp_path, with a test's peak FLOP/s (1e15: no CPU clamp) so that MFU is a known function of the
+    tmp_path, with a test's peak FLOP/s (1e15) so that MFU is a known function of the
     rate. -> the finished process."""
     script = tmp_path / "ddp_run.py"
     script.write_text(
         f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
-        "train.peak_flops = lambda device, dtype: (1e15, 'a test peak')\n"
+        "train.peak_flops = lambda device, dtype: 1e15\n"
         "model, metrics = train.main(sys.argv[1:])\n"
         f"torch.save((model.state_dict(), metrics), os.path.join({str(tmp_path)!r}, "
         "'rank%s.pt' % os.environ['RANK']))\n"
@@ -435,7 +435,7 @@ def test_locks_tell_a_held_lock_from_a_filesystem_without_locks(tmp_path, monkey
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
     with pytest.raises(Error, match="cannot be locked .* a filesystem without flock"):
-        with checkpoint.locked_out_dir(str(tmp_path), new_run=True):
+        with checkpoint.locked_out_dir(str(tmp_path), resuming=False, overwrite=False):
             pass
 
 
@@ -853,8 +853,8 @@ def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(
 ):
     """MFU = the model's training FLOPs per token x tokens/s / the device's peak, on each log line.
     metrics.jsonl holds every evaluation and log step; a resume appends, and its clock goes on."""
-    peak = 1e15  # far above what a CPU achieves: no clamp
-    monkeypatch.setattr(train, "peak_flops", lambda device, dtype: (peak, "a test's peak"))
+    peak = 1e15
+    monkeypatch.setattr(train, "peak_flops", lambda device, dtype: peak)
     model, _ = run(
         [
             f"--dataset={lm_dir}",
@@ -887,10 +887,8 @@ def test_mfu_is_the_models_flops_against_the_peak_and_records_are_written(
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_cpu_peak_measured_too_low_rises_to_the_achieved_rate(lm_dir, tmp_path, monkeypatch):
-    """On a CPU the peak is measured, and a busy machine measures it low: MFU then never passes
-    100%."""
-    monkeypatch.setattr(train, "peak_flops", lambda device, dtype: (1.0, "a peak far too low"))
+def test_a_device_without_a_peak_logs_no_mfu(lm_dir, tmp_path):
+    """On a CPU no datasheet peak is known: the log lines hold the speed, and no MFU."""
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=3", "--log_interval=1"])
-    mfus = [r["mfu"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "mfu" in r]
-    assert len(mfus) == 3 and mfus[0] == 1.0 and all(0 < m <= 1 for m in mfus)
+    logs = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "tok/s" in r]
+    assert len(logs) == 3 and not any("mfu" in r for r in logs)
