@@ -1,7 +1,6 @@
-"""Decoding strategies, each a pure function of a batch of logits [B, V] (and, where it needs one,
-the context [B, t] of every token so far, prompt included) that returns new logits, so they
-compose. Options declares each one's setting once; NextToken applies them in order and draws.
-Names and meanings follow Hugging Face's generate() and OpenAI's API."""
+"""Decoding strategies, each a pure function of logits [B, V] (and where it needs one, the
+context [B, t] so far) that returns new logits, so they compose; names follow Hugging Face's
+generate() and OpenAI's API. Options declares them, NextToken applies them and draws."""
 
 from dataclasses import dataclass, fields
 
@@ -31,18 +30,15 @@ def presence_penalty(logits, context, b):
 
 
 def repetition_penalty(logits, context, r):
-    """Hugging Face's (from the CTRL paper): for tokens in the context, positive logits are divided
-    by r and negative ones multiplied by r, so r > 1 makes every seen token less likely, however
-    often it was seen."""
+    """Hugging Face's (CTRL's): a seen token's logit / r if positive, x r if negative."""
     seen = token_counts(logits, context) > 0
     penalised = torch.where(logits < 0, logits * r, logits / r)
     return torch.where(seen, penalised, logits)
 
 
 def no_repeat_ngram(logits, context, n):
-    """Hugging Face's no_repeat_ngram_size: a token that would complete an n-gram already present
-    anywhere in the context (prompt and generated tokens alike) gets -inf. n = 1 bans every token
-    seen so far; n = 0 does nothing."""
+    """Hugging Face's no_repeat_ngram_size: -inf for a token that would repeat an n-gram of the
+    context; n = 0 does nothing."""
     t = context.size(1)
     if n == 0 or t < n:
         return logits
@@ -60,9 +56,8 @@ def temperature(logits, t):
 
 
 def top_k(logits, k):
-    """Keep the k largest logits of each row, the rest -inf; k >= V keeps everything. Ties at the
-    k-th value are all kept (as Hugging Face), so more than k tokens may survive: [3, 2, 2, 1] with
-    k = 2 keeps 3, 2 and 2."""
+    """Keep the k largest logits of each row, the rest -inf; ties at the k-th are all kept (as
+    Hugging Face): [3, 2, 2, 1] with k = 2 keeps 3, 2 and 2."""
     if k >= logits.size(-1):
         return logits
     kth = torch.topk(logits, k, dim=-1).values[:, -1:]
@@ -70,10 +65,8 @@ def top_k(logits, k):
 
 
 def top_p(logits, p):
-    """Nucleus sampling: keep the smallest set of most likely tokens whose probabilities sum to
-    >= p, the rest -inf. The top token always stays; p = 1 keeps everything. Tokens tied with the
-    least likely kept one are kept too (as top_k does), so that the result does not depend on how a
-    sort orders equal values."""
+    """Nucleus sampling: keep the fewest most likely tokens whose probabilities sum to >= p, and
+    those tied with the last of them (a sort's order of ties never matters); the rest -inf."""
     if p >= 1:
         return logits
     probs = torch.softmax(logits, dim=-1)
@@ -87,9 +80,8 @@ def top_p(logits, p):
 
 @dataclass(frozen=True)
 class Options:
-    """Every decoding option, in the order NextToken applies them: the penalties and n-gram
-    blocking on the raw logits, then temperature, top-k, top-p. sample.py's flags and the
-    playground's request fields are made from these fields; a value out of range raises Error."""
+    """Every decoding option, in the order NextToken applies them; sample.py's flags and the
+    playground's request fields are made from these fields."""
 
     frequency_penalty: float = setting(
         0.0, "OpenAI's: logit -= a x (times the token occurs so far)", ge=-2, le=2
@@ -126,12 +118,9 @@ FILTERS = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 class NextToken:
-    """next_token(logits [B, V], context [B, t]) -> [B] for the engine: the options that are on,
-    in Options' order, then a draw from the softmax, or the argmax when greedy or temperature == 0
-    (greedy skips temperature, top-k and top-p: they never change the argmax). generator: a
-    torch.Generator for the draws, made on its device (a CPU one serves a model on a GPU), so a seed
-    gives the same tokens anywhere. vocab_size: the tokenizer's, when the model's vocabulary is
-    padded past it: ids beyond are never picked."""
+    """(logits [B, V], context [B, t]) -> tokens [B]: the options that are on, in Options' order,
+    then a draw from the softmax (generator's: a seed gives the same tokens on any device), or the
+    argmax when greedy or temperature == 0. Ids from vocab_size on are never picked."""
 
     def __init__(self, options, greedy=False, generator=None, vocab_size=None):
         self.options = options
@@ -186,8 +175,8 @@ class NextToken:
         return self.draw(self.process(logits, context), logits, context)
 
     def draw(self, processed, logits, context):
-        """The tokens [B] from the processed logits: the argmax, or a draw from their softmax; an
-        Error naming the option that left no distribution (from logits and context, as given)."""
+        """The tokens [B] from the processed logits, or an Error naming the option that left no
+        distribution."""
         probs = torch.softmax(processed, dim=-1)
         if not torch.isfinite(probs).all():
             raise Error(self.no_distribution(logits, context))
@@ -207,11 +196,9 @@ def make_picks(options, greedy, seed, n, vocab_size):
 
 
 def pick_tokens(picks, logits, contexts):
-    """Row i's next token (an int) from logits [B, V] by the NextToken picks[i], with contexts[i]
-    its token ids so far, or the Error that leaves it none. Rows that share their options run
-    through them as one batch (the context tensor built only where an option reads it, and then
-    of rows of one length); each row then draws from its own generator, so its tokens never depend
-    on the batch."""
+    """Row i's next token (an int) by picks[i] from logits [B, V], contexts[i] its ids so far, or
+    the Error that leaves it none. Rows that share options are processed as one batch; each draws
+    from its own generator, so its tokens never depend on the batch."""
     groups = {}
     for i, pick in enumerate(picks):
         length = len(contexts[i]) if pick.reads_context() else 0

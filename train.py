@@ -1,17 +1,9 @@
 """
-One training loop for both tasks: a GPT language model (task=lm) or an encoder classifier
-(task=classify).
-  python train.py config/agnews.py --batch_size=32         a config file sets keys, overrides follow
-  python train.py config/agnews.py --print_config          the resolved settings as JSON, then exit
-  python train.py --out_dir=out-agnews --init_from=resume  continue a run exactly where it stopped
+One training loop for a GPT (task=lm) or an encoder classifier (task=classify).
+  python train.py config/agnews.py --batch_size=32         a config file, then overrides
+  python train.py --out_dir=out-agnews --init_from=resume  continue a run where it stopped
   torchrun --standalone --nproc_per_node=4 train.py config/gpt2.py      DDP on one machine
-  torchrun --standalone --nproc_per_node=4 train.py config/finetune_shakespeare.py \
-      --init_from=gpt2-xl --strategy=fsdp --activation_checkpointing=True  past one GPU's memory
-  python train.py --help                                   every key, its default and what it does
-out_dir receives model.safetensors + config.json (the best model: what sample.py and classify.py
-load), trainer_state.pt (the latest state, which init_from=resume continues) and metrics.jsonl (the
-records; plot.py draws them). This file reads as one run, in order: the settings, the data, the
-model, the optimizer, the loop, the end.
+out_dir gets the best model (model.safetensors + config.json), trainer_state.pt and metrics.jsonl.
 """
 
 import json
@@ -138,8 +130,7 @@ KEYS = dict(
 
 
 def check_rules(cfg, resuming):
-    """What the keys must satisfy together. A resumed run's init_from names where its weights once
-    came from, which need not exist any more."""
+    """What the keys must satisfy together."""
     processes = int(os.environ.get("WORLD_SIZE", 1))
     forms = ("scratch", "resume") + GPT2_NAMES
     if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
@@ -179,8 +170,7 @@ def broken(cfg, name, what):
 
 
 def main(argv):
-    """The settings: config files and overrides, or a resumed run's own; then this process's
-    place in the run."""
+    """The settings, this process's place in the run, then the run."""
     settings, user_keys = config.parse(argv, KEYS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
@@ -191,8 +181,7 @@ def main(argv):
     with started(settings.device, settings.deterministic) as run, ExitStack() as held:
 
         def open_run():
-            """Rank 0 holds out_dir for the run; every rank reads a resumed run's state and
-            settings, and checks them. -> (state or None, settings)."""
+            """Rank 0 locks out_dir; every rank reads a resumed run's state and settings."""
             if run.master:
                 out_dir = checkpoint.locked_out_dir(
                     settings.out_dir, resuming, settings.overwrite_out_dir
@@ -212,8 +201,7 @@ def main(argv):
 
 
 def train(cfg, run, guard, state):
-    """The data, the model, the optimizer, then the loop: evaluate (and keep the best), stop if
-    asked, take one optimizer step, log. Returns (the model, the last evaluation's metrics)."""
+    """The data, the model, the optimizer, then the loop. -> (the model, the last metrics)."""
     train_data, val_data = load_data(cfg)
     if state is not None:
         checkpoint.check_tokenizer_kept(cfg.out_dir, train_data.meta, train_data.folder)
@@ -236,8 +224,7 @@ def train(cfg, run, guard, state):
     metric, goal = train_data.best
 
     def save():
-        """trainer_state.pt: the model, the optimizers and where the run stands. Called on every
-        rank (FSDP's shards are gathered); rank 0 writes."""
+        """trainer_state.pt, from every rank (FSDP gathers its shards); rank 0 writes."""
         seconds = record.seconds() if run.master else None
         progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
@@ -346,11 +333,8 @@ def train(cfg, run, guard, state):
 
 
 def make_model(cfg, meta, state):
-    """(cfg with the model's last values, a model of its shape). vocab_size=0 takes the dataset's;
-    a new run from a pretrained GPT (init_from names one) takes its shape, its context cut to
-    block_size, and its body (a classifier's own head starts afresh); a resumed run takes its
-    state's weights; else the weights start seeded. Loaded tensors are taken over, not copied:
-    the model is built on the meta device."""
+    """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
+    (its context cut to block_size), or a resumed state's weights (taken over, not copied)."""
     source = None
     if state is None and cfg.init_from != "scratch":
         source, info = load_pretrained(cfg.init_from)
@@ -388,8 +372,7 @@ def make_model(cfg, meta, state):
 
 
 def start_records(cfg, run, model, seconds, resumed_step):
-    """(metrics.jsonl's writer, with the wandb run if any, or None; the speed meter): the
-    master's, and the run's first line on stderr."""
+    """(metrics.jsonl's writer on rank 0, else None; the speed meter)."""
     peak = peak_flops(run.device, run.dtype)
     speed = Speed(model, peak)
     if not run.master:
@@ -406,8 +389,7 @@ def start_records(cfg, run, model, seconds, resumed_step):
 
 
 def get_lr(step, cfg):
-    """Linear warmup for warmup_iters steps, then cosine decay to min_lr at lr_decay_iters, then
-    min_lr."""
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters."""
     if not cfg.decay_lr:
         return cfg.learning_rate
     if step < cfg.warmup_iters:
@@ -424,8 +406,7 @@ def improves(value, best, goal):
 
 
 def check_finite(loss, norm, step, scaler, out_dir):
-    """Error on a NaN or inf loss or gradient norm. A NaN gradient on any rank reaches every
-    rank's norm through DDP's all-reduce; fp16's scaler skips such steps itself."""
+    """Error on a NaN or inf loss or gradient norm (fp16's scaler skips such steps itself)."""
     if not math.isfinite(loss) or not (scaler.is_enabled() or math.isfinite(norm)):
         raise Error(
             f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
@@ -435,11 +416,8 @@ def check_finite(loss, norm, step, scaler, out_dir):
 
 @torch.no_grad()
 def evaluate(model, data, cfg, run, ctx):
-    """Mean loss (and accuracy for labelled data) over the same eval_iters batches every time,
-    shared out across the processes. The sums stay on the device until the end: one host-device
-    sync per evaluation. Under FSDP every forward pass gathers parameters from all processes, so
-    each process runs as many as rank 0 (which holds the most rows): one out of rows runs a
-    stand-in batch and counts nothing of it."""
+    """Mean loss (and accuracy) over the same batches every time, shared out over the processes,
+    with one host-device sync. Under FSDP every process runs as many forwards as rank 0."""
     model.eval()
     every_row = data.eval_rows(cfg.eval_iters * cfg.batch_size)
     rows = every_row[run.rank :: run.world_size]
@@ -474,8 +452,7 @@ def evaluate(model, data, cfg, run, ctx):
 
 
 def finish(out_dir, record, metric, best, best_step, steps, metrics):
-    """The run's summary on stderr, the best metric in the wandb summary. best_step: where this
-    run reached its best value, or None."""
+    """The run's summary on stderr and in wandb."""
     lines = [
         f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"
     ]

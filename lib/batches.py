@@ -1,7 +1,5 @@
-"""Training-time data: a prepared dataset's files, checked against its meta.json, and the batches
-drawn from them. A step's global batch is a function of (seed, step) alone, and each process takes
-its slice of it: the data order survives a resume and does not depend on how many processes share
-the work."""
+"""Training data: a prepared dataset's files, checked against its meta.json, and batches; a
+step's global batch is a function of (seed, step) alone, so resume is exact."""
 
 import functools
 import os
@@ -20,8 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def read_meta(data_dir):
-    """A prepared dataset's meta.json, checked (lib/schema.check_meta): a task this project knows,
-    every key it needs, each of its type."""
+    """A prepared dataset's meta.json, checked (lib/schema.py)."""
     path = os.path.join(data_dir, "meta.json")
     return check_meta(read_json(path, "dataset description (meta.json)"), path)
 
@@ -43,8 +40,7 @@ def load_array(path, dtype=None):
 
 
 def pad_batch(rows, pad_token_id):
-    """Token id lists -> (idx [B, width], attention_mask [B, width]), padded to the longest row:
-    the mask is 1 on real tokens, 0 on padding (Hugging Face's convention)."""
+    """Token id lists -> (idx [B, width], attention_mask [B, width]: 1 real, 0 padding)."""
     width = max(1, max(len(r) for r in rows))
     idx = np.full((len(rows), width), pad_token_id, dtype=np.int64)
     attention_mask = np.zeros_like(idx)
@@ -205,8 +201,7 @@ def load_split(data_dir, split, block_size):
 
 
 def load_data(cfg):
-    """(train, val) of the dataset, checked against the task; a dataset never prepared is prepared
-    first by its prepare.py (a single process only), or the error names the command."""
+    """(train, val) of the dataset; one never prepared is prepared first by its prepare.py."""
     path = cfg.dataset if os.sep in cfg.dataset else os.path.join(ROOT, "data", cfg.dataset)
     prepare = os.path.join(path, "prepare.py")
     command = f"python data/{cfg.dataset}/prepare.py"
@@ -232,8 +227,7 @@ def load_data(cfg):
 
 
 def to_device(batch, device):
-    """On CUDA through pinned host memory: a copy from pageable memory waits for the GPU's queue
-    to drain first, a copy from pinned memory runs beside it."""
+    """The batch on device (on CUDA from pinned memory, which copies beside the GPU's work)."""
     pin = device.startswith("cuda")
     return {
         k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in batch.items()

@@ -1,6 +1,5 @@
-"""Settings and their ranges, in one place: Key checks a value of train.py's settings, of the
-models' configs, of decoding.Options and of the JSON files read (lib/schema.py). Config files are
-Python that sets keys (and may include() another), read in order with --key=value overrides."""
+"""Values and their ranges in one place (Key: train.py's settings, the models' configs,
+decoding.Options, the JSON files read); config files and --key=value overrides."""
 
 import ast
 import difflib
@@ -77,9 +76,8 @@ def keys_of(cls):
 
 
 def parse(argv, keys, doc):
-    """(the settings, the names the user set) from config files and --key=value overrides, in
-    order, each value checked against its key. A bare word is a string (--dataset=agnews); --help
-    prints doc and every key; --print_config is left to the caller."""
+    """(frozen settings, the names the user set) from config files and --key=value overrides, in
+    order; --help prints doc and every key."""
     given = {}
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -110,14 +108,13 @@ def parse(argv, keys, doc):
 
 
 def did_you_mean(value, choices):
-    """ " (did you mean X?)" for the choice closest to a mistyped value, or nothing."""
+    """ " (did you mean X?)" for the closest of choices, or nothing."""
     close = difflib.get_close_matches(value, choices, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
 
 def literal(text):
-    """A Python literal (1e-3, True, 'x', (1, 2)), nan and inf as floats, anything else as the
-    string itself."""
+    """A Python literal (1e-3, True, 'x'), nan and inf, else the text itself."""
     for read in (ast.literal_eval, float):
         try:
             return read(text)
@@ -127,9 +124,7 @@ def literal(text):
 
 
 def read_file(path, scope):
-    """The settings a config file sets into scope (the names set so far): not its imports,
-    functions or private names. include(path) runs another into the same scope, relative to this
-    file (to work from any directory)."""
+    """The settings a config file sets into scope; include(path) runs another, relative to it."""
     if not os.path.isfile(path):
         raise Error(f"no config file {path!r} (config files live in config/)")
 

@@ -1,5 +1,4 @@
-"""Run records: each evaluation and log step as one JSON line in out_dir/metrics.jsonl, mirrored to
-wandb when asked (plot.py draws the loss curves from those files)."""
+"""metrics.jsonl: a run's evaluations and log steps, a JSON line each, mirrored to wandb."""
 
 import json
 import os
@@ -11,9 +10,8 @@ from lib.common import Error, atomic_path, write_json, writing
 
 
 def read_metrics(out_dir):
-    """The records of out_dir/metrics.jsonl, in order. A last line that is not a whole record (a
-    crash or a full disk cut the write short) is dropped with a one-line warning on stderr; a
-    damaged line before it is an Error naming the file and the line."""
+    """The records of out_dir/metrics.jsonl; a torn last line (a cut-short write) is dropped with
+    a warning."""
     path = os.path.join(out_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise Error(f"{path}: no such file: point at an out_dir that train.py wrote")
@@ -45,21 +43,17 @@ def read_metrics(out_dir):
 
 
 def before(record, step):
-    """Whether a record precedes the state at step: its log lines up to step (each written after
-    the update that made it), its evaluations before step (a resumed run evaluates at its first
-    step again)."""
+    """Whether a record precedes the state at step (a resumed run evaluates that step again)."""
     if record["step"] == step:
         return "val/loss" not in record
     return record["step"] < step
 
 
 class RunRecord:
-    """Appends {"step", "seconds", "time", ...metrics} lines to out_dir/metrics.jsonl and logs the
-    same to wandb, if given. seconds: since the run's start, resumes included; time: Unix time."""
+    """Appends {"step", "seconds", "time", ...metrics} lines to metrics.jsonl, and to wandb."""
 
     def __init__(self, out_dir, settings, wandb_run, resumed_seconds, resumed_step):
-        """A new run starts the file afresh; a resumed one keeps the lines before the step it
-        resumes from. settings: written beside as train_config.json."""
+        """A resumed run keeps the lines before its step; settings go to train_config.json."""
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self.wandb = wandb_run
         self.t0 = time.perf_counter() - resumed_seconds
@@ -85,8 +79,7 @@ class RunRecord:
 
 
 def start_wandb(cfg, parameters):
-    """The run's wandb run: files in out_dir/wandb, named wandb_run_name or after out_dir and the
-    start time, the settings as its config and the parameter count in its summary."""
+    """The run's wandb run, its files in out_dir/wandb."""
     import wandb
 
     folder = os.path.basename(os.path.abspath(cfg.out_dir))

@@ -1,7 +1,5 @@
-"""The keys of the JSON files this project reads, checked as they are read: a dataset's meta.json,
-a checkpoint's config.json and a Hugging Face GPT-2 config.json. A table holds each file's keys,
-a Key each (its kind, range or choices); the shape keys of a config.json are also checked against
-the shapes of its weights, before a model of that shape is built."""
+"""The keys of the JSON files read, a Key each: a dataset's meta.json, a checkpoint's
+config.json, a Hugging Face GPT-2 config.json (whose shapes must fit the weights' first)."""
 
 import os
 from contextlib import contextmanager
@@ -83,8 +81,7 @@ def check_tokenizer(spec):
 
 
 def check_meta(meta, path):
-    """A prepared dataset's meta.json (data/README.md): the keys of its task, each as its Key
-    says; its ids within what its dtype holds, and padding within the vocabulary."""
+    """A prepared dataset's meta.json (data/README.md), checked."""
     with checking(meta, path, META_FIX):
         check_keys(meta, META, optional=["bytes"])
         limit = ID_LIMITS[meta["dtype"]]
@@ -100,9 +97,8 @@ def check_meta(meta, path):
 
 
 def check_card(info, path, shapes):
-    """A checkpoint's config.json -> the model's config: an architecture, a 'model' holding its
-    config's fields, each as its Key says, whose shape keys fit the weights' shapes ({tensor
-    name: shape}, read from their header) before a model of that shape is built."""
+    """A checkpoint's config.json -> the model's config, its shape fitting the weights' (shapes:
+    {tensor name: shape} from their header) before a model of that shape is built."""
     with checking(info, path, CARD_FIX):
         check_keys(info, CARD, optional=("weights_id", "tokenizer", "label_names", "max_length"))
         # a null field is an absent one: the config's default
@@ -123,9 +119,7 @@ def check_card(info, path, shapes):
 
 
 def check_hf(hf, path, shapes):
-    """A Hugging Face GPT-2 config.json -> its GPTConfig: its shape keys (HF_NAMES), each an
-    integer >= 1, fitting its weights' shapes as check_card's, and the tokenizer export.py
-    writes into it, if any."""
+    """A Hugging Face GPT-2 config.json -> its GPTConfig, checked as check_card's."""
     with checking(hf, path, "not a GPT-2 config.json that fits the model.safetensors beside it"):
         check_keys(hf, dict.fromkeys(HF_NAMES.values(), Key(1, ge=1)))
         check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
@@ -135,8 +129,7 @@ def check_hf(hf, path, shapes):
 
 
 def check_shapes(shapes, given):
-    """given: {config key: (its name in the file, its value)}: each key the weights' shapes fix
-    (weights_shape) holds their value, or is absent."""
+    """given: {config key: (its name in the file, its value)}, each as the weights' shapes say."""
     for key, found in weights_shape(shapes).items():
         name, value = given.get(key, (key, found))
         if value != found:
@@ -144,9 +137,7 @@ def check_shapes(shapes, given):
 
 
 def weights_shape(shapes):
-    """The config values that the tensors' names and shapes fix: {key: value}: the token table
-    gives the vocabulary and width, a position table the context, the blocks the depth, a
-    classifier's head and fastText table its classes and buckets."""
+    """The config values that the tensors' names and shapes fix: {key: value}."""
     table = shapes.get("wte.weight", shapes.get("lm_head.weight"))
     if table is None or len(table) != 2:
         return {}
