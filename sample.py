@@ -204,7 +204,6 @@ def decode_samples(engine, request, tokenizer, args):
     there; --stream prints the first sample as it grows."""
     rows = request.rows
     texts = [""] * len(rows)
-    decoded = [0] * len(rows)  # each row's tokens in its text
     steps = 0
     shown = 0  # characters of sample 0 already streamed
     if args.stream:
@@ -214,11 +213,10 @@ def decode_samples(engine, request, tokenizer, args):
     interrupted = False
     try:
         while not request.done:
-            engine.step()
+            took = engine.step()
             for i, row in enumerate(rows):
-                if len(row.generated) == decoded[i]:  # no new token (stopped, or done)
+                if row not in took:  # no new token (stopped, or done)
                     continue
-                decoded[i] = len(row.generated)
                 # the whole continuation decoded: bytes split over tokens join up
                 texts[i] = tokenizer.decode(row.generated)
                 cut = first_stop(texts[i], stops)

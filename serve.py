@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 
 import torch
 import uvicorn
@@ -259,7 +260,7 @@ class Playground:
         # counted before a decoding format holds some weights as buffers
         parameters = model.num_params()
         model = for_decoding(model, self.device, weights)
-        decoder = Decoder(Engine(model, self.rows, compile=self.compile))
+        decoder = Decoder(ServingEngine(model, self.rows, compile=self.compile))
         return dict(
             task="lm", model=model, tokenizer=tokenizer, decoder=decoder, parameters=parameters
         )
@@ -739,6 +740,77 @@ class Traced(decoding.NextToken):
             entry["stages"].append(stage)
         self.trace.append(entry)
         return token
+
+
+class ServingEngine(Engine):
+    """The engine with what the API adds: each token's log-probability (logprobs), the prompt
+    scored (echo), and waiting requests taking turns by client."""
+
+    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False, client=None):
+        """Engine.submit, with each token's log-probability (logprobs: the top that many too), the
+        prompt scored (echo: it must fit in block_size), and who asks (client, any hashable)."""
+        request = self.make_request(prompt, picks, max_new_tokens)
+        if echo and len(prompt) > self.block_size:
+            raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
+        request.echo = echo
+        request.prompt_logprobs = None
+        request.prompt_top_logprobs = None
+        for row in request.rows:
+            row.logprobs = logprobs
+            row.token_logprobs = []
+            row.top_logprobs = []
+            row.client = client
+        # queued only once whole: the decoder thread steps while requests come in
+        self.waiting.append(request)
+        return request
+
+    def next_waiting(self):
+        """The first request of the client with the fewest rows decoding: one client's many
+        requests take turns with the others' (first come, first served between equals)."""
+        decoding = Counter(row.client for row in self.active)
+        turns = [decoding[request.rows[0].client] for request in self.waiting]
+        return self.waiting[turns.index(min(turns))]
+
+    def prompt_logits(self, request, row):
+        """With echo, the prefill scores the prompt too: each token's log-probability given the
+        ones before it (None for the first, which has none) and the top alternatives at each."""
+        if not request.echo:
+            return super().prompt_logits(request, row)
+        logits = self.prefill(row, len(row.tokens))  # every position's logits
+        chosen, alternatives = log_probabilities(logits[:-1], row.tokens[1:], row.logprobs or 0)
+        request.prompt_logprobs = [None, *chosen]
+        request.prompt_top_logprobs = [None, *alternatives]
+        return logits[-1:]
+
+    def take(self, rows, logits):
+        """Engine.take, with the log-probability of each token taken (and the top alternatives)."""
+        took = super().take(rows, logits)
+        for row, row_logits in zip(rows, logits):
+            if row.logprobs is not None and row in took:
+                chosen, top = log_probabilities(row_logits[None], [row.tokens[-1]], row.logprobs)
+                row.token_logprobs += chosen
+                if row.logprobs:
+                    row.top_logprobs += top
+        return took
+
+    def fail(self, message):
+        """Every row in the engine ends with message as its error (a bug in a step)."""
+        for row in self.active + [row for request in self.waiting for row in request.rows]:
+            row.error = message
+            row.done = True
+        self.waiting.clear()
+        self.release()
+
+
+def log_probabilities(logits, tokens, top):
+    """Each of tokens' log-probability under logits [len(tokens), vocab] (the model's, before any
+    decoding option), and each position's top alternatives as [(token, log-probability)]."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(tokens, device=logits.device)
+    chosen = logprobs.gather(1, ids[:, None])[:, 0]
+    values, top_ids = logprobs.topk(top, dim=-1)  # [len(tokens), top]
+    pairs = zip(top_ids.tolist(), values.tolist())
+    return chosen.tolist(), [list(zip(*pair)) for pair in pairs]
 
 
 class Decoder:

@@ -16,10 +16,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import Options, make_picks  # noqa: E402
-from engine import Engine  # noqa: E402
 from lib.common import ArgumentParser, at_least, run_script  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
 from lib.weights import load_gpt  # noqa: E402
+from serve import ServingEngine  # noqa: E402
 
 PROMPTS = ["ROMEO:", "KING HENRY:", "First Citizen:", "JULIET:"]
 OPTIONS = Options(temperature=0.9, top_k=40)
@@ -27,7 +27,7 @@ OPTIONS = Options(temperature=0.9, top_k=40)
 
 def decode(model, tokenizer, seed, tokens, company):
     """The row of seed's sample of PROMPTS[0], decoded beside `company` other rows."""
-    engine = Engine(model, 1 + company)
+    engine = ServingEngine(model, 1 + company)
     vocab_size = tokenizer.vocab_size
     for i in range(company):
         prompt = tokenizer.encode(PROMPTS[1 + i % 3])

@@ -350,8 +350,19 @@ def batches(out, new_tokens, sizes=(1, 8, 32)):
         model = for_decoding(model, "cpu")
         for size in sizes:
             name = f"{size}_compiled" if compile else str(size)
-            results[name] = batch_run(Engine(model, size, compile=compile), size, new_tokens)
+            results[name] = batch_run(Timed(model, size, compile=compile), size, new_tokens)
     return results
+
+
+class Timed(Engine):
+    """The engine, noting when each row takes its first token."""
+
+    def take(self, rows, logits):
+        took = super().take(rows, logits)
+        for row in took:
+            if len(row.generated) == 1:
+                row.first_token = time.perf_counter()
+        return took
 
 
 def batch_run(engine, size, new_tokens):
@@ -364,7 +375,7 @@ def batch_run(engine, size, new_tokens):
     while engine.busy():
         engine.step()
     seconds = time.perf_counter() - t0
-    first = [request.first_token - t0 for request in requests]
+    first = [request.rows[0].first_token - t0 for request in requests]
     return dict(ttft_ms=1e3 * sum(first) / size, tokens_s=size * new_tokens / seconds)
 
 

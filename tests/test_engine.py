@@ -1,7 +1,7 @@
 """The generation engine: the KV cache against full forwards, rows at their own positions in one
 batch, the window past block_size, the cached path against the uncached one for every decoding
-option, requests joining and leaving a running batch, one prefill for n samples, log-probabilities,
-and the weight formats."""
+option, requests joining and leaving a running batch, one prefill for n samples, the weight formats,
+and what serve.py's engine adds: log-probabilities, the prompt scored, turns by client."""
 
 import pytest
 import torch
@@ -14,6 +14,7 @@ from lib import formats
 from lib.common import Error
 from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights
 from model import GPT, GPTConfig, KVCache
+from serve import ServingEngine
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
@@ -194,7 +195,7 @@ def test_the_compiled_step_decodes_as_the_eager_one():
     answers = []
     for compile in (False, True):
         model = for_decoding(tiny_gpt(**MODERN), "cpu", "float32")
-        engine = Engine(model, rows=3, compile=compile)
+        engine = ServingEngine(model, rows=3, compile=compile)
         alone = engine.submit([3, 1, 4], picks({}, [1]), 40, logprobs=0)
         while engine.busy():
             engine.step()
@@ -225,9 +226,9 @@ def test_a_finished_row_frees_its_slot_and_zero_tokens_is_no_row():
     engine = Engine(tiny_gpt(), rows=2)
     first = engine.submit([1, 2], [greedy(), greedy()], 3)
     nothing = engine.submit([3], [greedy()], 0)
-    engine.step()
+    assert engine.step() == first.rows
     first.rows[1].finish()  # a consumer that stops early
-    engine.step()
+    assert engine.step() == [first.rows[0]]  # nothing joined, and took no token
     assert engine.free == [first.rows[1].slot] and nothing.done
     while engine.busy():
         engine.step()
@@ -239,10 +240,25 @@ def test_a_row_whose_decoding_fails_ends_alone_with_its_error():
     engine = Engine(model, rows=2)
     blocked = engine.submit([1, 1, 1], [NextToken(Options(no_repeat_ngram_size=1))], 60)
     fine = engine.submit([1, 2, 3], [greedy()], 60)
+    took = []
     while engine.busy():
-        engine.step()
+        took += engine.step()
     assert "no_repeat_ngram_size blocks every token" in blocked.rows[0].error
+    assert took.count(blocked.rows[0]) == len(blocked.rows[0].generated)
     assert fine.rows[0].error is None and len(fine.rows[0].generated) == 60
+
+
+def test_a_failed_step_ends_every_row_with_its_message():
+    """serve.py's engine after a bug in a step: every row, decoding or waiting, ends with the
+    message, and every slot is free again."""
+    engine = ServingEngine(tiny_gpt(), rows=1)
+    running = engine.submit([1, 2], [greedy()], 5)
+    waiting = engine.submit([3], [greedy()], 5)
+    engine.step()
+    engine.fail("RuntimeError: a bug")
+    assert running.done and waiting.done and not engine.busy() and engine.free == [0]
+    assert [r.rows[0].error for r in (running, waiting)] == ["RuntimeError: a bug"] * 2
+    assert len(running.rows[0].generated) == 1 and waiting.rows[0].generated == []
 
 
 def test_echo_scores_the_prompt_as_a_full_forward_does():
@@ -253,7 +269,7 @@ def test_echo_scores_the_prompt_as_a_full_forward_does():
     prompt = [3, 4, 9, 1, 7]
     logits, _ = model(torch.tensor([prompt]))
     expected = torch.log_softmax(logits[0, :-1], -1)
-    engine = Engine(model, rows=3)
+    engine = ServingEngine(model, rows=3)
     scored = engine.submit(prompt, picks({}, [1]), 0, logprobs=2, echo=True)
     both = engine.submit(prompt, picks(dict(temperature=0.0), [1, 2]), 4, echo=True)
     while engine.busy():
@@ -271,7 +287,7 @@ def test_logprobs_are_the_models_own():
     """The chosen token's log-probability and the top alternatives are log_softmax of the raw
     logits of a full forward over the tokens before it, whatever the decoding options."""
     model = tiny_gpt()
-    engine = Engine(model, rows=1)
+    engine = ServingEngine(model, rows=1)
     request = engine.submit([3, 4], picks(dict(temperature=2.0, top_k=4), [5]), 6, logprobs=3)
     while engine.busy():
         engine.step()
@@ -370,7 +386,7 @@ def test_waiting_requests_take_turns_by_client():
     First come, first served, b would wait for three of a's (done at step 14); taking turns, it
     joins at the first step beside a's first row, and every row still gets its lone tokens."""
     model = tiny_gpt()
-    engine = Engine(model, rows=2)
+    engine = ServingEngine(model, rows=2)
     a = [engine.submit([1, 2], [greedy()], 6, client="a") for _ in range(4)]
     b = engine.submit([3], [greedy()], 2, client="b")
     engine.step()
@@ -390,11 +406,11 @@ def test_a_float32_row_is_the_same_alone_and_beside_others():
     can end one bfloat16 step apart (BENCHMARKS.md)."""
     model = for_decoding(tiny_gpt(), "cpu", "float32")
     options = dict(temperature=0.9, top_k=20)
-    engine = Engine(model, rows=1)
+    engine = ServingEngine(model, rows=1)
     alone = engine.submit([5, 6], picks(options, [7]), 12, logprobs=0)
     while engine.busy():
         engine.step()
-    engine = Engine(model, rows=12)
+    engine = ServingEngine(model, rows=12)
     for i in range(11):
         engine.submit([1 + i, 2], picks(options, [100 + i]), 12)
     beside = engine.submit([5, 6], picks(options, [7]), 12, logprobs=0)
