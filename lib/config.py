@@ -12,8 +12,13 @@ from types import ModuleType
 
 from lib.common import Error
 
-# the bounds a Key may have, by pydantic's names
-BOUNDS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+# the bounds a Key may have, by pydantic's names: (how a message says it, the test)
+BOUNDS = {
+    "ge": (">=", operator.ge),
+    "gt": (">", operator.gt),
+    "le": ("<=", operator.le),
+    "lt": ("<", operator.lt),
+}
 
 
 @dataclass
@@ -49,18 +54,11 @@ class Key:
             return "a finite number"
         if self.choices and value not in self.choices:
             return f"one of {', '.join(map(str, self.choices))}"
-        bounds = {k: getattr(self, k) for k in BOUNDS if getattr(self, k) is not None}
-        if all(BOUNDS[k](value, bound) for k, bound in bounds.items()):
-            return None
-        low = self.ge if self.ge is not None else self.gt
-        high = self.le if self.le is not None else self.lt
-        if high is None:
-            return f">= {low}" if self.ge is not None else f"> {low}"
-        if low is None:
-            return f"<= {high}" if self.le is not None else f"< {high}"
-        opening = "[" if self.ge is not None else "("
-        closing = "]" if self.le is not None else ")"
-        return f"in {opening}{low}, {high}{closing}"
+        for name, (sign, holds) in BOUNDS.items():
+            bound = getattr(self, name)
+            if bound is not None and not holds(value, bound):
+                return f"{sign} {bound}"
+        return None
 
 
 def setting(default, help, ge=None, gt=None, le=None, lt=None, choices=None):
@@ -133,12 +131,14 @@ def read_file(path, scope):
 
     scope["include"] = include
     try:
-        with open(path, "rb") as f:
+        with open(path, encoding="utf-8") as f:
             exec(compile(f.read(), path, "exec"), scope)
     except Error:
         raise
     except SyntaxError as e:
         raise Error(f"{e.filename}:{e.lineno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise Error(f"{path}: not UTF-8 text ({e.reason}): save it as UTF-8") from None
     except Exception as e:  # where Python says it was raised
         frame = traceback.extract_tb(e.__traceback__)[-1]
         raise Error(f"{frame.filename}:{frame.lineno}: {type(e).__name__}: {e}") from None

@@ -144,8 +144,8 @@ def test_config_file_overrides_and_types(tmp_path):
         (["--max_iters=-1"], "max_iters=-1: must be >= 0"),
         (["--learning_rate=-0.1"], "learning_rate=-0.1: must be >= 0"),
         (["--learning_rate=nan"], "learning_rate=nan: must be a finite number"),
-        (["--dropout=1.0"], r"dropout=1.0: must be in \[0, 1\)"),
-        (["--beta2=1"], r"beta2=1.0: must be in \[0, 1\)"),
+        (["--dropout=1.0"], r"dropout=1.0: must be < 1"),
+        (["--beta2=1"], r"beta2=1.0: must be < 1"),
         (["--n_embd=100", "--n_head=3"], "n_head=3: must be a divisor of n_embd=100"),
         (["--min_lr=0.1", "--learning_rate=0.01"], "min_lr=0.1: must be <= learning_rate=0.01"),
         (
@@ -174,7 +174,7 @@ def test_config_errors_are_one_clear_line(argv, message):
     [
         ("n_layer = 2\nn_head = (\n", r"c.py:2: '\(' was never closed"),
         ("n_layer = 2\nx = 1 / 0\n", "c.py:2: ZeroDivisionError: division by zero"),
-        (b"n_layer = 2\nname = 'caf\xe9'\n", r"c.py:2: \(unicode error\) 'utf-8' codec"),
+        (b"n_layer = 2\n# caf\xe9\n", r"c.py: not UTF-8 text"),
         ("include('nowhere.py')\n", "no config file '.*nowhere.py'"),
     ],
 )
