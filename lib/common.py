@@ -100,46 +100,39 @@ def pick_device(name):
     return name
 
 
-def auto_dtype(device_type, cuda_capability, cpu_bf16):
-    """The one dtype=auto rule, a pure function of the hardware: bfloat16 where it runs natively
-    (CUDA compute capability 8.0 and up: A100, H100, RTX 30xx and later; CPUs with AMX or AVX-512
-    BF16), float16 on older GPUs (T4, V100, RTX 20xx: bf16 is emulated there, slowly), float32
-    elsewhere (MPS, CPUs without bf16)."""
-    if device_type == "cuda":
-        return "bfloat16" if tuple(cuda_capability) >= (8, 0) else "float16"
-    return "bfloat16" if device_type == "cpu" and cpu_bf16 else "float32"
+def native_bf16(device):
+    """Whether device multiplies bfloat16 natively: a CUDA GPU of compute capability 8.0 and up,
+    or a CPU with AMX or AVX-512 BF16 (flags read from Linux's /proc/cpuinfo)."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if kind != "cpu" or not os.path.isfile("/proc/cpuinfo"):
+        return False
+    flags = open("/proc/cpuinfo").read()
+    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def resolve_dtype(dtype, device):
-    """auto -> the rule above for this device; checks that the dtype exists and runs here."""
+    """dtype=auto: bfloat16 where native_bf16, float16 on other CUDA GPUs, float32 elsewhere.
+    Checks that the dtype runs on device."""
     kind = torch.device(device).type
     if dtype == "auto":
-        capability = torch.cuda.get_device_capability(device) if kind == "cuda" else (0, 0)
-        dtype = auto_dtype(kind, capability, kind == "cpu" and cpu_has_bf16())
+        if native_bf16(device):
+            dtype = "bfloat16"
+        elif kind == "cuda":
+            dtype = "float16"
+        else:
+            dtype = "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
         raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     if dtype == "float16" and kind != "cuda":
         raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
-    if dtype == "bfloat16" and kind == "cuda" and not native_bf16_gpu():
+    if dtype == "bfloat16" and kind == "cuda" and not native_bf16(device):
         raise Error(
             "dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, "
             "and compile skipped): use dtype=auto (float16 here) or float32"
         )
     return dtype
-
-
-def native_bf16_gpu():
-    """Whether the current GPU multiplies bfloat16 natively, not emulated."""
-    return torch.cuda.is_bf16_supported(including_emulation=False)
-
-
-def cpu_has_bf16():
-    """AMX or AVX-512 BF16: bf16 matmuls then run faster than fp32 (BENCHMARKS.md). Read from
-    Linux's /proc/cpuinfo; elsewhere no flags are known."""
-    if not os.path.isfile("/proc/cpuinfo"):
-        return False
-    flags = open("/proc/cpuinfo").read()
-    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def autocast(device, dtype):

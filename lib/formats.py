@@ -5,7 +5,7 @@ on a CPU the float32 and bfloat16 products run on oneDNN's packed layout (Packed
 import torch
 import torch.nn as nn
 
-from lib.common import Error, cpu_has_bf16, native_bf16_gpu
+from lib.common import Error, native_bf16
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
 
@@ -31,16 +31,10 @@ def for_decoding(model, device, weights="auto"):
 
 
 def resolve_weights(weights, device):
-    """auto -> bfloat16 where the device multiplies it natively, as train.py's dtype=auto: GPUs
-    of compute capability 8.0 and up, and CPUs with AVX-512 BF16 or AMX, where oneDNN's packed
-    bfloat16 products decode faster than float32 (BENCHMARKS.md); float32 elsewhere. The CPU's
-    flags decide, not a timing, so one seed's samples never vary with the machine's load. An
-    explicit format as it is."""
+    """auto: bfloat16 where native_bf16 (train.py's dtype=auto rule), float32 elsewhere."""
     if weights != "auto":
         return weights
-    kind = torch.device(device).type
-    native = native_bf16_gpu() if kind == "cuda" else kind == "cpu" and cpu_has_bf16()
-    return "bfloat16" if native else "float32"
+    return "bfloat16" if native_bf16(device) else "float32"
 
 
 class Int8Linear(nn.Module):
