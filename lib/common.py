@@ -1,6 +1,4 @@
-"""What the scripts share: the error type and how a script reports it, device and dtype rules,
-timing, atomic writes. Library code (lib/, model.py, decoding.py) raises Error, and never prints or
-exits."""
+"""What the scripts share: errors, devices and dtypes, atomic writes."""
 
 import argparse
 import json
@@ -15,28 +13,25 @@ from safetensors import SafetensorError
 
 
 class Error(Exception):
-    """A problem the user can fix (a bad value, a missing file, an absent device). Scripts print it
-    as one line."""
+    """A problem the user can fix; library code raises it, and never prints or exits."""
 
 
 class WriteError(Error):
-    """A write the system refused (a full disk, a folder without write permission)."""
+    """A write the system refused (a full disk, no permission)."""
 
 
 def run_script(main, prog):
-    """The one error path of every script: an Error is `prog: error: message` on stderr and exit
-    status 2 (as argparse's), so a 1 with a traceback always means a bug; a closed pipe (`| head`)
-    ends quietly."""
+    """main() with one error path: an Error is one line and exit status 2, as argparse's."""
     try:
         main()
     except Error as e:
-        # one write: every rank of a group may print its line at once
+        # one write: other ranks may print at the same time
         sys.stderr.write(f"{prog}: error: {e}\n")
         sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         sys.exit(130)
-    except BrokenPipeError:
+    except BrokenPipeError:  # `| head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except OSError as e:  # one the system raised outside writing(): it names its file
@@ -73,9 +68,7 @@ def at_least(low):
 
 # ------------------------------------------------------------------------------- device, dtype
 def pick_device(name):
-    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto: cuda, then mps, then
-    cpu, the first this machine has. A chosen GPU is made the current one, so synchronize(), new
-    tensors and libraries' contexts all go to it, not to GPU 0."""
+    """auto: cuda, then mps, then cpu. A GPU becomes the current one (new tensors go to it)."""
     available = {
         "cuda": torch.cuda.is_available(),
         "mps": torch.backends.mps.is_available(),
@@ -101,8 +94,8 @@ def pick_device(name):
 
 
 def native_bf16(device):
-    """Whether device multiplies bfloat16 natively: a CUDA GPU of compute capability 8.0 and up,
-    or a CPU with AMX or AVX-512 BF16 (flags read from Linux's /proc/cpuinfo)."""
+    """Whether device multiplies bfloat16 natively: GPUs of compute capability 8.0 and up, CPUs
+    with AMX or AVX-512 BF16."""
     kind = torch.device(device).type
     if kind == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
@@ -113,8 +106,7 @@ def native_bf16(device):
 
 
 def resolve_dtype(dtype, device):
-    """dtype=auto: bfloat16 where native_bf16, float16 on other CUDA GPUs, float32 elsewhere.
-    Checks that the dtype runs on device."""
+    """auto: bfloat16 where native, float16 on other GPUs, float32 elsewhere; checked for device."""
     kind = torch.device(device).type
     if dtype == "auto":
         if native_bf16(device):
@@ -136,16 +128,14 @@ def resolve_dtype(dtype, device):
 
 
 def autocast(device, dtype):
-    """Mixed precision for forward passes: matmuls in dtype, reductions in float32; float32 is no
-    context at all."""
+    """Mixed precision: matmuls in dtype, reductions in float32."""
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def sync(device):
-    """Wait for the device: GPU work is asynchronous, so a timer would stop before the work
-    does."""
+    """Wait for the device's queued work (timing)."""
     kind = torch.device(device).type
     if kind == "cuda":
         torch.cuda.synchronize(device)
@@ -160,16 +150,12 @@ TEMPORARY = re.compile(r"\.\d+-[0-9a-f]{8}\.tmp$")
 
 @contextmanager
 def atomic_path(path):
-    """Yields a unique temporary name beside path (two writers never share one); on success it
-    replaces path in one step (os.replace), on failure it is deleted: a crash never leaves half a
-    file under the real name. The file reaches the disk before the rename and the rename before
-    the return (fsync of the file, then of its folder), so a power loss leaves the old file or
-    the new one whole."""
+    """A temporary name that replaces path on success, or is deleted: path is always whole."""
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # TEMPORARY's form
     try:
         with writing(path):
             yield tmp
-            fsync(tmp)
+            fsync(tmp)  # on the disk before the rename, the rename before the return
             os.replace(tmp, path)
         fsync(os.path.dirname(os.path.abspath(path)))
     finally:
@@ -179,20 +165,17 @@ def atomic_path(path):
 
 @contextmanager
 def writing(path):
-    """Turns a write the system refused into a WriteError naming path and the cause: an OSError's
-    strerror, or the message of torch's or safetensors' writer (torch.save on a full disk raises a
-    RuntimeError that names no cause)."""
+    """A refused write as a WriteError naming path and the cause."""
     try:
         yield
-    except (OSError, RuntimeError, SafetensorError) as e:
+    except (OSError, RuntimeError, SafetensorError) as e:  # torch.save: a RuntimeError
         cause = getattr(e, "strerror", None) or str(e).partition("\n")[0]
         raise WriteError(f"cannot write {path} ({cause}): what it held before is whole") from None
 
 
 def fsync(path):
-    """Flush a file's or a folder's contents to the disk (folders: on POSIX; Windows cannot open
-    one, and its renames need no flush of the folder)."""
-    if os.path.isdir(path) and os.name == "nt":
+    """Flush a file or a folder to the disk."""
+    if os.path.isdir(path) and os.name == "nt":  # no need, and no way
         return
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -207,7 +190,7 @@ def write_json(path, obj):
 
 
 def read_json(path, what):
-    """A JSON file, or an Error naming it: missing, unreadable or not JSON."""
+    """A JSON file, or an Error naming it."""
     try:
         with open(path) as f:
             return json.load(f)
