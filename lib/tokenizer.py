@@ -48,12 +48,11 @@ class CharTokenizer:
         self.stoi = {c: i for i, c in enumerate(chars)}
         self.vocab_size = len(chars) + eot
         self.eot_token = len(chars) if eot else None
+        self.spec = {"type": "char", "chars": chars}
         # what an empty prompt starts from
         self.start_token = self.stoi.get("\n", 0)
         if eot:
             self.start_token = self.eot_token
-        self.spec = {"type": "char", "chars": chars}
-        if eot:
             self.spec["eot"] = True
 
     def encode(self, text):
