@@ -24,17 +24,14 @@ def run_script(main, prog):
     """main() with one error path: an Error is one line and exit status 2, as argparse's."""
     try:
         main()
-    except Error as e:
-        # one write: other ranks may print at the same time
-        sys.stderr.write(f"{prog}: error: {e}\n")
-        sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         sys.exit(130)
     except BrokenPipeError:  # `| head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except OSError as e:  # one the system raised outside writing(): it names its file
+    except (Error, OSError) as e:  # an OSError outside writing() names its file
+        # one write: other ranks may print at the same time
         sys.stderr.write(f"{prog}: error: {e}\n")
         sys.exit(2)
 
