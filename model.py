@@ -1,14 +1,8 @@
 """
-The models, in one file. Attention is written once; one Block is built on it;
-two models share that Block:
+The models, in one file: attention written once, one Block built on it, two models sharing it:
   GPT                a causal decoder LM (GPT-2's layout by default, head tied to the token table)
   EncoderClassifier  a bidirectional encoder: padding mask, the mean over real tokens, a class head
-The math follows the course notes: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V,
-d_k the size of one head.
-To try an idea in attention, edit attention() and train with attn_impl="explicit", the path that
-then runs. Rotary positions and QK-norm, from later models, are off by default: with biases
-(bias=True) the layout is GPT-2's, and loads its weights exactly (lib/weights.py reads and writes
-weights; the configs' fields double as train.py's keys).
+To try an idea in attention, edit attention() and train with attn_impl="explicit".
 """
 
 import math
@@ -36,8 +30,7 @@ def init_module(module):
 
 @dataclass
 class GPTConfig:
-    """The model's shape and options; the defaults are train.py's (nanoGPT's Shakespeare model),
-    GPT-2's shape comes with its weights (lib/weights.from_pretrained) or config/gpt2.py."""
+    """The model's shape and options; the defaults are train.py's."""
 
     vocab_size: int = 50304  # GPT-2's 50,257 padded up to a multiple of 64, which matmuls prefer
     block_size: int = setting(
@@ -63,7 +56,6 @@ class GPTConfig:
     )
 
     def __post_init__(self):
-        """The rules the shape keeps together, checked wherever a model is built."""
         if self.n_head < 1 or self.n_embd % self.n_head:
             raise Error(f"n_head={self.n_head!r}: must be a divisor of n_embd={self.n_embd}")
         if self.rope and self.n_embd // self.n_head % 2:
@@ -105,9 +97,8 @@ class EncoderConfig(GPTConfig):
 
 
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
-    """The explicit math on [..., n, d_k] tensors; returns (output, weights before dropout).
-    mask is boolean, True = may attend (F.scaled_dot_product_attention's convention),
-    broadcastable to the scores; causal: query i also sees only keys up to i (its is_causal)."""
+    """softmax(Q K^T / sqrt(d_k)) V on [..., n, d_k] tensors -> (output, weights before dropout).
+    mask (True = may attend) and causal as F.scaled_dot_product_attention's."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if causal:
         T, S = scores.shape[-2:]
@@ -121,9 +112,8 @@ def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
 
 
 def rotation(positions, d_k):
-    """(cos, sin) of rotary position embedding at positions [T] (-> [T, d_k/2]) or [B, T] (each
-    row at its own, -> [B, 1, T, d_k/2]): channel pair (i, i + d_k/2) turns by the angle
-    position * 10000^(-2i/d_k). Computed once per forward, used by every layer."""
+    """(cos, sin) of rotary embeddings at positions [T] -> [T, d_k/2], or [B, T] -> [B, 1, T,
+    d_k/2]: channel pair (i, i + d_k/2) turns by position * 10000^(-2i/d_k)."""
     half = d_k // 2
     steps = torch.arange(half, device=positions.device, dtype=torch.float32)
     inv_freq = 10000.0 ** (-steps / half)
@@ -134,8 +124,7 @@ def rotation(positions, d_k):
 
 
 def rotary(x, cos, sin):
-    """x [B, h, T, d_k] rotated pair by pair: a query-key product then depends only on the two
-    positions' difference, so attention sees relative positions."""
+    """x [B, h, T, d_k] rotated pair by pair: query-key products see relative positions."""
     x1, x2 = x.chunk(2, dim=-1)
     cos = cos.to(x.dtype)
     sin = sin.to(x.dtype)
@@ -143,14 +132,12 @@ def rotary(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of every layer, preallocated for rows x length positions and written in
-    place (gpt-fast's static cache), and each row's length: the position its next token takes.
-    step() readies the cache for one forward; reset() and copy() manage rows between forwards."""
+    """Every layer's keys and values, preallocated and written in place (gpt-fast's static
+    cache), and each row's length."""
 
     def __init__(self, config, rows, length, device, dtype=torch.float32):
         shape = (rows, config.n_head, length, config.n_embd // config.n_head)
-        # (keys, values) per layer, a tensor each: each is written in place, whole (a compiled
-        # step mutates no views)
+        # (keys, values) per layer, written in place: a compiled step mutates no views
         self.kv = [
             (
                 torch.zeros(shape, device=device, dtype=dtype),
@@ -161,14 +148,12 @@ class KVCache:
         self.lengths = [0] * rows  # on the host: reading them costs no device sync
 
     def step(self, rows, T):
-        """The cache for one forward of T new tokens for rows (a list of row indices), each
-        writing at its own next positions, which it takes: sets positions [B, T] and keys, how
-        many of the rows' keys their queries may read. Returns self."""
+        """Readies the cache for T new tokens of rows (row indices), each at its next positions."""
         device = self.kv[0][0].device
         start = torch.tensor([self.lengths[row] for row in rows])
         self.rows = torch.tensor(rows, device=device)
-        self.positions = (start[:, None] + torch.arange(T)).to(device)
-        self.keys = int(start.max()) + T
+        self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
+        self.keys = int(start.max()) + T  # how many keys the queries may read
         # every row in order: the cache's own views are read, no copies
         every_row = rows == list(range(len(self.lengths)))
         self.read = slice(None) if every_row else self.rows
@@ -190,8 +175,7 @@ class KVCache:
         self.lengths[row] = 0
 
     def copy(self, source, rows):
-        """Row source's keys, values and length into each of rows: a prompt prefilled once serves
-        every sample of it."""
+        """Row source's keys, values and length into each of rows (a prompt prefilled once)."""
         n = self.lengths[source]
         for layer in self.kv:
             for cache in layer:
@@ -214,12 +198,8 @@ class MultiHeadAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
-        """x [B, T, d]. mask: boolean, True = may attend, broadcastable to [B, h, T, keys], made
-        once per forward by the model; a mask given is the whole mask (a causal one included),
-        and None on a causal model is the causal kernel (each token sees those before it in x).
-        rope: rotation()'s (cos, sin) for these positions. cache: a KVCache readied by step(),
-        which stores these keys and values and returns all of their rows'. need_weights
-        also returns the maps (the explicit path)."""
+        """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend, the whole mask
+        (None on a causal model: the causal kernel); rope: rotation()'s; cache: a KVCache."""
         B, T, C = x.shape
         h = self.config.n_head
         # 3 x [B, h, T, d_k]
@@ -249,8 +229,7 @@ class MultiHeadAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + Attention(LN(x)), then x + FFN(LN(x)).
-    Causal is a flag, not a second class."""
+    """Pre-norm block: x + Attention(LN(x)), then x + FFN(LN(x))."""
 
     def __init__(self, config, causal, layer=0):
         super().__init__()
@@ -275,9 +254,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """What both models share, the body: token (+ learned position) embeddings, n_layer Blocks, a
-    final norm. Each model adds its head, and overrides the hooks below where its head changes
-    what they group or load."""
+    """The body both models share: embeddings, n_layer Blocks, a final norm."""
 
     OWN_MODULES = ()  # the model's modules outside the body: load_body starts them afresh
 
@@ -291,8 +268,8 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
 
     def init_weights(self):
-        """nanoGPT's init: N(0, 0.02) everywhere, the residual projections scaled by
-        1/sqrt(2 n_layer) so that the residual stream's variance does not grow with depth."""
+        """nanoGPT's init: N(0, 0.02), the residual projections' std over sqrt(2 n_layer) so that
+        the residual stream's variance does not grow with depth."""
         for module in self.modules():
             init_module(module)
         for name, p in self.named_parameters():
@@ -300,10 +277,7 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
-        """idx [B, T] -> (final hidden states [B, T, d], attention maps per layer, or Nones).
-        Without a cache the tokens sit at positions 0 ... T - 1; with a KVCache readied by
-        step(), each row at its own positions, and the mask over the cached keys is made here,
-        once for every layer."""
+        """idx [B, T] -> (final hidden states [B, T, d], per-layer attention maps or Nones)."""
         T = idx.size(1)
         longest = T if cache is None else cache.keys  # known on the host: no device sync
         if longest > self.config.block_size:
@@ -328,23 +302,21 @@ class Transformer(nn.Module):
         return self.ln_f(x), maps
 
     def num_params(self, non_embedding=True):
-        """Parameters, a tensor shared by two modules counted once; by default without the
-        position table."""
+        """Parameters, shared ones counted once; by default without the position table."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
+        if non_embedding and self.wpe is not None:
+            n -= self.wpe.weight.numel()
+        return n
 
     def optimizer_groups(self):
-        """AdamW parameter groups with settings of their own, beside the two that
-        configure_optimizers builds."""
+        """AdamW groups with settings of their own, beside configure_optimizers' two."""
         return []
 
     def configure_optimizers(
         self, weight_decay, learning_rate, betas, device_type, optimizer="adamw"
     ):
-        """A list of optimizers. adamw: AdamW with two groups, matrices and embeddings decay, biases
-        and norm gains do not, and the model's optimizer_groups(). muon: torch.optim.Muon
-        (orthogonalised momentum) for the 2-D weights inside the blocks, AdamW for the rest; Muon's
-        update is scaled to AdamW's size (match_rms_adamw), so one learning rate serves both."""
+        """adamw: AdamW, matrices and embeddings decayed, biases and gains not, plus
+        optimizer_groups(); muon: Muon at AdamW's update size for the blocks' 2-D weights."""
         muon = optimizer == "muon"
         hidden = [p for p in self.blocks.parameters() if muon and p.requires_grad and p.dim() == 2]
         own = self.optimizer_groups()
@@ -371,9 +343,8 @@ class Transformer(nn.Module):
         return optimizers
 
     def load_weights(self, state):
-        """Load a state dict in place of the current tensors (assign: a model built on the meta
-        device takes the loaded tensors without a second copy in memory)."""
-        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's own
+        """Load a state dict in place of the current tensors: one copy in memory."""
+        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's
         expected = self.state_dict()
         for k, v in state.items():
             if k in expected and v.is_floating_point():
@@ -387,9 +358,7 @@ class Transformer(nn.Module):
         return self
 
     def load_body(self, state):
-        """Start from a pretrained GPT: of its state dict, the body's tensors are taken over (the
-        position table cut to this block_size: a shorter context keeps the first positions), its
-        head is not, and this model's OWN_MODULES start afresh. Returns self."""
+        """A pretrained GPT's body (the position table cut to block_size), OWN_MODULES afresh."""
         parts = ("wte", "wpe", "blocks", "ln_f")
         body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
@@ -404,8 +373,7 @@ class Transformer(nn.Module):
 
 
 class GPT(Transformer):
-    """The causal decoder language model: the body, then an LM head tied to the token embedding,
-    as GPT-2's."""
+    """The causal decoder LM: the body, then a head tied to the token embedding, as GPT-2's."""
 
     def __init__(self, config):
         super().__init__(config, causal=True)
@@ -415,16 +383,11 @@ class GPT(Transformer):
         self.init_weights()
 
     def forward(self, idx, targets=None, cache=None, logits_to_keep=0):
-        """idx [B, T] -> (logits [B, T, vocab], mean cross-entropy against targets, or None;
-        -1 targets ignored).
-        logits_to_keep > 0 (Hugging Face's name): the logits of the last that many positions only,
-        in float32, as decoding wants them: the head over every position would cost a
-        [B, T, vocab] tensor to use one row, and in bfloat16 nearby logits round to ties, so that
-        top_k=1 would not be greedy."""
+        """idx [B, T] -> (logits [B, T, vocab], cross-entropy against targets or None; -1 ignored).
+        logits_to_keep > 0: the last that many positions' logits, in float32, for decoding."""
         x, _ = self.hidden_states(idx, cache=cache)
         if logits_to_keep:
-            # fed float32 whatever autocast's dtype (an engine's weight format keeps the head's
-            # input float32 too)
+            # float32 whatever autocast's dtype: in bfloat16 close logits round to ties
             with torch.autocast(x.device.type, enabled=False):
                 return self.lm_head(x[:, -logits_to_keep:].float()), None
         logits = self.lm_head(x)
@@ -435,9 +398,7 @@ class GPT(Transformer):
         return logits, loss
 
     def load_weights(self, state):
-        """The base's load, then the head tied again (assign gives the two modules a tensor each).
-        save_model keeps one name of the shared tensor, at times the head's: either name fills
-        both."""
+        """The base's load, then the head tied again: either name of the shared tensor fills it."""
         table = state.get("wte.weight", state.get("lm_head.weight"))
         if table is not None:
             state = {**state, "wte.weight": table, "lm_head.weight": table}
@@ -448,10 +409,7 @@ class GPT(Transformer):
 
 class EncoderClassifier(Transformer):
     """The same Blocks without the causal mask, a padding mask, mean pooling over real tokens and
-    a class head.
-    Mean pooling rather than a CLS token: every real token gets a gradient from the loss, which
-    trains faster and better for small models learned from scratch; a CLS token must first learn
-    to gather the sentence."""
+    a class head."""
 
     # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
     BOW_LR_SCALE = 200
@@ -460,26 +418,21 @@ class EncoderClassifier(Transformer):
     def __init__(self, config):
         super().__init__(config, causal=False)
         self.head = nn.Linear(config.n_embd, config.n_classes)
-        # a row per token, then bow_buckets rows of hashed bigrams
-        self.bow = (
-            nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes)
-            if config.bow_head
-            else None
-        )
+        self.bow = None
+        if config.bow_head:
+            # a row per token, then bow_buckets rows of hashed bigrams
+            self.bow = nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes)
         self.init_weights()
 
     def optimizer_groups(self):
-        """bow's table: a linear model's rows, each met only by the batches that hold its feature,
-        learn at fastText's far higher rate, without decay."""
+        """bow's table learns at fastText's far higher rate, without decay."""
         if self.bow is None:
             return []
         return [{"params": [self.bow.weight], "weight_decay": 0.0, "lr_scale": self.BOW_LR_SCALE}]
 
     def bow_logits(self, idx, real):
-        """fastText's linear classifier [B, n_classes]: one weight row per real token and, with
-        bow_buckets, one per (previous token, token) pair hashed into that many rows (phrases such
-        as "oil prices" as features of their own; the first token's previous is padding); summed
-        over the square root of their count, so that long texts do not get larger logits."""
+        """fastText's linear classifier [B, n_classes]: a row per real token (and hashed bigram),
+        summed over the square root of their count."""
         features = idx
         real = real.float()
         if self.config.bow_buckets:
@@ -493,9 +446,8 @@ class EncoderClassifier(Transformer):
         return summed / count.sqrt()
 
     def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
-        """idx [B, n]; attention_mask [B, n], 1 = real token, 0 = padding (as Hugging Face),
-        by default idx != pad_token_id. Returns (logits [B, n_classes], loss or None), plus the
-        attention maps if need_weights."""
+        """idx [B, n], attention_mask [B, n] (1 = real token; default idx != pad_token_id) ->
+        (logits [B, n_classes], loss or None[, maps])."""
         if attention_mask is None:
             real = idx != self.config.pad_token_id
         else:
@@ -511,16 +463,15 @@ class EncoderClassifier(Transformer):
             # padding keys hidden
             x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
         weights = real.unsqueeze(-1).to(x.dtype)
-        # mean over real tokens
+        # mean over real tokens, not a CLS token: every token gets a gradient
         mean = (x * weights).sum(1) / weights.sum(1).clamp(min=1)
         logits = self.head(mean).float()
         loss = None if labels is None else F.cross_entropy(logits, labels)
         if self.bow is not None:
-            # Two classifiers side by side on the same batches, each trained by its own loss, and
-            # their probabilities multiplied: an ensemble of unlike models, which scores above the
-            # two trained jointly on the sum of their logits (BENCHMARKS.md).
+            # an ensemble: each classifier trained by its own loss, their probabilities multiplied
             bow = self.bow_logits(idx, real)
-            loss = None if labels is None else (loss + F.cross_entropy(bow, labels)) / 2
+            if labels is not None:
+                loss = (loss + F.cross_entropy(bow, labels)) / 2
             logits = F.log_softmax(logits, -1) + F.log_softmax(bow, -1)
         return (logits, loss, maps) if need_weights else (logits, loss)
 
@@ -529,8 +480,7 @@ ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifie
 
 
 def model_config(task, settings):
-    """The config of a GPT (task lm) or an EncoderClassifier (classify), from the matching keys of
-    settings: (the model's class, its config)."""
+    """(class, config) of task lm or classify, from settings' matching keys."""
     cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
     kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
     return cls, config_cls(**kwargs)

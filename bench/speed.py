@@ -50,7 +50,7 @@ from lib.batches import read_meta
 from lib.common import (
     ArgumentParser,
     Error,
-    cpu_has_bf16,
+    native_bf16,
     pick_device,
     run_script,
     sync,
@@ -163,7 +163,7 @@ def machine(device):
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu_cores": os.cpu_count(),
-        "cpu_bf16": cpu_has_bf16(),
+        "cpu_bf16": native_bf16("cpu"),
         "python": platform.python_version(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }  # other jobs skew CPU timings

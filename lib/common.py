@@ -1,6 +1,4 @@
-"""What the scripts share: the error type and how a script reports it, device and dtype rules,
-timing, atomic writes. Library code (lib/, model.py, decoding.py) raises Error, and never prints or
-exits."""
+"""What the scripts share: errors, devices and dtypes, atomic writes."""
 
 import argparse
 import json
@@ -15,31 +13,25 @@ from safetensors import SafetensorError
 
 
 class Error(Exception):
-    """A problem the user can fix (a bad value, a missing file, an absent device). Scripts print it
-    as one line."""
+    """A problem the user can fix; library code raises it, and never prints or exits."""
 
 
 class WriteError(Error):
-    """A write the system refused (a full disk, a folder without write permission)."""
+    """A write the system refused (a full disk, no permission)."""
 
 
 def run_script(main, prog):
-    """The one error path of every script: an Error is `prog: error: message` on stderr and exit
-    status 2 (as argparse's), so a 1 with a traceback always means a bug; a closed pipe (`| head`)
-    ends quietly."""
+    """main() with one error path: an Error is one line and exit status 2, as argparse's."""
     try:
         main()
-    except Error as e:
-        # one write: every rank of a group may print its line at once
-        sys.stderr.write(f"{prog}: error: {e}\n")
-        sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         sys.exit(130)
-    except BrokenPipeError:
+    except BrokenPipeError:  # `| head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except OSError as e:  # one the system raised outside writing(): it names its file
+    except (Error, OSError) as e:  # an OSError outside writing() names its file
+        # one write: other ranks may print at the same time
         sys.stderr.write(f"{prog}: error: {e}\n")
         sys.exit(2)
 
@@ -73,9 +65,7 @@ def at_least(low):
 
 # ------------------------------------------------------------------------------- device, dtype
 def pick_device(name):
-    """The device that name (auto, cpu, cuda, cuda:1, mps) means here; auto: cuda, then mps, then
-    cpu, the first this machine has. A chosen GPU is made the current one, so synchronize(), new
-    tensors and libraries' contexts all go to it, not to GPU 0."""
+    """auto: cuda, then mps, then cpu. A GPU becomes the current one (new tensors go to it)."""
     available = {
         "cuda": torch.cuda.is_available(),
         "mps": torch.backends.mps.is_available(),
@@ -100,27 +90,33 @@ def pick_device(name):
     return name
 
 
-def auto_dtype(device_type, cuda_capability, cpu_bf16):
-    """The one dtype=auto rule, a pure function of the hardware: bfloat16 where it runs natively
-    (CUDA compute capability 8.0 and up: A100, H100, RTX 30xx and later; CPUs with AMX or AVX-512
-    BF16), float16 on older GPUs (T4, V100, RTX 20xx: bf16 is emulated there, slowly), float32
-    elsewhere (MPS, CPUs without bf16)."""
-    if device_type == "cuda":
-        return "bfloat16" if tuple(cuda_capability) >= (8, 0) else "float16"
-    return "bfloat16" if device_type == "cpu" and cpu_bf16 else "float32"
+def native_bf16(device):
+    """Whether device multiplies bfloat16 natively: GPUs of compute capability 8.0 and up, CPUs
+    with AMX or AVX-512 BF16."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if kind != "cpu" or not os.path.isfile("/proc/cpuinfo"):
+        return False
+    flags = open("/proc/cpuinfo").read()
+    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def resolve_dtype(dtype, device):
-    """auto -> the rule above for this device; checks that the dtype exists and runs here."""
+    """auto: bfloat16 where native, float16 on other GPUs, float32 elsewhere; checked for device."""
     kind = torch.device(device).type
     if dtype == "auto":
-        capability = torch.cuda.get_device_capability(device) if kind == "cuda" else (0, 0)
-        dtype = auto_dtype(kind, capability, kind == "cpu" and cpu_has_bf16())
+        if native_bf16(device):
+            dtype = "bfloat16"
+        elif kind == "cuda":
+            dtype = "float16"
+        else:
+            dtype = "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
         raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     if dtype == "float16" and kind != "cuda":
         raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
-    if dtype == "bfloat16" and kind == "cuda" and not native_bf16_gpu():
+    if dtype == "bfloat16" and kind == "cuda" and not native_bf16(device):
         raise Error(
             "dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, "
             "and compile skipped): use dtype=auto (float16 here) or float32"
@@ -128,31 +124,15 @@ def resolve_dtype(dtype, device):
     return dtype
 
 
-def native_bf16_gpu():
-    """Whether the current GPU multiplies bfloat16 natively, not emulated."""
-    return torch.cuda.is_bf16_supported(including_emulation=False)
-
-
-def cpu_has_bf16():
-    """AMX or AVX-512 BF16: bf16 matmuls then run faster than fp32 (BENCHMARKS.md). Read from
-    Linux's /proc/cpuinfo; elsewhere no flags are known."""
-    if not os.path.isfile("/proc/cpuinfo"):
-        return False
-    flags = open("/proc/cpuinfo").read()
-    return " amx_bf16" in flags or " avx512_bf16" in flags
-
-
 def autocast(device, dtype):
-    """Mixed precision for forward passes: matmuls in dtype, reductions in float32; float32 is no
-    context at all."""
+    """Mixed precision: matmuls in dtype, reductions in float32."""
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def sync(device):
-    """Wait for the device: GPU work is asynchronous, so a timer would stop before the work
-    does."""
+    """Wait for the device's queued work (timing)."""
     kind = torch.device(device).type
     if kind == "cuda":
         torch.cuda.synchronize(device)
@@ -167,16 +147,12 @@ TEMPORARY = re.compile(r"\.\d+-[0-9a-f]{8}\.tmp$")
 
 @contextmanager
 def atomic_path(path):
-    """Yields a unique temporary name beside path (two writers never share one); on success it
-    replaces path in one step (os.replace), on failure it is deleted: a crash never leaves half a
-    file under the real name. The file reaches the disk before the rename and the rename before
-    the return (fsync of the file, then of its folder), so a power loss leaves the old file or
-    the new one whole."""
+    """A temporary name that replaces path on success, or is deleted: path is always whole."""
     tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # TEMPORARY's form
     try:
         with writing(path):
             yield tmp
-            fsync(tmp)
+            fsync(tmp)  # on the disk before the rename, the rename before the return
             os.replace(tmp, path)
         fsync(os.path.dirname(os.path.abspath(path)))
     finally:
@@ -186,20 +162,17 @@ def atomic_path(path):
 
 @contextmanager
 def writing(path):
-    """Turns a write the system refused into a WriteError naming path and the cause: an OSError's
-    strerror, or the message of torch's or safetensors' writer (torch.save on a full disk raises a
-    RuntimeError that names no cause)."""
+    """A refused write as a WriteError naming path and the cause."""
     try:
         yield
-    except (OSError, RuntimeError, SafetensorError) as e:
+    except (OSError, RuntimeError, SafetensorError) as e:  # torch.save: a RuntimeError
         cause = getattr(e, "strerror", None) or str(e).partition("\n")[0]
         raise WriteError(f"cannot write {path} ({cause}): what it held before is whole") from None
 
 
 def fsync(path):
-    """Flush a file's or a folder's contents to the disk (folders: on POSIX; Windows cannot open
-    one, and its renames need no flush of the folder)."""
-    if os.path.isdir(path) and os.name == "nt":
+    """Flush a file or a folder to the disk."""
+    if os.path.isdir(path) and os.name == "nt":  # no need, and no way
         return
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -214,7 +187,7 @@ def write_json(path, obj):
 
 
 def read_json(path, what):
-    """A JSON file, or an Error naming it: missing, unreadable or not JSON."""
+    """A JSON file, or an Error naming it."""
     try:
         with open(path) as f:
             return json.load(f)

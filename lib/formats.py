@@ -1,20 +1,15 @@
-"""The formats a GPT's weights decode in, stored once: float32, bfloat16 (the head kept float32,
-for float32 logits) and int8 (weight-only, per-output-channel scales, as gpt-fast's quantize.py);
-on a CPU the float32 and bfloat16 products run on oneDNN's packed layout (PackedLinear)."""
+"""The formats a GPT's weights decode in: float32, bfloat16, int8 (weight-only, as gpt-fast's)."""
 
 import torch
 import torch.nn as nn
 
-from lib.common import Error, cpu_has_bf16, native_bf16_gpu
+from lib.common import Error, native_bf16
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
 
 
 def for_decoding(model, device, weights="auto"):
-    """The model in eval mode on device, its weights stored once in the format that decodes
-    fastest there (resolve_weights; bfloat16 keeps the head in float32, for float32 logits), on
-    a CPU in oneDNN's layout (PackedLinear); int8 (weight-only, per-output-channel scales) where
-    asked."""
+    """The model in eval mode on device, its weights stored once, in one format."""
     if weights not in WEIGHTS:
         raise Error(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     model = model.to(device).eval()
@@ -22,6 +17,7 @@ def for_decoding(model, device, weights="auto"):
     if weights == "bfloat16":
         head = model.lm_head.weight.detach().float()
         model.to(torch.bfloat16)
+        # float32 logits: in bfloat16 near ones round to ties
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
     if weights == "int8":
         replace_linears(model, Int8Linear)
@@ -31,22 +27,14 @@ def for_decoding(model, device, weights="auto"):
 
 
 def resolve_weights(weights, device):
-    """auto -> bfloat16 where the device multiplies it natively, as train.py's dtype=auto: GPUs
-    of compute capability 8.0 and up, and CPUs with AVX-512 BF16 or AMX, where oneDNN's packed
-    bfloat16 products decode faster than float32 (BENCHMARKS.md); float32 elsewhere. The CPU's
-    flags decide, not a timing, so one seed's samples never vary with the machine's load. An
-    explicit format as it is."""
+    """auto: bfloat16 where native_bf16, as dtype=auto, float32 elsewhere."""
     if weights != "auto":
         return weights
-    kind = torch.device(device).type
-    native = native_bf16_gpu() if kind == "cuda" else kind == "cpu" and cpu_has_bf16()
-    return "bfloat16" if native else "float32"
+    return "bfloat16" if native_bf16(device) else "float32"
 
 
 class Int8Linear(nn.Module):
-    """A Linear with int8 weights and one bfloat16 scale per output channel (weight-only, as
-    gpt-fast's int8): activations in bfloat16 through torch's int8-weight kernel, the output in
-    the input's dtype."""
+    """A Linear with int8 weights, a bfloat16 scale per output channel."""
 
     def __init__(self, linear):
         super().__init__()
@@ -65,12 +53,9 @@ class Int8Linear(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """A Linear whose weight is stored once in oneDNN's blocked layout for this CPU's vector unit
-    (the layout inductor's frozen CPU graphs use), its products oneDNN's: on some CPUs they read
-    the weights faster than torch's F.linear (MKL), at any batch size (BENCHMARKS.md).
-    The layout is chosen for ROWS rows at a time; any number multiplies."""
+    """A Linear in oneDNN's blocked layout for this CPU (faster on some: BENCHMARKS.md)."""
 
-    ROWS = 8
+    ROWS = 8  # the layout suits this many rows at a time; any number multiplies
 
     def __init__(self, linear):
         super().__init__()
@@ -94,25 +79,25 @@ def onednn_linear(x, packed, bias):
 
 @torch.library.custom_op("gpt::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """onednn_linear as an op the compiler calls as it is (it cannot lower the packed layout)."""
+    """onednn_linear as an op the compiler calls, not lowers."""
     return onednn_linear(x, packed, bias)
 
 
 @packed_linear.register_fake
 def packed_linear_shape(x, packed, bias):
-    """The output's shape and dtype, for the compiler's tracing."""
+    """The output's shape and dtype, for tracing."""
     return x.new_empty(*x.shape[:-1], packed.size(0))
 
 
 def onednn_multiplies(weights):
-    """Whether this torch's oneDNN multiplies the format on this CPU (bfloat16 needs AVX-512)."""
+    """Whether oneDNN multiplies the format on this CPU."""
     if not torch.backends.mkldnn.is_available():
         return False
-    return weights == "float32" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weights == "float32" or torch.ops.mkldnn._is_mkldnn_bf16_supported()  # AVX-512
 
 
 def replace_linears(model, kind):
-    """Every Linear of the model (the blocks' and the head) replaced by kind(linear)."""
+    """Every Linear of the model replaced by kind(linear)."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):

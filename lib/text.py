@@ -1,5 +1,4 @@
-"""The text of a decode: where a continuation's first stop string begins, and the part of it
-that can be shown now. sample.py and the playground print through these."""
+"""Stop strings in a decode's growing text."""
 
 
 def first_stop(text, stops):
@@ -9,11 +8,9 @@ def first_stop(text, stops):
 
 
 def printable(text, stops=()):
-    """The part of a growing continuation that can be printed now: never a trailing half of a
-    multi-byte character (tiktoken decodes it to U+FFFD) nor a tail that may turn out to be the
-    start of a stop string."""
-    text = text.rstrip("\ufffd")
-    held = 0  # characters at the end that may begin a stop string
+    """All of text but a tail that may begin one of stops: what can be printed now."""
+    text = text.rstrip("\ufffd")  # tiktoken's half of a multi-byte character
+    held = 0
     for stop in stops:
         for n in range(1, min(len(stop) - 1, len(text)) + 1):
             if stop.startswith(text[-n:]):

@@ -46,14 +46,15 @@ class CharTokenizer:
         """eot: one more id, after the characters', ends a document."""
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
-        self.vocab_size = len(chars) + eot
-        self.eot_token = len(chars) if eot else None
+        self.vocab_size = len(chars)
+        self.eot_token = None
+        self.spec = {"type": "char", "chars": chars}
         # what an empty prompt starts from
         self.start_token = self.stoi.get("\n", 0)
         if eot:
+            self.eot_token = len(chars)
+            self.vocab_size += 1
             self.start_token = self.eot_token
-        self.spec = {"type": "char", "chars": chars}
-        if eot:
             self.spec["eot"] = True
 
     def encode(self, text):
@@ -100,7 +101,8 @@ class BPETokenizer:
         return self.enc.encode_ordinary(text.lower() if self.lowercase else text)
 
     def encode_batch(self, texts):
-        texts = [t.lower() for t in texts] if self.lowercase else texts
+        if self.lowercase:
+            texts = [t.lower() for t in texts]
         return self.enc.encode_ordinary_batch(texts, num_threads=8)
 
     def decode(self, ids):

@@ -1,6 +1,5 @@
-"""Reading and writing weights: this project's checkpoints (model.safetensors + config.json, as on
-the Hugging Face hub) and GPT-2's weights in the Hugging Face layout. Every config.json is read
-once per load and checked against its weights' header before a model of its shape is built."""
+"""Reading and writing weights: this project's checkpoints (model.safetensors + config.json) and
+GPT-2's in the Hugging Face layout."""
 
 import hashlib
 import json
@@ -24,12 +23,8 @@ GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
-    """model.safetensors + config.json. Both are written whole to temporary files first, then
-    renamed, the weights before the card; the card names the weights' id (stored in the weights'
-    header), so a crash between the two renames is a mismatch that from_checkpoint reports, never
-    a new model paired with an old card. extra: task, tokenizer, label names. A trained
-    tokenizer's file is copied from tokenizer_dir, renamed before the weights (the card names its
-    sha256: a card paired with another file is refused as it loads)."""
+    """model.safetensors + config.json (extra: task, tokenizer, label names), and a trained
+    tokenizer's file copied from tokenizer_dir."""
     os.makedirs(out_dir, exist_ok=True)
     token = secrets.token_hex(8)
     card = {
@@ -39,6 +34,7 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
         "weights_id": token,
     }
     tokenizer_file = (card.get("tokenizer") or {}).get("file")
+    # renamed in reverse: the tokenizer, the weights, then the card that names both
     with ExitStack() as files:
         card_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "config.json")))
         weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
@@ -59,8 +55,8 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
 
 
 def from_checkpoint(out_dir, device="cpu", info=None):
-    """Load what save_pretrained wrote: (model in eval mode, the config.json dict). info: the
-    config.json already read."""
+    """(model in eval mode, config.json's dict) of what save_pretrained wrote; info: config.json
+    already read."""
     path = os.path.join(out_dir, "config.json")
     if info is None:
         if not os.path.isfile(path):
@@ -88,8 +84,7 @@ def from_checkpoint(out_dir, device="cpu", info=None):
 
 
 def read_header(path):
-    """(the metadata, {tensor name: shape}) of a safetensors file's header, read without its
-    tensors; (None, {}) when there is no such file or no readable header: the load reports it."""
+    """(metadata, {name: shape}) of a safetensors file, its tensors unread; (None, {}) if none."""
     try:
         with safe_open(path, "pt") as f:
             return f.metadata() or {}, {name: f.get_slice(name).get_shape() for name in f.keys()}
@@ -98,8 +93,7 @@ def read_header(path):
 
 
 def check_weights_id(out_dir, info, metadata):
-    """The weights (their header's metadata) are the ones config.json was saved with (a card
-    without an id predates the id: unchecked)."""
+    """The weights are the ones config.json was saved with (a card without an id: unchecked)."""
     expected = info.get("weights_id")
     found = metadata.get("weights_id")
     if expected is not None and found != expected:
@@ -112,10 +106,8 @@ def check_weights_id(out_dir, info, metadata):
 
 
 def from_pretrained(name_or_dir, hf=None):
-    """A GPT of GPT-2's weights in the Hugging Face layout (model.safetensors + config.json): a
-    local directory, or one of GPT2_NAMES downloaded from the hub; hf: its config.json already
-    read. The model is built on the meta device and takes the loaded tensors, so loading holds
-    one copy of the weights in memory, not two."""
+    """A GPT of GPT-2's weights in the Hugging Face layout: a folder, or one of GPT2_NAMES from
+    the hub; hf: its config.json already read."""
     path = name_or_dir
     if not os.path.isdir(path):
         if name_or_dir not in GPT2_NAMES:
@@ -143,7 +135,8 @@ def from_pretrained(name_or_dir, hf=None):
         if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
             continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
         key = key.removeprefix("transformer.")
-        key = "blocks." + key[2:] if key.startswith("h.") else key
+        if key.startswith("h."):
+            key = "blocks." + key[2:]
         for old, new in (("c_attn", "qkv"), ("c_proj", "proj"), ("c_fc", "fc")):
             key = key.replace(old, new)
         # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
@@ -151,15 +144,14 @@ def from_pretrained(name_or_dir, hf=None):
             tensor = tensor.t().contiguous()
         state[key] = tensor
     config = check_hf(hf, config_path, {name: tensor.shape for name, tensor in state.items()})
-    with torch.device("meta"):
+    with torch.device("meta"):  # the model takes the loaded tensors: one copy in memory
         model = GPT(config)
     return model.load_weights(state)
 
 
 def load_pretrained(name_or_dir, device="cpu"):
-    """A checkpoint of this project (its config.json names an architecture) or GPT-2's weights
-    (a name, or a folder in the Hugging Face layout): (model in eval mode, info; GPT-2's info
-    names its BPE tokenizer, or the one export.py wrote into its config.json)."""
+    """(model in eval mode, info) of a checkpoint of this project or of GPT-2's weights (a name
+    or a Hugging Face folder)."""
     path = os.path.join(name_or_dir, "config.json")
     config = read_json(path, "checkpoint config") if os.path.isfile(path) else {}
     # a Hugging Face config has neither of this project's card keys (a card that lost one of them
@@ -173,8 +165,7 @@ def load_pretrained(name_or_dir, device="cpu"):
 
 def load_gpt(source, device, hub=False):
     """(a GPT in eval mode on device, its tokenizer, a line saying what was loaded) from a
-    checkpoint folder of this project, or with hub, GPT-2's weights (a name, or a Hugging Face
-    folder): what sample.py and the playground decode."""
+    checkpoint of this project or, with hub, GPT-2's weights."""
     where = os.path.join(source, "config.json")
     if not hub and not os.path.isfile(where):
         if os.path.isfile(os.path.join(source, "trainer_state.pt")):

@@ -5,25 +5,34 @@ import os
 import pytest
 import torch
 
-from lib import common, mfu
-from lib.common import Error, atomic_path, auto_dtype
+from lib import common, formats, mfu
+from lib.common import Error, atomic_path
 
 
 @pytest.mark.parametrize(
-    "device, capability, cpu_bf16, expected",
+    "device, native, expected",
     [
-        ("cuda", (9, 0), False, "bfloat16"),  # H100, H200
-        ("cuda", (8, 0), False, "bfloat16"),  # A100
-        ("cuda", (8, 6), False, "bfloat16"),  # RTX 30xx, A10
-        ("cuda", (7, 5), False, "float16"),  # T4, RTX 20xx: bf16 only emulated there
-        ("cuda", (7, 0), False, "float16"),  # V100
-        ("cpu", (0, 0), True, "bfloat16"),  # AMX or AVX-512 BF16
-        ("cpu", (0, 0), False, "float32"),
-        ("mps", (0, 0), False, "float32"),
+        ("cuda:0", True, "bfloat16"),  # compute capability 8.0 and up: A100, H100, RTX 30xx
+        ("cuda:0", False, "float16"),  # T4, V100, RTX 20xx: bf16 only emulated there
+        ("cpu", True, "bfloat16"),  # AMX or AVX-512 BF16
+        ("cpu", False, "float32"),
+        ("mps", False, "float32"),
     ],
 )
-def test_the_dtype_rule(device, capability, cpu_bf16, expected):
-    assert auto_dtype(device, capability, cpu_bf16) == expected
+def test_dtype_and_weights_auto_follow_one_bfloat16_rule(monkeypatch, device, native, expected):
+    monkeypatch.setattr(common, "native_bf16", lambda device: native)
+    monkeypatch.setattr(formats, "native_bf16", lambda device: native)
+    assert common.resolve_dtype("auto", device) == expected
+    assert formats.resolve_weights("auto", device) == ("bfloat16" if native else "float32")
+    assert formats.resolve_weights("int8", device) == "int8"
+
+
+def test_a_gpu_that_only_emulates_bfloat16_is_not_native(monkeypatch):
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
+    )
+    assert not common.native_bf16("cuda:0")
+    assert not common.native_bf16("mps")
 
 
 def test_resolve_dtype_refuses_what_the_device_cannot_run():
@@ -36,7 +45,7 @@ def test_resolve_dtype_refuses_what_the_device_cannot_run():
     ):
         common.resolve_dtype("float8", "cpu")
     assert common.resolve_dtype("auto", "cpu") == (
-        "bfloat16" if common.cpu_has_bf16() else "float32"
+        "bfloat16" if common.native_bf16("cpu") else "float32"
     )
 
 

@@ -333,9 +333,9 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
 
 
 def test_auto_is_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch):
-    monkeypatch.setattr(formats, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(formats, "native_bf16", lambda device: True)
     assert resolve_weights("auto", "cpu") == "bfloat16"
-    monkeypatch.setattr(formats, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(formats, "native_bf16", lambda device: False)
     assert resolve_weights("auto", "cpu") == "float32"
     assert resolve_weights("float32", "cpu") == "float32"
 
