@@ -26,8 +26,6 @@ from lib.distributed import (
     agreed,
     clip_gradients,
     grad_scaler,
-    held_bytes,
-    memory_lines,
     micro_step,
     parallel,
     started,
@@ -304,10 +302,6 @@ def train(cfg, run, guard, state):
         check_finite(loss_value, norm_value, step, scaler, cfg.out_dir)
         for optimizer in optimizers:
             scaler.step(optimizer)
-        if step == first_step:  # every gradient and optimizer state exists now, until zero_grad
-            held = held_bytes(raw_model, optimizers, run)
-            if run.master:
-                bar.write(memory_lines(held, run.sharded), file=sys.stderr)
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         scaler.update()

@@ -1,9 +1,9 @@
 """What a run keeps in out_dir besides records: the lock that gives one run the folder,
 trainer_state.pt (model, optimizers, step, best metric, settings) that init_from=resume continues
-exactly, and config.json beside the model. A sharded model's (FSDP's) state is gathered whole onto
-rank 0 and saved in the layout of one process's: the same trainer_state.pt resumes under any
-strategy and number of processes (torch's DTensor module, imported when a run shards: the import
-adds about a second to every start)."""
+exactly, and config.json beside the model. The state is saved as torch.distributed.checkpoint's
+full state dicts, gathered whole onto rank 0 under FSDP: the same trainer_state.pt resumes under any
+strategy and number of processes (the module is imported at a run's first save or resume: the
+import takes about a second)."""
 
 import os
 import shutil
@@ -180,8 +180,8 @@ def check_tokenizer_kept(out_dir, meta, data_dir):
 
 def save_state(out_dir, model, optimizers, scaler, progress, run):
     """The whole trainer state in one file, atomically, written by rank 0; progress: step, best,
-    seconds and settings (config). Under FSDP every rank takes part in gathering it."""
-    model_state, optimizer_states = gathered(model, optimizers, run)
+    seconds and settings (config). Every rank takes part in gathering it (FSDP's shards)."""
+    model_state, optimizer_states = gathered(model, optimizers)
     if not run.master:
         return
     state = {
@@ -198,7 +198,7 @@ def save_model(model, out_dir, run, data_dir, **extra):
     """model.safetensors + config.json (save_pretrained; data_dir: where a trained tokenizer's
     file comes from), written by rank 0. A sharded model's tensors are gathered first, every rank
     taking part, into a plain copy of the model on rank 0's CPU."""
-    state, _ = gathered(model, [], run)
+    state = gathered(model, [])[0] if run.sharded else None
     if not run.master:
         return
     if run.sharded:
@@ -208,76 +208,56 @@ def save_model(model, out_dir, run, data_dir, **extra):
     save_pretrained(model, out_dir, data_dir, **extra)
 
 
-def gathered(model, optimizers, run):
-    """(the model's state dict, the optimizers' state dicts) with whole tensors, in the layout of
-    model.state_dict() and optimizer.state_dict(): the saved format of every strategy. A sharded
-    model's are gathered from the shards onto rank 0 (whole())."""
-    optimizer_states = [o.state_dict() for o in optimizers]
-    if not run.sharded:
-        return model.state_dict(), optimizer_states
-    for saved in optimizer_states:
-        saved["state"] = {i: whole(moments, run.master) for i, moments in saved["state"].items()}
-    return whole(model.state_dict(keep_vars=True), run.master), optimizer_states
+def gathered(model, optimizers):
+    """(model.state_dict(), the optimizers' state dicts keyed by parameter names) with whole
+    tensors in rank 0's CPU memory, empty on the other ranks: torch.distributed.checkpoint's full
+    state dicts, the saved format of every strategy. Each tensor has memory of its own size (a
+    gather can leave a view into a padded buffer, which torch.save writes whole and safetensors
+    refuses), and a parameter under two names (GPT's head and token table) is one tensor."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
-
-def whole(state, master):
-    """A state dict (a model's, with keep_vars: its parameters themselves; or one parameter's
-    optimizer state) with whole tensors in rank 0's CPU memory; the other ranks get an empty dict.
-    A sharded tensor (a DTensor) is gathered from the shards, every rank taking part. Each copy is
-    memory of its own size (a gather leaves some as views into a padded buffer, which torch.save
-    would write whole and safetensors refuses), and a tensor under two names (GPT's head and token
-    table) is copied once: torch.save then writes it once, and the names stay one parameter."""
-    from torch.distributed.tensor import DTensor
-
-    copies = {}
-    for tensor in state.values():
-        if id(tensor) in copies:
-            continue
-        found = tensor.detach()
-        if isinstance(found, DTensor):
-            found = found.full_tensor()
-        copies[id(tensor)] = found.to("cpu", copy=True) if master else None
-    if not master:
-        return {}
-    return {name: copies[id(tensor)] for name, tensor in state.items()}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    for name, tensor in state.items():
+        if tensor.untyped_storage().nbytes() > tensor.nbytes:
+            state[name] = tensor.clone()
+    first = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        kept = first.setdefault(id(p), name)
+        if name in state:
+            state[name] = state[kept]
+    # before the first step there is no optimizer state to save (the API would make one, with a
+    # step of learning rate 0)
+    if not all(o.state for o in optimizers):
+        return state, []
+    return state, [get_optimizer_state_dict(model, o, options=options) for o in optimizers]
 
 
 def restore(state, optimizers, scaler, sharded_model=None):
     """(step, best metric or None, seconds so far) of a resumed state, its optimizer states loaded;
     from scratch (0, None, 0.0). sharded_model: the FSDP model the optimizers update, whose
-    processes each take their shards' slices of the saved whole tensors (sharded()). fp16's loss
-    scale carries over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which an
-    enabled one cannot load: it keeps its initial scale then (and a disabled one ignores a saved
-    scale)."""
+    processes each take their shards' slices of the saved whole tensors. fp16's loss scale carries
+    over; a disabled scaler (bf16 and fp32 runs) saved an empty state, which an enabled one cannot
+    load: it keeps its initial scale then (and a disabled one ignores a saved scale)."""
     if state is None:
         return 0, None, 0.0
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
     for optimizer, saved in zip(optimizers, state["optimizers"]):
-        if sharded_model is not None:
-            saved = sharded(optimizer, saved)
-        optimizer.load_state_dict(saved)
+        if sharded_model is None:
+            # the saved groups name their parameters in the optimizer's order, which
+            # load_state_dict pairs by place
+            optimizer.load_state_dict(saved)
+        else:
+            set_optimizer_state_dict(sharded_model, optimizer, saved, options=options)
     if scaler.is_enabled() and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     return state["step"], state["best"], state.get("seconds", 0.0)
-
-
-def sharded(optimizer, saved):
-    """A saved optimizer state (whole tensors) as the optimizer of a sharded model holds it: each
-    tensor of a parameter's shape (its moments) split over the processes as the parameter is, rank
-    0's copy the one sent (every process holds the whole state, mmapped); the step counts stay
-    whole."""
-    from torch.distributed.tensor import distribute_tensor
-
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    state = {}
-    for i, moments in saved["state"].items():
-        p = parameters[i]
-        state[i] = {
-            key: distribute_tensor(value, p.device_mesh, p.placements)
-            if value.shape == p.shape
-            else value
-            for key, value in moments.items()
-        }
-    return {**saved, "state": state}
 
 
 def model_card(settings, meta):

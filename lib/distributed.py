@@ -198,28 +198,6 @@ def grad_scaler(run):
     return scaler(run.device_type, enabled=run.dtype == "float16")
 
 
-def held_bytes(model, optimizers, run):
-    """[(parameters, gradients, optimizer state)] of every process, in rank order: the bytes of
-    those tensors that it holds, measured from them (under FSDP its local shards; a tensor shared
-    by two modules counted once). Every rank takes part (an all-gather under torchrun)."""
-    parameters = list(model.parameters())
-    grads = [p.grad for p in parameters]
-    states = [v for o in optimizers for state in o.state.values() for v in state.values()]
-    held = [local_bytes(tensors, run.sharded) for tensors in (parameters, grads, states)]
-    return every_rank(run, held)
-
-
-def local_bytes(values, sharded):
-    """The bytes of the tensors' data on this process, of the values that are tensors (a gradient
-    may be None): under FSDP (sharded) a DTensor's local shard."""
-    tensors = [t for t in values if isinstance(t, torch.Tensor)]
-    if sharded:
-        from torch.distributed.tensor import DTensor
-
-        tensors = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-    return sum(t.nbytes for t in tensors)
-
-
 def plain_class(model):
     """The model's own class: fully_shard makes a sharded module an instance of a subclass
     (FSDPGPT of GPT)."""
@@ -290,19 +268,3 @@ class StepGuard:
             "resume with --init_from=resume\n"
         )
         raise SystemExit(128 + signum)
-
-
-def memory_lines(held, sharded):
-    """Among the run's first lines, one for each process: the bytes of parameters, gradients and
-    optimizer state it holds (held_bytes: measured from the tensors; under FSDP its shards)."""
-    how = "its shards" if sharded else "whole tensors"
-    lines = []
-    for rank, sizes in enumerate(held):
-        parameters, gradients, states = sizes
-        total = sum(sizes) / 2**30
-        lines.append(
-            f"process {rank} of {len(held)} holds {parameters:,} bytes of parameters, "
-            f"{gradients:,} of gradients and {states:,} of optimizer state "
-            f"({total:.2f} GiB, {how})"
-        )
-    return "\n".join(lines)
