@@ -73,6 +73,7 @@ def check_tokenizer(spec):
     """A tokenizer spec (TOKENIZERS); None: no tokenizer to check."""
     if spec is None:
         return
+    check_keys({"tokenizer": spec}, {"tokenizer": Key({})})
     check_keys(spec, {"type": Key("char", choices=("char", "bpe"))}, where="tokenizer.")
     form = "trained" if "file" in spec else spec["type"]
     check_keys(spec, TOKENIZERS[form], ("lowercase", "eot"), where="tokenizer.")
@@ -84,8 +85,7 @@ def check_meta(meta, path):
     """A prepared dataset's meta.json (data/README.md), checked."""
     with checking(meta, path, META_FIX):
         check_keys(meta, META, optional=["bytes"])
-        limit = ID_LIMITS[meta["dtype"]]
-        check_keys(meta, {"vocab_size": Key(1, le=limit)})
+        check_keys(meta, {"vocab_size": Key(1, le=ID_LIMITS[meta["dtype"]])})
         check_tokenizer(meta["tokenizer"])
         for table in ("splits", "bytes"):
             counts = meta.get(table, {})
@@ -105,8 +105,8 @@ def check_card(info, path, shapes):
         model = {key: value for key, value in info["model"].items() if value is not None}
         config_cls = ARCHITECTURES[info["architecture"]][1]
         rules = {f.name: Key(f.default, **f.metadata) for f in fields(config_cls)}
-        check_keys(model, rules, optional=rules, where="model.")
-        check_keys(model, {"vocab_size": Key(1, ge=1)}, where="model.")
+        rules["vocab_size"] = Key(1, ge=1)
+        check_keys(model, rules, optional=rules.keys() - {"vocab_size"}, where="model.")
         check_tokenizer(info.get("tokenizer"))
         check_shapes(shapes, {key: (f"model.{key}", value) for key, value in model.items()})
         config = config_cls(**{key: model[key] for key in rules if key in model})
@@ -123,7 +123,6 @@ def check_hf(hf, path, shapes):
     with checking(hf, path, "not a GPT-2 config.json that fits the model.safetensors beside it"):
         check_keys(hf, dict.fromkeys(HF_NAMES.values(), Key(1, ge=1)))
         check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
-        check_keys(hf, {"tokenizer": Key({})}, optional=["tokenizer"])
         check_tokenizer(hf.get("tokenizer"))
         return GPTConfig(**{key: hf[name] for key, name in HF_NAMES.items()}, bias=True)
 
