@@ -661,7 +661,7 @@ class Completion:
 
 def option_named(message):
     """The decoding option an engine row's error begins with, or None."""
-    first = message.split()[0]
+    first = message.split()[0].partition("=")[0]
     names = [f.name for f in dataclasses.fields(decoding.Options)]
     return first if first in names else None
 
