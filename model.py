@@ -139,10 +139,7 @@ class KVCache:
         shape = (rows, config.n_head, length, config.n_embd // config.n_head)
         # (keys, values) per layer, written in place: a compiled step mutates no views
         self.kv = [
-            (
-                torch.zeros(shape, device=device, dtype=dtype),
-                torch.zeros(shape, device=device, dtype=dtype),
-            )
+            [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
             for _ in range(config.n_layer)
         ]
         self.lengths = [0] * rows  # on the host: reading them costs no device sync
@@ -155,8 +152,7 @@ class KVCache:
         self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
         self.keys = int(start.max()) + T  # how many keys the queries may read
         # every row in order: the cache's own views are read, no copies
-        every_row = rows == list(range(len(self.lengths)))
-        self.read = slice(None) if every_row else self.rows
+        self.read = slice(None) if rows == list(range(len(self.lengths))) else self.rows
         for row in rows:
             self.lengths[row] += T
         return self
@@ -201,9 +197,8 @@ class MultiHeadAttention(nn.Module):
         """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend, the whole mask
         (None on a causal model: the causal kernel); rope: rotation()'s; cache: a KVCache."""
         B, T, C = x.shape
-        h = self.config.n_head
         # 3 x [B, h, T, d_k]
-        q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).view(B, T, 3, self.config.n_head, -1).permute(2, 0, 3, 1, 4)
         if self.config.qk_norm:
             q = F.rms_norm(q, q.shape[-1:])
             k = F.rms_norm(k, k.shape[-1:])
@@ -270,24 +265,23 @@ class Transformer(nn.Module):
     def init_weights(self):
         """nanoGPT's init: N(0, 0.02), the residual projections' std over sqrt(2 n_layer) so that
         the residual stream's variance does not grow with depth."""
-        for module in self.modules():
-            init_module(module)
+        self.apply(init_module)
         for name, p in self.named_parameters():
-            if name.startswith("blocks.") and name.endswith("proj.weight"):
+            if name.endswith("proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
         """idx [B, T] -> (final hidden states [B, T, d], per-layer attention maps or Nones)."""
-        T = idx.size(1)
-        longest = T if cache is None else cache.keys  # known on the host: no device sync
-        if longest > self.config.block_size:
-            raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         if cache is None:
-            positions = torch.arange(T, device=idx.device)
+            longest = idx.size(1)
+            positions = torch.arange(longest, device=idx.device)
         else:
+            longest = cache.keys  # known on the host: no device sync
             positions = cache.positions
             # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
             mask = torch.arange(cache.keys, device=positions.device) <= positions[:, None, :, None]
+        if longest > self.config.block_size:
+            raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(positions)
@@ -440,7 +434,7 @@ class EncoderClassifier(Transformer):
             hashed = (previous * 1_000_003 + idx) % self.config.bow_buckets
             bigrams = self.config.vocab_size + hashed
             features = torch.cat([idx, bigrams], 1)
-            real = torch.cat([real, real], 1)
+            real = real.repeat(1, 2)
         summed = (self.bow(features).float() * real.unsqueeze(-1)).sum(1)
         count = real.sum(1, keepdim=True).clamp(min=1)
         return summed / count.sqrt()
