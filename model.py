@@ -98,12 +98,11 @@ class EncoderConfig(GPTConfig):
 
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """softmax(Q K^T / sqrt(d_k)) V on [..., n, d_k] tensors -> (output, weights before dropout).
-    mask (True = may attend) and causal as F.scaled_dot_product_attention's."""
+    mask (True = may attend) or causal, as F.scaled_dot_product_attention's."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if causal:
         T, S = scores.shape[-2:]
-        triangle = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        mask = triangle if mask is None else mask & triangle
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # every key masked: 0/0 -> zeros
