@@ -176,6 +176,8 @@ def load_gpt(source, device, hub=False):
             "sample.py needs a GPT; classify.py runs a classifier"
         )
     tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
-    millions = model.num_params() / 1e6
-    what = f"loaded {source}: {millions:.2f}M parameters, {tokenizer.spec['type']} tokenizer"
+    what = (
+        f"loaded {source}: {model.num_params() / 1e6:.2f}M parameters, "
+        f"{tokenizer.spec['type']} tokenizer"
+    )
     return model, tokenizer, what
