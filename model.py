@@ -337,11 +337,11 @@ class Transformer(nn.Module):
 
     def load_weights(self, state):
         """Load a state dict in place of the current tensors: one copy in memory."""
-        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's
-        expected = self.state_dict()
+        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to float32, the dtype
+        # every model is built in
         for k, v in state.items():
-            if k in expected and v.is_floating_point():
-                state[k] = v.to(expected[k].dtype)
+            if v.is_floating_point():
+                state[k] = v.float()
         missing, unexpected = self.load_state_dict(state, strict=False, assign=True)
         if missing or unexpected:
             raise Error(
