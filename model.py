@@ -98,12 +98,11 @@ class EncoderConfig(GPTConfig):
 
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """softmax(Q K^T / sqrt(d_k)) V on [..., n, d_k] tensors -> (output, weights before dropout).
-    mask (True = may attend) and causal as F.scaled_dot_product_attention's."""
+    mask (True = may attend) or causal, as F.scaled_dot_product_attention's."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if causal:
         T, S = scores.shape[-2:]
-        triangle = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        mask = triangle if mask is None else mask & triangle
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # every key masked: 0/0 -> zeros
@@ -139,10 +138,7 @@ class KVCache:
         shape = (rows, config.n_head, length, config.n_embd // config.n_head)
         # (keys, values) per layer, written in place: a compiled step mutates no views
         self.kv = [
-            (
-                torch.zeros(shape, device=device, dtype=dtype),
-                torch.zeros(shape, device=device, dtype=dtype),
-            )
+            [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
             for _ in range(config.n_layer)
         ]
         self.lengths = [0] * rows  # on the host: reading them costs no device sync
@@ -155,8 +151,7 @@ class KVCache:
         self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
         self.keys = int(start.max()) + T  # how many keys the queries may read
         # every row in order: the cache's own views are read, no copies
-        every_row = rows == list(range(len(self.lengths)))
-        self.read = slice(None) if every_row else self.rows
+        self.read = slice(None) if rows == list(range(len(self.lengths))) else self.rows
         for row in rows:
             self.lengths[row] += T
         return self
@@ -201,9 +196,8 @@ class MultiHeadAttention(nn.Module):
         """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend, the whole mask
         (None on a causal model: the causal kernel); rope: rotation()'s; cache: a KVCache."""
         B, T, C = x.shape
-        h = self.config.n_head
         # 3 x [B, h, T, d_k]
-        q, k, v = self.qkv(x).view(B, T, 3, h, C // h).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).view(B, T, 3, self.config.n_head, -1).permute(2, 0, 3, 1, 4)
         if self.config.qk_norm:
             q = F.rms_norm(q, q.shape[-1:])
             k = F.rms_norm(k, k.shape[-1:])
@@ -270,24 +264,23 @@ class Transformer(nn.Module):
     def init_weights(self):
         """nanoGPT's init: N(0, 0.02), the residual projections' std over sqrt(2 n_layer) so that
         the residual stream's variance does not grow with depth."""
-        for module in self.modules():
-            init_module(module)
+        self.apply(init_module)
         for name, p in self.named_parameters():
-            if name.startswith("blocks.") and name.endswith("proj.weight"):
+            if name.endswith("proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def hidden_states(self, idx, mask=None, cache=None, need_weights=False):
         """idx [B, T] -> (final hidden states [B, T, d], per-layer attention maps or Nones)."""
-        T = idx.size(1)
-        longest = T if cache is None else cache.keys  # known on the host: no device sync
-        if longest > self.config.block_size:
-            raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         if cache is None:
-            positions = torch.arange(T, device=idx.device)
+            longest = idx.size(1)
+            positions = torch.arange(longest, device=idx.device)
         else:
+            longest = cache.keys  # known on the host: no device sync
             positions = cache.positions
             # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
             mask = torch.arange(cache.keys, device=positions.device) <= positions[:, None, :, None]
+        if longest > self.config.block_size:
+            raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(positions)
@@ -344,11 +337,11 @@ class Transformer(nn.Module):
 
     def load_weights(self, state):
         """Load a state dict in place of the current tensors: one copy in memory."""
-        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to the model's
-        expected = self.state_dict()
+        # assign keeps a tensor's dtype: a float16 or bfloat16 file is cast to float32, the dtype
+        # every model is built in
         for k, v in state.items():
-            if k in expected and v.is_floating_point():
-                state[k] = v.to(expected[k].dtype)
+            if v.is_floating_point():
+                state[k] = v.float()
         missing, unexpected = self.load_state_dict(state, strict=False, assign=True)
         if missing or unexpected:
             raise Error(
@@ -440,7 +433,7 @@ class EncoderClassifier(Transformer):
             hashed = (previous * 1_000_003 + idx) % self.config.bow_buckets
             bigrams = self.config.vocab_size + hashed
             features = torch.cat([idx, bigrams], 1)
-            real = torch.cat([real, real], 1)
+            real = real.repeat(1, 2)
         summed = (self.bow(features).float() * real.unsqueeze(-1)).sum(1)
         count = real.sum(1, keepdim=True).clamp(min=1)
         return summed / count.sqrt()

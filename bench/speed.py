@@ -53,7 +53,6 @@ from lib.common import (
     native_bf16,
     pick_device,
     run_script,
-    sync,
 )
 from lib.mfu import flops_per_token
 from lib.plots import pyplot, read_metrics
@@ -105,6 +104,15 @@ class LoopAttention(nn.Module):
                 )
                 getattr(mha.proj, name).copy_(getattr(self.o, name))
         return mha
+
+
+def sync(device):
+    """Wait for the device's queued work (timing)."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
 
 
 def timed(fn, repeats, device, warm_fn=None):

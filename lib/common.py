@@ -66,21 +66,20 @@ def at_least(low):
 # ------------------------------------------------------------------------------- device, dtype
 def pick_device(name):
     """auto: cuda, then mps, then cpu. A GPU becomes the current one (new tensors go to it)."""
-    available = {
-        "cuda": torch.cuda.is_available(),
-        "mps": torch.backends.mps.is_available(),
-        "cpu": True,
-    }
     if name == "auto":
-        name = next(kind for kind, here in available.items() if here)
-    kind = name.split(":")[0]
-    if not available.get(kind, True):
-        raise Error(f"--device {name}: this machine or this build of torch has no {kind} device")
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif torch.backends.mps.is_available():
+            name = "mps"
+        else:
+            name = "cpu"
     try:
         torch.empty(0, device=name)
-    except (RuntimeError, AssertionError) as e:  # no such device type, or no such index
-        raise Error(f"--device {name}: {str(e).strip().splitlines()[0][:200]}") from None
-    if kind == "cuda":
+    # no such device type or index, no driver, or a build of torch without it
+    except (RuntimeError, AssertionError) as e:
+        cause = str(e).strip().splitlines()[0][:200]
+        raise Error(f"--device {name}: no such device here ({cause})") from None
+    if name.startswith("cuda"):
         if name == "cuda":  # the current GPU
             name = f"cuda:{torch.cuda.current_device()}"
         torch.cuda.set_device(name)
@@ -129,15 +128,6 @@ def autocast(device, dtype):
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
-
-
-def sync(device):
-    """Wait for the device's queued work (timing)."""
-    kind = torch.device(device).type
-    if kind == "cuda":
-        torch.cuda.synchronize(device)
-    elif kind == "mps":
-        torch.mps.synchronize()
 
 
 # --------------------------------------------------------------------------------------- files

@@ -59,8 +59,7 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear):
         super().__init__()
-        weight = linear.weight.detach()
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.ROWS)
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), self.ROWS)
         # one copy, opaque: a tied head packs its own and the token table stays for lookups
         self.register_buffer("packed", packed, persistent=False)
         self.bias = linear.bias

@@ -67,10 +67,7 @@ class CharTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids):
-        return "".join(self.token_text(i) for i in ids)
-
-    def token_text(self, i):
-        return EOT if i == self.eot_token else self.chars[i]
+        return "".join(EOT if i == self.eot_token else self.chars[i] for i in ids)
 
 
 class BPETokenizer:

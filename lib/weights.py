@@ -20,6 +20,8 @@ from model import ARCHITECTURES, GPT
 
 # OpenAI's weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# the names of GPT-2's modules in the Hugging Face layout -> ours
+HF_NAMES = {"h": "blocks", "c_attn": "qkv", "c_proj": "proj", "c_fc": "fc"}
 
 
 def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
@@ -68,9 +70,15 @@ def from_checkpoint(out_dir, device="cpu", info=None):
     weights = os.path.join(out_dir, "model.safetensors")
     metadata, shapes = read_header(weights)
     config = check_card(info, path, shapes)
-    # a header that cannot be read is the load's error to report
-    if metadata is not None:
-        check_weights_id(out_dir, info, metadata)
+    # the weights config.json was saved with; a card without an id is unchecked, and a header
+    # that cannot be read is the load's error to report
+    expected = info.get("weights_id")
+    if expected is not None and metadata is not None and metadata.get("weights_id") != expected:
+        raise Error(
+            f"{weights} is not the model {path} was saved with (weights_id "
+            f"{metadata.get('weights_id')!r} there, {expected!r} in config.json): a save was cut "
+            "short between the two; resume from trainer_state.pt or train again"
+        )
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
             model = ARCHITECTURES[info["architecture"]][0](config)
@@ -92,22 +100,9 @@ def read_header(path):
         return None, {}
 
 
-def check_weights_id(out_dir, info, metadata):
-    """The weights are the ones config.json was saved with (a card without an id: unchecked)."""
-    expected = info.get("weights_id")
-    found = metadata.get("weights_id")
-    if expected is not None and found != expected:
-        path = os.path.join(out_dir, "model.safetensors")
-        raise Error(
-            f"{path} is not the model {os.path.join(out_dir, 'config.json')} was saved with "
-            f"(weights_id {found!r} there, {expected!r} in config.json): a save was cut short "
-            "between the two; resume from trainer_state.pt or train again"
-        )
-
-
-def from_pretrained(name_or_dir, hf=None):
+def from_pretrained(name_or_dir):
     """A GPT of GPT-2's weights in the Hugging Face layout: a folder, or one of GPT2_NAMES from
-    the hub; hf: its config.json already read."""
+    the hub."""
     path = name_or_dir
     if not os.path.isdir(path):
         if name_or_dir not in GPT2_NAMES:
@@ -120,8 +115,7 @@ def from_pretrained(name_or_dir, hf=None):
             f"openai-community/{name_or_dir}", allow_patterns=["model.safetensors", "config.json"]
         )
     config_path = os.path.join(path, "config.json")
-    if hf is None:
-        hf = read_json(config_path, "Hugging Face config")
+    hf = read_json(config_path, "Hugging Face config")
     try:
         loaded = load_file(os.path.join(path, "model.safetensors"))
     except Exception as e:
@@ -134,11 +128,8 @@ def from_pretrained(name_or_dir, hf=None):
         tensor = loaded.pop(key)
         if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
             continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
-        key = key.removeprefix("transformer.")
-        if key.startswith("h."):
-            key = "blocks." + key[2:]
-        for old, new in (("c_attn", "qkv"), ("c_proj", "proj"), ("c_fc", "fc")):
-            key = key.replace(old, new)
+        parts = key.removeprefix("transformer.").split(".")
+        key = ".".join(HF_NAMES.get(part, part) for part in parts)
         # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
         if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
             tensor = tensor.t().contiguous()
@@ -158,7 +149,7 @@ def load_pretrained(name_or_dir, device="cpu"):
     # is still checked as a card)
     if not isinstance(config, dict) or {"architecture", "model"} & config.keys():
         return from_checkpoint(name_or_dir, device, config)
-    model = from_pretrained(name_or_dir, config or None).to(device).eval()
+    model = from_pretrained(name_or_dir).to(device).eval()
     tokenizer = config.get("tokenizer", {"type": "bpe", "encoding": "r50k_base"})
     return model, {"architecture": "GPT", "tokenizer": tokenizer}
 
@@ -185,6 +176,8 @@ def load_gpt(source, device, hub=False):
             "sample.py needs a GPT; classify.py runs a classifier"
         )
     tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
-    millions = model.num_params() / 1e6
-    what = f"loaded {source}: {millions:.2f}M parameters, {tokenizer.spec['type']} tokenizer"
+    what = (
+        f"loaded {source}: {model.num_params() / 1e6:.2f}M parameters, "
+        f"{tokenizer.spec['type']} tokenizer"
+    )
     return model, tokenizer, what

@@ -102,9 +102,7 @@ def test_a_cpu_and_float32_have_no_peak_and_no_mfu():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_absent_devices_are_one_line():
-    with pytest.raises(
-        Error, match="--device cuda:1: this machine or this build of torch has no cuda device"
-    ):
+    with pytest.raises(Error, match=r"--device cuda:1: no such device here \(.+\)$"):
         common.pick_device("cuda:1")
-    with pytest.raises(Error, match="--device tpu: Expected one of"):
+    with pytest.raises(Error, match=r"--device tpu: no such device here \(Expected one of"):
         common.pick_device("tpu")

@@ -193,7 +193,7 @@ def test_errors_are_one_line_and_fail(runs):
             "no checkpoint in 'missing': train one with `python train.py config/",
         ),
         (["--start", "FILE:nope.txt"], "--start FILE:nope.txt: No such file or directory"),
-        (["--device", "gpu"], "--device gpu: Expected one of"),
+        (["--device", "gpu"], "--device gpu: no such device here (Expected one of"),
         (["--weights", "float16"], "argument --weights: invalid choice: 'float16'"),
         (["--init_from", "gpt3"], "'gpt3' is neither a directory nor one of gpt2"),
         (["--compile", "--no_cache"], "--compile compiles the cached one-token step"),
