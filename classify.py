@@ -21,7 +21,8 @@ import os
 import sys
 
 from lib.classifier import attention_maps, load, predict
-from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
+from lib.common import ArgumentParser, Error, pick_device, run_script
+from lib.config import at_least
 from lib.plots import pyplot, save_figure
 from lib.prepare import read_labelled
 

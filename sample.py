@@ -11,7 +11,8 @@ from dataclasses import fields
 
 import decoding
 from engine import Engine
-from lib.common import ArgumentParser, Error, at_least, pick_device, run_script
+from lib.common import ArgumentParser, Error, pick_device, run_script
+from lib.config import at_least
 from lib.formats import WEIGHTS, for_decoding, resolve_weights
 from lib.text import first_stop, printable
 from lib.weights import GPT2_NAMES, load_gpt

@@ -53,11 +53,11 @@ from lib import classifier
 from lib.common import (
     ArgumentParser,
     Error,
-    at_least,
     pick_device,
     read_json,
     run_script,
 )
+from lib.config import at_least
 from lib.formats import WEIGHTS, for_decoding
 from lib.text import first_stop, printable
 from lib.transport import (

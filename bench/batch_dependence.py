@@ -16,7 +16,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import Options, make_picks  # noqa: E402
-from lib.common import ArgumentParser, at_least, run_script  # noqa: E402
+from lib.common import ArgumentParser, run_script  # noqa: E402
+from lib.config import at_least  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
 from lib.weights import load_gpt  # noqa: E402
 from serve import ServingEngine  # noqa: E402

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from lib.common import ArgumentParser, Error, at_least, run_script  # noqa: E402
+from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from lib.config import at_least  # noqa: E402
 from lib.transport import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = [

@@ -50,19 +50,6 @@ def shorten_quote(match):
     return f"'{text[:40]}...' ({len(text):,} characters)"
 
 
-def at_least(low):
-    """An argparse type: an int >= low."""
-
-    def parse(text):
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
-        return value
-
-    parse.__name__ = "int"  # argparse's "invalid int value" names it
-    return parse
-
-
 # ------------------------------------------------------------------------------- device, dtype
 def pick_device(name):
     """auto: cuda, then mps, then cpu. A GPU becomes the current one (new tensors go to it)."""

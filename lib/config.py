@@ -1,6 +1,7 @@
 """Values and their ranges in one place (Key: train.py's settings, the models' configs,
 decoding.Options, the JSON files read); config files and --key=value overrides."""
 
+import argparse
 import ast
 import difflib
 import math
@@ -59,6 +60,21 @@ class Key:
             if bound is not None and not holds(value, bound):
                 return f"{sign} {bound}"
         return None
+
+
+def at_least(low):
+    """An argparse type: an int that Key(low, ge=low) holds."""
+    key = Key(low, ge=low)
+
+    def parse(text):
+        value = int(text)
+        must = key.must(value)
+        if must:
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
+        return value
+
+    parse.__name__ = "int"  # argparse's "invalid int value" names it
+    return parse
 
 
 def setting(default, help, ge=None, gt=None, le=None, lt=None, choices=None):

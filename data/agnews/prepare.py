@@ -24,7 +24,8 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.common import ArgumentParser, Error, at_least, run_script
+from lib.common import ArgumentParser, Error, run_script
+from lib.config import at_least
 from lib.tokenizer import BPETokenizer
 
 HUB_NAME = "fancyzhx/ag_news"

@@ -27,7 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
 from lib.bpe import save_ranks, train_bpe
-from lib.common import ArgumentParser, Error, at_least, atomic_path, run_script
+from lib.common import ArgumentParser, Error, atomic_path, run_script
+from lib.config import at_least
 from lib.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE
 
 TEXT_FILES = (".txt", ".md")
