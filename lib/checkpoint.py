@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from lib.common import TEMPORARY, Error, WriteError, atomic_path, fsync, read_json
-from lib.distributed import plain_class
 from lib.weights import save_pretrained
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
@@ -182,8 +181,12 @@ def save_model(model, out_dir, run, data_dir, **extra):
     if not run.master:
         return
     if run.sharded:
+        from torch.distributed.fsdp import FSDPModule
+
+        # fully_shard made the model's class a subclass (FSDPGPT of GPT)
+        plain = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
         with torch.device("meta"):
-            copy = plain_class(model)(model.config)
+            copy = plain(model.config)
         model = copy.load_weights(state)
     save_pretrained(model, out_dir, data_dir, **extra)
 

@@ -153,13 +153,6 @@ def grad_scaler(run):
     return scaler(run.device_type, enabled=run.dtype == "float16")
 
 
-def plain_class(model):
-    """The class fully_shard subclassed (GPT of FSDPGPT)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
-
-
 @dataclass
 class StepGuard:
     """Signal handlers: Ctrl-C or SIGTERM stops every rank at the same step, after a save; a
