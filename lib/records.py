@@ -13,11 +13,11 @@ def read_metrics(out_dir):
     """The records of out_dir/metrics.jsonl; a torn last line (a cut-short write) is dropped with
     a warning."""
     path = os.path.join(out_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise Error(f"{path}: no such file: point at an out_dir that train.py wrote")
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
+    except FileNotFoundError:
+        raise Error(f"{path}: no such file: point at an out_dir that train.py wrote") from None
     except (OSError, UnicodeDecodeError) as e:
         raise Error(f"{path}: not a readable metrics file ({type(e).__name__})") from None
     records = []
@@ -42,13 +42,6 @@ def read_metrics(out_dir):
     return records
 
 
-def before(record, step):
-    """Whether a record precedes the state at step (a resumed run evaluates that step again)."""
-    if record["step"] == step:
-        return "val/loss" not in record
-    return record["step"] < step
-
-
 class RunRecord:
     """Appends {"step", "seconds", "time", ...metrics} lines to metrics.jsonl, and to wandb."""
 
@@ -59,8 +52,12 @@ class RunRecord:
         self.t0 = time.perf_counter() - resumed_seconds
         kept = []
         if resumed_step is not None and os.path.isfile(self.path):
-            records = read_metrics(out_dir)
-            kept = [json.dumps(r) + "\n" for r in records if before(r, resumed_step)]
+            # the lines before the resumed state: the evaluation at its step runs again
+            kept = [
+                json.dumps(r) + "\n"
+                for r in read_metrics(out_dir)
+                if r["step"] < resumed_step or (r["step"] == resumed_step and "val/loss" not in r)
+            ]
         write_json(os.path.join(out_dir, "train_config.json"), settings)
         with atomic_path(self.path) as tmp, open(tmp, "w") as f:
             f.writelines(kept)
