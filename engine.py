@@ -14,7 +14,7 @@ from model import VARYING_LENGTHS, KVCache
 
 
 class Row:
-    """One sequence: its tokens (the prompt, then the generated), its pick, its cache slot."""
+    """One sequence: its tokens (prompt, then generated), pick and cache slot."""
 
     def __init__(self, prompt, pick, max_new_tokens, block_size):
         self.tokens = list(prompt)
@@ -70,7 +70,7 @@ class Engine:
             self.warm_up(rows)
 
     def submit(self, prompt, picks, max_new_tokens):
-        """A Request of one row per pick (prompt: token ids), decoded from the next step on."""
+        """A Request of a row per pick, decoded from the next step on."""
         request = self.make_request(prompt, picks, max_new_tokens)
         self.waiting.append(request)
         return request
@@ -113,7 +113,7 @@ class Engine:
         return took
 
     def admit(self):
-        """Waiting requests join while their rows fit in free slots -> the rows that took one."""
+        """Waiting requests join while their rows fit -> the rows that took a token."""
         took = []
         while self.waiting:
             request = self.next_waiting()
@@ -130,8 +130,11 @@ class Engine:
             logits = self.prompt_logits(request, rows[0])
             if self.use_cache:
                 self.cache.copy(rows[0].slot, [row.slot for row in rows[1:]])
-            took += self.take(rows, logits.expand(len(rows), -1))
             self.active.extend(rows)
+            if rows[0].remaining:
+                took += self.take(rows, logits.expand(len(rows), -1))
+            else:  # no token asked: the prompt only (serve.py's echo scores it)
+                request.finish()
         return took
 
     def next_waiting(self):
@@ -179,10 +182,6 @@ class Engine:
 
     def take(self, rows, logits):
         """Each row's next token from its logits -> the rows that took one."""
-        if not rows[0].remaining:  # a request's rows share max_new_tokens: none asked
-            for row in rows:
-                row.done = True
-            return []
         # rows that share their options pick as one batch, each from its own generator
         tokens = pick_tokens([row.pick for row in rows], logits, [row.tokens for row in rows])
         took = []
