@@ -1,17 +1,14 @@
-"""The text of a decode: where a continuation's first stop string begins, and the part of it
-that can be shown now. sample.py and the playground print through these."""
+"""Stop strings in a decode's text (sample.py's and serve.py's)."""
 
 
 def first_stop(text, stops):
     """Where the first of stops begins in text, or -1."""
-    found = [text.find(stop) for stop in stops]
-    return min([c for c in found if c >= 0], default=-1)
+    return min((text.find(stop) for stop in stops if stop in text), default=-1)
 
 
 def printable(text, stops=()):
-    """The part of a growing continuation that can be printed now: never a trailing half of a
-    multi-byte character (tiktoken decodes it to U+FFFD) nor a tail that may turn out to be the
-    start of a stop string."""
+    """What of a growing continuation can be printed now: not a trailing half character (U+FFFD)
+    nor a tail that may begin a stop string."""
     text = text.rstrip("\ufffd")
     held = 0  # characters at the end that may begin a stop string
     for stop in stops:
