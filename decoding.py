@@ -1,6 +1,5 @@
-"""Decoding strategies, each a pure function of logits [B, V] (and where it needs one, the
-context [B, t] so far) that returns new logits, so they compose; names follow Hugging Face's
-generate() and OpenAI's API. Options declares them, NextToken applies them and draws."""
+"""Decoding strategies, pure functions of logits [B, V] (some also of the context [B, t]) that
+compose, named as Hugging Face's and OpenAI's; NextToken applies them and draws."""
 
 from dataclasses import dataclass, fields
 
@@ -13,20 +12,19 @@ NEG_INF = float("-inf")
 
 
 def token_counts(logits, context):
-    """[B, V], same dtype as logits: how many times each token occurs in each row of the context."""
+    """[B, V]: each token's count in each row of the context."""
     ones = torch.ones_like(context, dtype=logits.dtype)
     return torch.zeros_like(logits).scatter_add_(1, context, ones)
 
 
 def frequency_penalty(logits, context, a):
-    """OpenAI's: logit -= a * (times the token occurs in the context)."""
+    """OpenAI's: logit -= a * count."""
     return logits - a * token_counts(logits, context)
 
 
 def presence_penalty(logits, context, b):
-    """OpenAI's: logit -= b for every token that occurs in the context at least once."""
-    seen = token_counts(logits, context) > 0
-    return logits - b * seen.to(logits.dtype)
+    """OpenAI's: logit -= b if count > 0."""
+    return logits - b * token_counts(logits, context).clamp(max=1)
 
 
 def repetition_penalty(logits, context, r):
@@ -37,51 +35,43 @@ def repetition_penalty(logits, context, r):
 
 
 def no_repeat_ngram(logits, context, n):
-    """Hugging Face's no_repeat_ngram_size: -inf for a token that would repeat an n-gram of the
-    context; n = 0 does nothing."""
-    t = context.size(1)
-    if n == 0 or t < n:
+    """Hugging Face's: -inf for each token that would repeat an n-gram of the context."""
+    if context.size(1) < n:
         return logits
     ngrams = context.unfold(1, n, 1)  # [B, t - n + 1, n], every n-gram of each row
-    prefix = context[:, t - n + 1 :]  # the last n - 1 tokens: the n-gram the next token would end
-    # the n-grams that start with that prefix, and the tokens that end them
-    match = (ngrams[:, :, :-1] == prefix[:, None, :]).all(-1)
+    # the n-grams that start with the last n - 1 tokens (those the next token would end), and the
+    # tokens that end them
+    match = (ngrams[:, :, :-1] == ngrams[:, -1:, 1:]).all(-1)
     hits = torch.zeros_like(logits).scatter_add_(1, ngrams[:, :, -1], match.to(logits.dtype))
     return logits.masked_fill(hits > 0, NEG_INF)
 
 
 def temperature(logits, t):
-    """logits / t: below 1 sharpens the distribution, above 1 flattens it."""
     return logits / t
 
 
 def top_k(logits, k):
-    """Keep the k largest logits of each row, the rest -inf; ties at the k-th are all kept (as
-    Hugging Face): [3, 2, 2, 1] with k = 2 keeps 3, 2 and 2."""
+    """Keep the k largest logits of each row, and all tied with the k-th (as Hugging Face)."""
     if k >= logits.size(-1):
         return logits
-    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+    kth = logits.topk(k).values[:, -1:]
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
 def top_p(logits, p):
-    """Nucleus sampling: keep the fewest most likely tokens whose probabilities sum to >= p, and
-    those tied with the last of them (a sort's order of ties never matters); the rest -inf."""
+    """Nucleus sampling: keep the fewest top tokens whose probabilities sum to >= p, and ties."""
     if p >= 1:
         return logits
-    probs = torch.softmax(logits, dim=-1)
-    sorted_probs = probs.sort(dim=-1, descending=True).values
-    # up to and including the first token to reach p
-    n_keep = (sorted_probs.cumsum(-1) < p).sum(-1, keepdim=True) + 1
-    n_keep = n_keep.clamp(max=logits.size(-1))
-    cutoff = sorted_probs.gather(-1, n_keep - 1)
-    return logits.masked_fill(probs < cutoff, NEG_INF)
+    probs = logits.softmax(-1)
+    sorted_probs = probs.sort(descending=True).values
+    # the last token kept: the first to reach p (the last of all where rounding keeps sums below p)
+    last = (sorted_probs.cumsum(-1) < p).sum(-1, keepdim=True).clamp(max=logits.size(-1) - 1)
+    return logits.masked_fill(probs < sorted_probs.gather(-1, last), NEG_INF)
 
 
 @dataclass(frozen=True)
 class Options:
-    """Every decoding option, in the order NextToken applies them; sample.py's flags and the
-    playground's request fields are made from these fields."""
+    """Every decoding option, in the order NextToken applies them."""
 
     frequency_penalty: float = setting(
         0.0, "OpenAI's: logit -= a x (times the token occurs so far)", ge=-2, le=2
@@ -102,7 +92,6 @@ class Options:
     )
 
     def __post_init__(self):
-        """Error unless each value has its option's type and lies in its range."""
         for name, key in keys_of(Options).items():
             key.check(name, getattr(self, name))
 
@@ -118,9 +107,8 @@ FILTERS = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 class NextToken:
-    """(logits [B, V], context [B, t]) -> tokens [B]: the options that are on, in Options' order,
-    then a draw from the softmax (generator's: a seed gives the same tokens on any device), or the
-    argmax when greedy or temperature == 0. Ids from vocab_size on are never picked."""
+    """(logits [B, V], context [B, t]) -> tokens [B] below vocab_size: the options on, then a draw
+    by generator (a CPU one: a seed's tokens on any device), or the argmax if greedy."""
 
     def __init__(self, options, greedy=False, generator=None, vocab_size=None):
         self.options = options
@@ -129,16 +117,14 @@ class NextToken:
         self.vocab_size = vocab_size
 
     def on(self):
-        """(name, value) of each option that is on (not at its off value), in Options' order;
-        greedy skips the FILTERS."""
+        """(name, value) of each option not at its off value; greedy skips the FILTERS."""
         for f in fields(self.options):
             value = getattr(self.options, f.name)
             if value != f.default and not (self.greedy and f.name in FILTERS):
                 yield f.name, value
 
     def stages(self, logits, context):
-        """Yields ("raw", logits within vocab_size), then (option, logits after it) for each option
-        that is on."""
+        """("raw", logits within vocab_size), then (option, logits after it) for each one on."""
         logits = logits[:, : self.vocab_size]
         yield "raw", logits
         for name, value in self.on():
@@ -149,15 +135,13 @@ class NextToken:
             yield name, logits
 
     def process(self, logits, context):
-        """The logits after every option that is on."""
         name, last = list(self.stages(logits, context))[-1]
         return last
 
     def no_distribution(self, logits, context):
-        """Why the processed logits have no softmax to draw from, naming the first stage after
-        which they have none: a row all -inf, or a logit at +inf."""
+        """Why the processed logits have no softmax: the first stage with none."""
         stages = self.stages(logits, context)
-        name, x = next((n, x) for n, x in stages if not torch.isfinite(torch.softmax(x, -1)).all())
+        name, x = next((n, x) for n, x in stages if not torch.isfinite(x.softmax(-1)).all())
         if name == "raw":
             return "the model's logits are not finite numbers"
         if (x == NEG_INF).all(-1).any():
@@ -168,37 +152,35 @@ class NextToken:
         return f"{name} overflows the logits (try a value nearer its off value)"
 
     def reads_context(self):
-        """Whether an option that is on reads the context (the penalties, n-gram blocking)."""
         return any(name in READS_CONTEXT for name, value in self.on())
 
     def __call__(self, logits, context):
         return self.draw(self.process(logits, context), logits, context)
 
     def draw(self, processed, logits, context):
-        """The tokens [B] from the processed logits, or an Error naming the option that left no
-        distribution."""
-        probs = torch.softmax(processed, dim=-1)
+        """The tokens [B] drawn from the processed logits."""
+        probs = processed.softmax(-1)
         if not torch.isfinite(probs).all():
             raise Error(self.no_distribution(logits, context))
         if self.greedy:
-            return processed.argmax(dim=-1)
-        if self.generator is not None:
+            return processed.argmax(-1)
+        if self.generator:
             probs = probs.to(self.generator.device)
         token = torch.multinomial(probs, 1, generator=self.generator)
-        return token.squeeze(-1).to(logits.device)
+        return token[:, 0].to(logits.device)
 
 
 def make_picks(options, greedy, seed, n, vocab_size):
-    """One NextToken per sample, each drawing from a generator of its own seeded
-    seed + i: a sample never depends on how many others are drawn beside it."""
-    generators = [torch.Generator().manual_seed(seed + i) for i in range(n)]
-    return [NextToken(options, greedy, g, vocab_size) for g in generators]
+    """One NextToken per sample, sample i's generator seeded seed + i (the same drawn alone)."""
+    return [
+        NextToken(options, greedy, torch.Generator().manual_seed(seed + i), vocab_size)
+        for i in range(n)
+    ]
 
 
 def pick_tokens(picks, logits, contexts):
-    """Row i's next token (an int) by picks[i] from logits [B, V], contexts[i] its ids so far, or
-    the Error that leaves it none. Rows that share options are processed as one batch; each draws
-    from its own generator, so its tokens never depend on the batch."""
+    """Row i's next token (an int) by picks[i], or its Error; rows that share options are
+    processed as one batch, each drawing from its own generator."""
     groups = {}
     for i, pick in enumerate(picks):
         length = len(contexts[i]) if pick.reads_context() else 0

@@ -1,23 +1,20 @@
-"""
-The generation engine of every GPT decode: continuous batching over one KV cache, each row picking
-with its own generator (its tokens never depend on the batch).
+"""Every GPT decode's engine: continuous batching over one KV cache, each row drawing by its own
+generator (its tokens never depend on the batch).
   engine = Engine(model, rows=8)
   request = engine.submit(prompt, picks, max_new_tokens=100)  # a row per pick
   while engine.busy(): engine.step()  # request.rows[i].tokens grow
 """
 
-from collections import deque
-
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from decoding import pick_tokens
+from decoding import NextToken, Options, pick_tokens
 from lib.common import Error
 from model import VARYING_LENGTHS, KVCache
 
 
 class Row:
-    """One sequence: its tokens (the prompt, then the generated), its pick, its cache slot."""
+    """One sequence: its tokens (prompt, then generated), pick and cache slot."""
 
     def __init__(self, prompt, pick, max_new_tokens, block_size):
         self.tokens = list(prompt)
@@ -34,7 +31,7 @@ class Row:
         return self.tokens[self.prompt_length :]
 
     def finish(self):
-        """Stop at the next step boundary (the consumer saw a stop string, or left)."""
+        """Stop at the next step (the consumer saw a stop string, or left)."""
         self.done = True
 
 
@@ -60,36 +57,25 @@ class Engine:
         self.model = model
         self.block_size = model.config.block_size
         self.use_cache = use_cache  # False: each row's whole window every step, for comparison
-        weight = model.wte.weight
-        self.device = weight.device
+        self.device = model.wte.weight.device
+        dtype = cache_dtype(model.wte.weight)
         # one spare position: a slice of the keys is never the whole cache, so a compiled step
         # never specializes on a full window
-        length = self.block_size + 1
-        dtype = cache_dtype(weight)
-        self.cache = KVCache(model.config, rows, length, self.device, dtype)
+        self.cache = KVCache(model.config, rows, self.block_size + 1, self.device, dtype)
         self.free = list(range(rows))
-        self.waiting = deque()
+        self.waiting = []
         self.active = []
         self.one_token = model
-        if compile:
-            # the one-token step compiled once, before any request is timed (gpt-fast's decode)
-            self.one_token = torch.compile(model, dynamic=True)
-            try:
-                self.warm_up(rows)
-            except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, say
-                reason = str(e).strip().splitlines()[0]
-                raise Error(
-                    f"torch.compile failed ({reason}): drop --compile, or install a C++ compiler"
-                ) from None
+        if compile:  # before any request is timed (gpt-fast's decode)
+            self.warm_up(rows)
 
     def submit(self, prompt, picks, max_new_tokens):
-        """A Request of one row per pick (prompt: token ids), decoded from the next step on."""
+        """A Request of a row per pick, decoded from the next step on."""
         request = self.make_request(prompt, picks, max_new_tokens)
         self.waiting.append(request)
         return request
 
     def make_request(self, prompt, picks, max_new_tokens):
-        """The checked Request that submit() queues."""
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         slots = len(self.cache.lengths)
@@ -98,33 +84,36 @@ class Engine:
         return Request([Row(prompt, pick, max_new_tokens, self.block_size) for pick in picks])
 
     def warm_up(self, rows):
-        """Throwaway steps that compile the one-token step: one graph for one row, one for more."""
-        for size in sorted({1, rows}):
-            slots = list(range(size))
-            idx = torch.zeros(size, 1, dtype=torch.long, device=self.device)
-            with torch.no_grad(), sdpa_kernel(VARYING_LENGTHS):
-                # position 0 eager, 1 compiled: the compiler would make a single key a constant
-                self.model(idx, cache=self.cache.step(slots, 1), logits_to_keep=1)
-                self.one_token(idx, cache=self.cache.step(slots, 1), logits_to_keep=1)
-            for row in slots:
-                self.cache.reset(row)
+        """Compiles the one-token step by throwaway requests: a graph for one row, one for more."""
+        self.one_token = torch.compile(self.model, dynamic=True)
+        greedy = NextToken(Options(), greedy=True)
+        try:
+            for size in (1, rows):
+                # position 0 is prefilled eagerly: compiled, a single key would be a constant
+                self.submit([0], [greedy] * size, 2)
+                while self.busy():
+                    self.step()
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, say
+            reason = str(e).strip().splitlines()[0]
+            raise Error(
+                f"torch.compile failed ({reason}): drop --compile, or install a C++ compiler"
+            ) from None
 
     def busy(self):
         return bool(self.waiting or self.active)
 
     @torch.no_grad()
     def step(self):
-        """A token for every active row, requests that fit joining first -> the rows taking one."""
+        """A token for every active row, then requests that fit join -> the rows taking one."""
         self.release()
-        decoding = list(self.active)
-        took = self.admit()
         with sdpa_kernel(VARYING_LENGTHS):
-            took += self.decode(decoding)
+            took = self.decode(self.active)
+        took += self.admit()
         self.release()
         return took
 
     def admit(self):
-        """Waiting requests join while their rows fit in free slots -> the rows that took one."""
+        """Waiting requests join while their rows fit -> the rows that took a token."""
         took = []
         while self.waiting:
             request = self.next_waiting()
@@ -141,8 +130,11 @@ class Engine:
             logits = self.prompt_logits(request, rows[0])
             if self.use_cache:
                 self.cache.copy(rows[0].slot, [row.slot for row in rows[1:]])
-            took += self.take(rows, logits.expand(len(rows), -1))
             self.active.extend(rows)
+            if rows[0].remaining:
+                took += self.take(rows, logits.expand(len(rows), -1))
+            else:  # no token asked: the prompt only (serve.py's echo scores it)
+                request.finish()
         return took
 
     def next_waiting(self):
@@ -190,10 +182,6 @@ class Engine:
 
     def take(self, rows, logits):
         """Each row's next token from its logits -> the rows that took one."""
-        if not rows[0].remaining:  # a request's rows share max_new_tokens: none asked
-            for row in rows:
-                row.done = True
-            return []
         # rows that share their options pick as one batch, each from its own generator
         tokens = pick_tokens([row.pick for row in rows], logits, [row.tokens for row in rows])
         took = []
@@ -210,7 +198,6 @@ class Engine:
         return took
 
     def release(self):
-        """The slots of done rows go back to the free list."""
         for row in [row for row in self.active if row.done]:
             self.active.remove(row)
             self.free.append(row.slot)

@@ -8,6 +8,7 @@ import argparse
 import sys
 import time
 from dataclasses import fields
+from functools import partial
 
 import decoding
 from engine import Engine
@@ -20,6 +21,7 @@ from lib.weights import GPT2_NAMES, load_gpt
 SEPARATOR = "-" * 40
 # this script's own defaults for decoding.Options (nanoGPT's); every other option starts off
 DEFAULTS = dict(temperature=0.8, top_k=200)
+log = partial(print, file=sys.stderr)  # stdout carries only the samples
 
 
 def parse_args(argv=None):
@@ -35,10 +37,9 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--init_from",
-        help=f"sample these weights instead of --out_dir: one of {', '.join(GPT2_NAMES)} "
-        "(downloaded from the Hugging Face hub), a local GPT-2 folder in the Hugging Face "
-        "layout (model.safetensors + config.json; GPT-2's BPE), or a checkpoint folder of "
-        "this project",
+        help=f"sample these weights instead of --out_dir: {', '.join(GPT2_NAMES)} (from the "
+        "Hugging Face hub), a GPT-2 folder in its layout (model.safetensors + config.json; "
+        "GPT-2's BPE), or a checkpoint folder of this project",
     )
     p.add_argument(
         "--start",
@@ -74,17 +75,15 @@ def parse_args(argv=None):
         "--weights",
         default="auto",
         choices=WEIGHTS,
-        help="the format the weights decode in, stored once: auto is bfloat16 where the device "
-        "multiplies it natively (GPUs of compute capability 8.0 and up, CPUs with AVX-512 BF16 "
-        "or AMX), float32 elsewhere; int8 is the fastest on CPUs (BENCHMARKS.md) "
-        "(default: %(default)s)",
+        help="the format the weights decode in: auto is bfloat16 where the device multiplies it "
+        "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), else "
+        "float32; int8 is the fastest on CPUs (BENCHMARKS.md; default: %(default)s)",
     )
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile the one-token step with torch.compile first (once, seconds to a minute): "
-        "on a CPU it pays with bfloat16 and int8 weights, not with float32 (BENCHMARKS.md); "
-        "for long or many samples",
+        help="compile the one-token step first (seconds to a minute), for long or many samples: "
+        "on a CPU it pays with bfloat16 and int8 weights, not float32 (BENCHMARKS.md)",
     )
     p.add_argument(
         "--stream",
@@ -94,9 +93,8 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--stop",
-        help="a string that ends a sample: the sample is cut right before it, and generation "
-        "ends when every sample has stopped (only the continuation is searched, not the "
-        "prompt; in bash, $'\\n\\n' is two newlines)",
+        help="a string that ends a sample, cut right before it (searched in the continuation, "
+        "not the prompt); generation ends once all have (in bash, $'\\n\\n' is two newlines)",
     )
     p.add_argument(
         "--no_cache",
@@ -120,8 +118,7 @@ def parse_args(argv=None):
         g.add_argument(f"--{f.name}", type=f.type, default=default, help=help)
     args = p.parse_args(argv)
     # sample i is seeded seed + i, and torch's generators take seeds in [-2**63, 2**64)
-    last_seed = args.seed + args.num_samples - 1
-    if args.seed < -(2**63) or last_seed >= 2**64:
+    if not -(2**63) <= args.seed <= 2**64 - args.num_samples:
         p.error(
             f"--seed {args.seed}: must be in [-2**63, 2**64 - num_samples] "
             "(sample i is seeded seed + i)"
@@ -137,104 +134,87 @@ def parse_args(argv=None):
     except Error as e:
         p.error(f"--{e}")  # the messages start with the option's name
     if args.start.startswith("FILE:"):
-        args.start = read_prompt(p, args.start[5:])
+        path = args.start[5:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                args.start = f.read()
+        except OSError as e:
+            p.error(f"--start FILE:{path}: {e.strerror}")
+        except UnicodeDecodeError:
+            p.error(f"--start FILE:{path}: not UTF-8 text; save the prompt as UTF-8")
     return args, options
-
-
-def read_prompt(parser, path):
-    """The text of a --start=FILE:path prompt, or the parser's error line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        parser.error(f"--start FILE:{path}: {e.strerror}")
-    except UnicodeDecodeError:
-        parser.error(f"--start FILE:{path}: not UTF-8 text; save the prompt as UTF-8")
 
 
 def main(argv=None):
     args, options = parse_args(argv)
     device = pick_device(args.device)
-    source = args.init_from or args.out_dir
-    model, tokenizer, what = load_gpt(source, device, hub=bool(args.init_from))
+    model, tokenizer, what = load_gpt(
+        args.init_from or args.out_dir, device, hub=bool(args.init_from)
+    )
     model = for_decoding(model, device, args.weights)
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw
         raise Error(f"--start: {e}") from None
-    weights = resolve_weights(args.weights, device)
-    print(f"{what}; {device}, {weights} weights", file=sys.stderr)
+    log(f"{what}; {device}, {resolve_weights(args.weights, device)} weights")
     block_size = model.config.block_size
     if len(prompt) > block_size:
-        print(
-            f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}",
-            file=sys.stderr,
-        )
+        log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")
     picks = decoding.make_picks(
         options, args.greedy, args.seed, args.num_samples, tokenizer.vocab_size
     )
     t0 = time.perf_counter()
     engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
     if args.compile:
-        print(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        log(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s")
     request = engine.submit(prompt, picks, args.max_new_tokens)
-    texts, steps, seconds, interrupted = decode_samples(engine, request, tokenizer, args)
-    rate = args.num_samples * steps / max(seconds, 1e-9)
-    no_cache = " (no KV cache)" if args.no_cache else ""
-    print(
-        f"{args.num_samples} x {steps} tokens in {seconds:.2f} s: {rate:.0f} tokens/s{no_cache}",
-        file=sys.stderr,
-    )
-    for i, text in enumerate(texts):
-        if i or not args.stream:  # a streamed first sample is already out
-            print(f"{SEPARATOR}\n" if i else "", args.start, text, sep="")
-    if interrupted:
-        print(
-            f"interrupted after {steps} tokens: the samples above are what was generated",
-            file=sys.stderr,
-        )
-        raise SystemExit(130)
+    print_samples(engine, request, tokenizer, args)
     for i, row in enumerate(request.rows):
         if row.error:  # no token left to draw: the message names the option (serve.py's 400)
             raise Error(f"sample {i + 1} stopped after {len(row.generated)} tokens: {row.error}")
 
 
-def decode_samples(engine, request, tokenizer, args):
-    """sample.py's decoding -> (the texts, steps run, seconds, interrupted). A text ends right
-    before --stop (the continuation is searched, not the prompt), and its row stops decoding
-    there; --stream prints the first sample as it grows."""
+def print_samples(engine, request, tokenizer, args):
+    """Decodes the request and prints its samples, each cut right before --stop (searched in the
+    continuation, not the prompt) where its row stops; --stream prints the first as it grows."""
     rows = request.rows
     texts = [""] * len(rows)
+    stops = [args.stop] if args.stop else []
     steps = 0
     shown = 0  # characters of sample 0 already streamed
+    interrupted = False
     if args.stream:
         print(args.start, end="", flush=True)
-    stops = [args.stop] if args.stop else []
     t0 = time.perf_counter()
-    interrupted = False
     try:
         while not request.done:
-            took = engine.step()
-            for i, row in enumerate(rows):
-                if row not in took:  # no new token (stopped, or done)
-                    continue
+            for row in engine.step():  # the rows that took a token
                 # the whole continuation decoded: bytes split over tokens join up
-                texts[i] = tokenizer.decode(row.generated)
-                cut = first_stop(texts[i], stops)
+                text = tokenizer.decode(row.generated)
+                cut = first_stop(text, stops)
                 if cut >= 0:
-                    texts[i] = texts[i][:cut]
+                    text = text[:cut]
                     row.finish()
+                texts[rows.index(row)] = text
             steps += 1
             if args.stream:
                 out = texts[0] if rows[0].done else printable(texts[0], stops)
                 print(out[shown:], end="", flush=True)
                 shown = max(shown, len(out))
-    except KeyboardInterrupt:  # Ctrl-C: keep what was generated
+    except KeyboardInterrupt:  # Ctrl-C: print what was generated
         interrupted = True
     seconds = time.perf_counter() - t0
     if args.stream:
         print(texts[0][shown:], flush=True)
-    return texts, steps, seconds, interrupted
+    rate = len(rows) * steps / max(seconds, 1e-9)
+    no_cache = " (no KV cache)" if args.no_cache else ""
+    log(f"{len(rows)} x {steps} tokens in {seconds:.2f} s: {rate:.0f} tokens/s{no_cache}")
+    for i, text in enumerate(texts):
+        if i or not args.stream:  # a streamed first sample is already out
+            print(f"{SEPARATOR}\n" if i else "", args.start, text, sep="")
+    if interrupted:
+        log(f"interrupted after {steps} tokens: the samples above are what was generated")
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

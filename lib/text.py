@@ -3,8 +3,7 @@
 
 def first_stop(text, stops):
     """Where the first of stops begins in text, or -1."""
-    found = [text.find(stop) for stop in stops]
-    return min([c for c in found if c >= 0], default=-1)
+    return min((text.find(stop) for stop in stops if stop in text), default=-1)
 
 
 def printable(text, stops=()):

@@ -168,7 +168,7 @@ def test_start_from_a_file_and_empty_start(runs):
 def test_errors_are_one_line_and_fail(runs):
     for name, message in [
         ("unknown_char", "--start: characters not in this model's vocabulary: 'é'"),
-        ("bad_top_p", "--top_p must be in (0, 1], got 1.5"),
+        ("bad_top_p", "--top_p=1.5: must be in (0, 1]"),
     ]:
         rc, out, err = runs[name]
         assert (
@@ -182,10 +182,10 @@ def test_errors_are_one_line_and_fail(runs):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--repetition_penalty", "0"], "--repetition_penalty must be > 0"),
-        (["--temperature", "-1"], "--temperature must be >= 0"),
-        (["--top_k", "-3"], "--top_k must be >= 0"),
-        (["--no_repeat_ngram_size", "-1"], "--no_repeat_ngram_size must be >= 0"),
+        (["--repetition_penalty", "0"], "--repetition_penalty=0.0: must be > 0"),
+        (["--temperature", "-1"], "--temperature=-1.0: must be >= 0"),
+        (["--top_k", "-3"], "--top_k=-3: must be >= 0"),
+        (["--no_repeat_ngram_size", "-1"], "--no_repeat_ngram_size=-1: must be >= 0"),
         (["--num_samples", "0"], "argument --num_samples: must be >= 1, got 0"),
         (["--max_new_tokens", "-1"], "argument --max_new_tokens: must be >= 0, got -1"),
         (
