@@ -402,3 +402,31 @@ def test_each_bad_input_is_one_line_and_nothing_is_written(tmp_path, capsys):
         line = refusal(capsys, *args, "--out_dir", out)
         assert words in line and "\n" not in line, line
         assert sorted(os.listdir(out)) == ["meta.json"] and (out / "meta.json").read_text() == "{}"
+
+
+def write_records(folder, records):
+    os.makedirs(folder, exist_ok=True)
+    with open(folder / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_plot_draws_a_run_whose_records_lack_the_training_loss(tmp_path):
+    import plot
+
+    # an evaluation without a training loss beside it (a run that evaluates before its first step)
+    records = [
+        {"step": 0, "seconds": 0.5, "val/loss": 3.0},
+        {"step": 10, "seconds": 2.0, "val/loss": 2.5, "train/loss": 2.4},
+    ]
+    write_records(tmp_path / "run", records)
+    plot.main([str(tmp_path / "run"), f"--out={tmp_path / 'loss.png'}"])
+    assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_plot_against_seconds_refuses_records_without_them_in_one_line(tmp_path):
+    import plot
+
+    write_records(tmp_path / "run", [{"step": 0, "val/loss": 3.0, "train/loss": 3.1}])
+    with pytest.raises(Error, match=r"no evaluation that records 'seconds'.*--x step"):
+        plot.main([str(tmp_path / "run"), "--x=seconds", f"--out={tmp_path / 'loss.png'}"])
+    assert not (tmp_path / "loss.png").exists()
