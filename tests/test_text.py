@@ -430,3 +430,47 @@ def test_plot_against_seconds_refuses_records_without_them_in_one_line(tmp_path)
     with pytest.raises(Error, match=r"no evaluation that records 'seconds'.*--x step"):
         plot.main([str(tmp_path / "run"), "--x=seconds", f"--out={tmp_path / 'loss.png'}"])
     assert not (tmp_path / "loss.png").exists()
+
+
+def test_a_jsonl_text_column_is_chosen_by_its_key_and_a_null_is_an_empty_document(tmp_path):
+    docs = documents()
+    os.makedirs(tmp_path / "rows")
+    # "text" first null: the column is still "text", not the one string that row holds
+    with open(tmp_path / "rows" / "a.jsonl", "w", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "row-0", "text": None}) + "\n")
+        for i, text in enumerate(docs[:20]):
+            f.write(json.dumps({"id": f"row-{i + 1}", "text": text}, ensure_ascii=False) + "\n")
+    # "text" the only key, null in the first row: no string to find it by
+    with open(tmp_path / "rows" / "b.jsonl", "w", encoding="utf-8") as f:
+        f.write(json.dumps({"text": None}) + "\n")
+        for text in docs[20:]:
+            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    out = tmp_path / "out"
+    prepare(
+        "--source", tmp_path / "rows", "--tokenizer", "char", "--block_size", 16, "--out_dir", out
+    )
+    assert sorted(all_documents(out)) == sorted(docs)
+    # without "text", a row's null may be the text: which column is asked, not guessed
+    (tmp_path / "c.jsonl").write_text(
+        '{"id": "row-0", "body": null}\n{"id": "row-1", "body": "x"}\n'
+    )
+    with pytest.raises(Error, match=r"which column holds the text\? \(found \['body', 'id'\]\)"):
+        prepare("--source", tmp_path / "c.jsonl", "--out_dir", out)
+
+
+def test_a_parquet_text_column_stored_as_dictionary_or_string_view_is_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = documents()
+    os.makedirs(tmp_path / "rows")
+    # pandas' categories and polars' strings
+    text = pa.array(docs[:20]).dictionary_encode()
+    pq.write_table(pa.table({"id": list(range(20)), "text": text}), tmp_path / "rows" / "a.parquet")
+    body = pa.array(docs[20:], type=pa.string_view())
+    pq.write_table(pa.table({"id": list(range(20)), "body": body}), tmp_path / "rows" / "b.parquet")
+    out = tmp_path / "out"
+    prepare(
+        "--source", tmp_path / "rows", "--tokenizer", "char", "--block_size", 16, "--out_dir", out
+    )
+    assert sorted(all_documents(out)) == sorted(docs)

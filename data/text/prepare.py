@@ -10,7 +10,8 @@ folder or --out_dir; nothing there changes until the whole corpus has been read.
   python data/text/prepare.py --dataset roneneldan/TinyStories --tokenizer bpe  # streamed
 Documents: a folder's .txt and .md files (subfolders too) are one each, and its .jsonl and
 .parquet files one per row; a lone .txt or .md file is cut at its blank lines. The text column is
---column, else "text", else a file's or dataset's one column of strings.
+--column, else "text", else a file's or dataset's one column of strings; a null there is an empty
+document.
 """
 
 import argparse
@@ -72,23 +73,23 @@ def whole_file(path):
         yield f.read()
 
 
-def pick_column(names, column, where):
-    """The text column among names: --column, else "text", else the only one (names: the string
-    columns, or all where the kinds are unknown)."""
+def pick_column(names, strings, column, where):
+    """The text column, chosen by the names: --column, else "text", else the only one of strings
+    (the columns that may hold text); what a row holds there never moves it."""
     if column is not None and column not in names:
         raise Error(f"{where}: no column {column!r} (found {sorted(names)}); pass --column NAME")
     if column is not None:
         return column
     if "text" in names:
         return "text"
-    if len(names) == 1:
-        return next(iter(names))
+    if len(strings) == 1:
+        return strings[0]
     raise Error(f"{where}: which column holds the text? (found {sorted(names)}); pass --column")
 
 
 def jsonl_rows(path, column):
-    """The text of each row; the column is chosen by the first row (a row without it, or with
-    null there, reads as an empty document)."""
+    """The text of each row; the column is chosen by the first row's keys (a row without it, or
+    with null there, reads as an empty document)."""
     name = None
     with open(path, encoding="utf-8-sig") as f:
         for number, line in enumerate(f, 1):
@@ -101,8 +102,9 @@ def jsonl_rows(path, column):
             if not isinstance(row, dict):
                 raise Error(f"{path}:{number}: not a JSON object; fix or delete the line")
             if name is None:
-                strings = [k for k, v in row.items() if isinstance(v, str)]
-                name = pick_column(strings if column is None else row, column, f"{path}:{number}")
+                # a null may be the text column's empty first row
+                strings = [k for k, v in row.items() if v is None or isinstance(v, str)]
+                name = pick_column(row, strings, column, f"{path}:{number}")
             yield row.get(name)
 
 
@@ -111,15 +113,26 @@ def parquet_rows(path, column):
 
     table = pq.ParquetFile(path)
     strings = [f.name for f in table.schema_arrow if is_text(f.type)]
-    name = pick_column(strings if column is None else table.schema_arrow.names, column, path)
+    name = pick_column(table.schema_arrow.names, strings, column, path)
     for batch in table.iter_batches(columns=[name], batch_size=1024):
         yield from batch.column(0).to_pylist()
 
 
 def is_text(kind):
+    """Whether a parquet column's arrow type holds strings: plain, large, a view (polars) or a
+    dictionary of them (pandas' categories)."""
     import pyarrow as pa
 
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    if pa.types.is_dictionary(kind):
+        return is_text(kind.value_type)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_string_view(kind)
+
+
+def is_string_view(kind):
+    """string_view, in a pyarrow that has it (16 and later)."""
+    import pyarrow as pa
+
+    return hasattr(pa.types, "is_string_view") and pa.types.is_string_view(kind)
 
 
 def file_documents(path, column, alone):
@@ -147,7 +160,7 @@ def hub_documents(dataset, split, column):
             "offline, pass --source with a local copy"
         ) from None
     strings = [k for k, kind in kinds.items() if getattr(kind, "dtype", kind) in TEXT_KINDS]
-    name = pick_column(strings if column is None else kinds, column, f"--dataset {dataset}")
+    name = pick_column(kinds, strings, column, f"--dataset {dataset}")
     rows = 0
     try:
         for row in ds:
@@ -210,7 +223,10 @@ class Corpus:
             if text is None:
                 text = ""
             if not isinstance(text, str):
-                raise Error(f"{where}: document {i + 1} is {type(text).__name__}, not text")
+                raise Error(
+                    f"{where}: document {i + 1} is {type(text).__name__}, not text; pass --column "
+                    "with the column that holds the text"
+                )
             if not text.strip():
                 self.skipped += 1
                 continue
