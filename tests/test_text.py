@@ -474,3 +474,30 @@ def test_a_parquet_text_column_stored_as_dictionary_or_string_view_is_read(tmp_p
         "--source", tmp_path / "rows", "--tokenizer", "char", "--block_size", 16, "--out_dir", out
     )
     assert sorted(all_documents(out)) == sorted(docs)
+
+
+def test_what_is_not_a_regular_file_is_skipped_with_a_warning(corpus, tmp_path):
+    """A named pipe among the documents: reading it would wait for a writer for ever."""
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus, folder)
+    os.mkfifo(folder / "pipe.txt")
+    os.symlink(tmp_path / "nowhere.md", folder / "z_dangling.md")
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "data", "text", "prepare.py"),
+            f"--source={folder}",
+            "--tokenizer=char",
+            "--block_size=16",
+            f"--out_dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"{folder / 'pipe.txt'}: not a regular file (a named pipe), skipped" in r.stderr
+    assert (
+        f"{folder / 'z_dangling.md'}: not a regular file (a link to nothing), skipped" in r.stderr
+    )
+    assert sorted(all_documents(tmp_path / "out")) == sorted(documents())

@@ -17,6 +17,7 @@ document.
 import argparse
 import json
 import os
+import stat
 import sys
 import time
 from contextlib import ExitStack
@@ -44,14 +45,38 @@ BUFFER = 1 << 20
 
 def text_files(folder):
     """The files of folder and its subfolders that hold documents, sorted: the same order, every
-    run."""
+    run. What is not a regular file is skipped with a warning: a named pipe would hold the read
+    for ever."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
-        found += [
-            os.path.join(root, f) for f in sorted(files) if f.endswith(TEXT_FILES + ROW_FILES)
-        ]
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            if not name.endswith(TEXT_FILES + ROW_FILES):
+                continue
+            kind = not_regular(path)
+            if kind:
+                sys.stderr.write(f"warning: {path}: not a regular file ({kind}), skipped\n")
+            else:
+                found.append(path)
     return found
+
+
+def not_regular(path):
+    """What path is, in words, if it is not a regular file once links are followed; else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a link to nothing"
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
 
 
 def paragraphs(path):
