@@ -501,3 +501,23 @@ def test_what_is_not_a_regular_file_is_skipped_with_a_warning(corpus, tmp_path):
         f"{folder / 'z_dangling.md'}: not a regular file (a link to nothing), skipped" in r.stderr
     )
     assert sorted(all_documents(tmp_path / "out")) == sorted(documents())
+
+
+def test_a_prepare_into_a_folder_another_prepare_holds_is_refused(corpus, tmp_path):
+    import fcntl
+
+    out = tmp_path / "out"
+    os.makedirs(out)
+    (out / "meta.json").write_text("{}")
+    # what another prepare.py holds while it writes there
+    folder = os.open(out, os.O_RDONLY)
+    fcntl.flock(folder, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(Error, match="another prepare.py is writing into it"):
+            prepare("--source", corpus, "--tokenizer", "char", "--block_size", 16, "--out_dir", out)
+    finally:
+        os.close(folder)
+    assert os.listdir(out) == ["meta.json"] and (out / "meta.json").read_text() == "{}"
+    # let go, the folder is free again
+    prepare("--source", corpus, "--tokenizer", "char", "--block_size", 16, "--out_dir", out)
+    assert sorted(all_documents(out)) == sorted(documents())

@@ -350,18 +350,18 @@ def main(argv=None):
     prepare.check_out_dir(args.out_dir)
     corpus = Corpus(args)
     tok = make_tokenizer(args, corpus)
-    os.makedirs(args.out_dir, exist_ok=True)
     dtype = prepare.token_dtype(tok.vocab_size)
-    # the token files take their names as this block ends, unless it fails
-    with ExitStack() as files:
-        splits = {name: SplitWriter(files, args.out_dir, name, dtype) for name in ("train", "val")}
-        encode(corpus, tok, splits, args)
-        check_counts(splits, corpus, args)
-        for split in splits.values():
-            split.flush()
-        # the old meta.json goes before its files do
-        prepare.unpublish(args.out_dir)
-    publish(args, tok, splits, time.time() - t0)
+    with prepare.locked_out_dir(args.out_dir):
+        # the token files take their names as this block ends, unless it fails
+        with ExitStack() as files:
+            splits = {n: SplitWriter(files, args.out_dir, n, dtype) for n in ("train", "val")}
+            encode(corpus, tok, splits, args)
+            check_counts(splits, corpus, args)
+            for split in splits.values():
+                split.flush()
+            # the old meta.json goes before its files do
+            prepare.unpublish(args.out_dir)
+        publish(args, tok, splits, time.time() - t0)
 
 
 def encode(corpus, tok, splits, args):
