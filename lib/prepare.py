@@ -25,6 +25,8 @@ from lib.common import ArgumentParser, Error, atomic_path, write_json
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 # a label written as an integer: ASCII digits ("²" and "--1" are no class), short enough for int()
 INTEGER = re.compile(r"-?[0-9]{1,18}")
+# in_val hashes a text this many characters at a time
+HASH_PIECE = 1 << 20
 
 
 def fraction(text):
@@ -176,8 +178,12 @@ def read_text(source, url):
 
 def in_val(text, val_fraction):
     """Whether a text goes to val: the same text always hashes the same way, so duplicates can't
-    straddle train and val (a leak into val), and every run splits alike."""
-    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) / 2**32 < val_fraction
+    straddle train and val (a leak into val), and every run splits alike. A long text is hashed a
+    piece at a time: never a second copy of all of it."""
+    digest = hashlib.md5()
+    for start in range(0, len(text), HASH_PIECE):
+        digest.update(text[start : start + HASH_PIECE].encode("utf-8"))
+    return int(digest.hexdigest()[:8], 16) / 2**32 < val_fraction
 
 
 def token_dtype(vocab_size):

@@ -378,9 +378,6 @@ def bad_inputs(d):
     (d / "rows.jsonl").write_text('{"body": "Маска"}\n', encoding="utf-8")
     (d / "short.txt").write_text("Ёжик в тумане.\n\nЛошадка!\n", encoding="utf-8")
     (d / "latin1.txt").write_bytes("Ünïcode in Latin-1".encode("latin-1"))
-    # a folder's file is one document, blank lines or not
-    os.makedirs(d / "one_file")
-    (d / "one_file" / "a.txt").write_text("\n\n".join(documents()), encoding="utf-8")
     return [
         (["--source", d / "empty"], "no document holds any text"),
         (["--source", d / "no_text"], "no .txt, .md, .jsonl or .parquet file"),
@@ -389,7 +386,6 @@ def bad_inputs(d):
         (["--source", d / "short.txt", "--vocab_size", 2**32 + 1], "past the 4,294,967,296 ids"),
         (["--source", d / "short.txt", "--tokenizer", "char"], "not more than --block_size 128"),
         (["--source", d / "latin1.txt"], "not UTF-8 text (invalid"),
-        (["--source", d / "one_file"], "one document, which cannot be split"),
         (["--source", d / "nowhere"], "not a folder, nor a .txt"),
     ]
 
@@ -521,3 +517,116 @@ def test_a_prepare_into_a_folder_another_prepare_holds_is_refused(corpus, tmp_pa
     # let go, the folder is free again
     prepare("--source", corpus, "--tokenizer", "char", "--block_size", 16, "--out_dir", out)
     assert sorted(all_documents(out)) == sorted(documents())
+
+
+# what the child measures: its peak memory before and after prepare.py's main
+PEAK = """
+import importlib.util, resource, sys
+spec = importlib.util.spec_from_file_location("text_prepare", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+import pyarrow, tokenizers  # what main imports, imported before the measure starts
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+module.main(sys.argv[2:])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_a_large_document_is_encoded_in_bounded_memory(corpus, tmp_path):
+    """One document of 5 MB among small ones, through the default trained BPE (trained on it too):
+    the peak grows by a few times the text (read whole), not by the tens of times that a whole
+    document takes in the BPE's trainer and as Python ints of its ids, copied."""
+    from lib.prepare import in_val
+
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus, folder)
+    words = "the quick brown fox jumps over a lazy dog while seven wizards hex bold zebras".split()
+    lines = []
+    for i in range(60_001):
+        line = " ".join(f"{words[(i * 7 + j * 3) % len(words)]}{(i * j) % 97}" for j in range(12))
+        lines.append(line + ".\n")
+    big = "".join(lines)
+    assert not in_val(big, 0.25)  # a train document, which the BPE learns from
+    (folder / "big.txt").write_text(big, encoding="utf-8")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PEAK,
+            os.path.join(ROOT, "data", "text", "prepare.py"),
+            f"--source={folder}",
+            "--vocab_size=512",
+            "--val_fraction=0.25",
+            "--block_size=16",
+            f"--out_dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    growth = int(r.stdout.splitlines()[-1])
+    assert growth < 8 * len(big) + 32 * 2**20, (
+        f"{growth / 2**20:.0f} MB for {len(big) / 2**20:.1f} MB"
+    )
+    assert big in all_documents(tmp_path / "out")
+
+
+@needs_shared
+def test_a_long_document_in_pieces_encodes_as_it_does_whole():
+    """The cuts between pieces fall where GPT-2's words part, whatever spaces surround them."""
+    import random
+
+    from lib.tokenizer import BPETokenizer
+
+    tokenizer = BPETokenizer("r50k_base")
+    words = ["word", "Ёжик", "'s", "'ll", "123", "!!", " ", "  ", "\n", "\n\n", "\t", "\r\n"]
+    words += ["\u00a0", "\u3000", " \n", "😀", "—", "\u2028", "\x1c"]
+    rng = random.Random(0)
+    text = "".join(rng.choice(words) for _ in range(200_000))
+    pieces = list(PREPARE.pieces(text, 0, len(text)))
+    assert len(pieces) > 4 and "".join(pieces) == text
+    assert [i for p in pieces for i in tokenizer.encode(p)] == tokenizer.encode(text)
+
+
+def notes():
+    """Three long notes of 4 to 41 KB, each of whose hash puts it in train."""
+    return [
+        "".join(f"{i + 1}. {SENTENCES[(i * k) % len(SENTENCES)]}\n" for i in range(lines))
+        for k, lines in ((1, 50), (3, 200), (5, 500))
+    ]
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_a_few_long_documents_give_val_each_ones_tail(tmp_path, tokenizer):
+    from lib.prepare import in_val
+
+    os.makedirs(tmp_path / "notes")
+    texts = notes()
+    assert not any(in_val(t, 0.1) for t in texts)  # the hash alone would leave val empty
+    for i, text in enumerate(texts):
+        (tmp_path / "notes" / f"{i}.md").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    prepare(
+        "--source",
+        tmp_path / "notes",
+        "--tokenizer",
+        tokenizer,
+        "--vocab_size",
+        300,
+        "--out_dir",
+        out,
+    )
+    meta = read_meta(out)
+    assert meta["documents"] == {"train": 3, "val": 3} and meta["split_by"] == "tail"
+    tokenizer = data_tokenizer(out)
+    heads = split_documents(out, "train", tokenizer)
+    tails = split_documents(out, "val", tokenizer)
+    for text, head, tail in zip(texts, heads, tails):
+        # cut at the start of a line, about a tenth from its end
+        assert head + tail == text and head.endswith("\n")
+        assert len(text) * 0.1 <= len(tail) <= len(text) * 0.1 + 100  # lines under 100 characters
+    # one document alone is split the same way (a lone file's paragraph ends with no line break)
+    prepare("--source", tmp_path / "notes" / "2.md", "--tokenizer", "char", "--out_dir", out)
+    head, tail = all_documents(out)
+    assert head + tail == texts[2].removesuffix("\n") and head.endswith("\n")
