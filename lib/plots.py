@@ -2,6 +2,7 @@
 metrics.jsonl, and matplotlib set up to draw into files."""
 
 import os
+import sys
 
 from lib.common import Error, atomic_path
 from lib.records import read_metrics
@@ -22,7 +23,7 @@ def plot_runs(out_dirs, path, x="step"):
             f"{path}: give an image path ending in .png, .svg or .pdf, in an existing folder"
         )
     plt = pyplot()
-    runs = {d: [r for r in read_metrics(d) if "val/loss" in r] for d in out_dirs}
+    runs = {d: evaluations(d, x) for d in out_dirs}
     # a panel beside the loss for each of these that any run records
     panels = [k for k in PANELS if any(k in r for rows in runs.values() for r in rows)]
     fig, axes = plt.subplots(
@@ -38,8 +39,14 @@ def plot_runs(out_dirs, path, x="step"):
             markersize=3,
             label=f"{label} val",
         )
+        # an evaluation may have no training loss beside it (one before the first step)
+        trained = [r for r in rows if "train/loss" in r]
         axes[0][0].plot(
-            xs, [r["train/loss"] for r in rows], "--", color=colour, label=f"{label} train"
+            [r[x] for r in trained],
+            [r["train/loss"] for r in trained],
+            "--",
+            color=colour,
+            label=f"{label} train",
         )
         for ax, key in zip(axes[0][1:], panels):
             ax.plot(xs, [r.get(key) for r in rows], "-o", color=colour, markersize=3, label=label)
@@ -51,6 +58,23 @@ def plot_runs(out_dirs, path, x="step"):
         ax.legend(fontsize=8)
     save_figure(fig, path, dpi=110)
     plt.close(fig)
+
+
+def evaluations(out_dir, x):
+    """The records of out_dir's evaluations that hold x (step, or seconds, which a record may
+    lack); a run whose evaluations all lack it is one line."""
+    rows = [r for r in read_metrics(out_dir) if "val/loss" in r]
+    placed = [r for r in rows if x in r]
+    if rows and not placed:
+        raise Error(
+            f"{os.path.join(out_dir, 'metrics.jsonl')}: no evaluation that records {x!r}: "
+            "plot this run against --x step"
+        )
+    if len(placed) < len(rows):
+        sys.stderr.write(
+            f"warning: {out_dir}: {len(rows) - len(placed):,} evaluations without {x!r} left out\n"
+        )
+    return placed
 
 
 def save_figure(fig, path, dpi):

@@ -16,6 +16,7 @@ import os
 import re
 import time
 import urllib.request
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from lib.common import ArgumentParser, Error, atomic_path, write_json
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 # a label written as an integer: ASCII digits ("²" and "--1" are no class), short enough for int()
 INTEGER = re.compile(r"-?[0-9]{1,18}")
+# in_val hashes a text this many characters at a time
+HASH_PIECE = 1 << 20
 
 
 def fraction(text):
@@ -175,8 +178,12 @@ def read_text(source, url):
 
 def in_val(text, val_fraction):
     """Whether a text goes to val: the same text always hashes the same way, so duplicates can't
-    straddle train and val (a leak into val), and every run splits alike."""
-    return int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) / 2**32 < val_fraction
+    straddle train and val (a leak into val), and every run splits alike. A long text is hashed a
+    piece at a time: never a second copy of all of it."""
+    digest = hashlib.md5()
+    for start in range(0, len(text), HASH_PIECE):
+        digest.update(text[start : start + HASH_PIECE].encode("utf-8"))
+    return int(digest.hexdigest()[:8], 16) / 2**32 < val_fraction
 
 
 def token_dtype(vocab_size):
@@ -189,6 +196,38 @@ def save_array(path, array):
     short file without an error)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.save(f, array) if path.endswith(".npy") else f.write(array.data)
+
+
+@contextmanager
+def locked_out_dir(out_dir):
+    """Make out_dir and hold a lock on it while a prepare writes there: a second prepare into it
+    is refused, not mixed with the first's files. flock on the folder itself, as train.py locks
+    its out_dir but with no file to leave behind or to follow; the OS releases it when the process
+    dies."""
+    check_out_dir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    try:
+        import fcntl  # POSIX; elsewhere prepares are not locked, as runs are not
+    except ImportError:
+        yield
+        return
+    folder = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: the one failure that means another prepare
+            raise Error(
+                f"--out_dir {out_dir}: another prepare.py is writing into it: wait for it to end, "
+                "or pick another --out_dir"
+            ) from None
+        except OSError as e:
+            raise Error(
+                f"--out_dir {out_dir} cannot be locked ({e.strerror}: a filesystem without flock, "
+                "such as some network mounts?): pick an --out_dir on a local disk"
+            ) from None
+        yield
+    finally:
+        os.close(folder)
 
 
 def check_out_dir(out_dir):
@@ -215,19 +254,20 @@ def write_lm(out_dir, splits, text_bytes, tok, source):
     """splits: {name: token ids}; text_bytes: {name: the bytes of its UTF-8 text}. Writes
     {name}.bin for each, then meta.json (task "lm") last."""
     dtype = token_dtype(tok.vocab_size)
-    unpublish(out_dir)
-    for name, ids in splits.items():
-        save_array(os.path.join(out_dir, f"{name}.bin"), np.asarray(ids, dtype=dtype))
-    write_meta(
-        out_dir,
-        task="lm",
-        tokenizer=tok.spec,
-        vocab_size=tok.vocab_size,
-        dtype=np.dtype(dtype).name,
-        splits={name: len(ids) for name, ids in splits.items()},
-        bytes=text_bytes,
-        source=source,
-    )
+    with locked_out_dir(out_dir):
+        unpublish(out_dir)
+        for name, ids in splits.items():
+            save_array(os.path.join(out_dir, f"{name}.bin"), np.asarray(ids, dtype=dtype))
+        write_meta(
+            out_dir,
+            task="lm",
+            tokenizer=tok.spec,
+            vocab_size=tok.vocab_size,
+            dtype=np.dtype(dtype).name,
+            splits={name: len(ids) for name, ids in splits.items()},
+            bytes=text_bytes,
+            source=source,
+        )
 
 
 def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):

@@ -281,6 +281,24 @@ def test_shakespeare_char_small(tmp_path):
     )
 
 
+def test_shakespeare_into_a_folder_another_prepare_holds_is_refused(tmp_path):
+    import fcntl
+
+    (tmp_path / "in.txt").write_text("First Citizen:\nBefore we proceed any further.\n" * 3)
+    os.makedirs(tmp_path / "out")
+    (tmp_path / "out" / "meta.json").write_text("{}")
+    # what another prepare.py holds while it writes there
+    folder = os.open(tmp_path / "out", os.O_RDONLY)
+    fcntl.flock(folder, fcntl.LOCK_EX)
+    try:
+        args = ["--source", tmp_path / "in.txt", "--out_dir", tmp_path / "out"]
+        line = one_line(prepare("shakespeare_char", *args))
+    finally:
+        os.close(folder)
+    assert "another prepare.py is writing into it" in line
+    assert os.listdir(tmp_path / "out") == ["meta.json"]
+
+
 def test_shakespeare_offline_fails(tmp_path):
     # a proxy that refuses connections: offline, on a machine that has a network too
     env = {

@@ -378,9 +378,6 @@ def bad_inputs(d):
     (d / "rows.jsonl").write_text('{"body": "Маска"}\n', encoding="utf-8")
     (d / "short.txt").write_text("Ёжик в тумане.\n\nЛошадка!\n", encoding="utf-8")
     (d / "latin1.txt").write_bytes("Ünïcode in Latin-1".encode("latin-1"))
-    # a folder's file is one document, blank lines or not
-    os.makedirs(d / "one_file")
-    (d / "one_file" / "a.txt").write_text("\n\n".join(documents()), encoding="utf-8")
     return [
         (["--source", d / "empty"], "no document holds any text"),
         (["--source", d / "no_text"], "no .txt, .md, .jsonl or .parquet file"),
@@ -389,7 +386,6 @@ def bad_inputs(d):
         (["--source", d / "short.txt", "--vocab_size", 2**32 + 1], "past the 4,294,967,296 ids"),
         (["--source", d / "short.txt", "--tokenizer", "char"], "not more than --block_size 128"),
         (["--source", d / "latin1.txt"], "not UTF-8 text (invalid"),
-        (["--source", d / "one_file"], "one document, which cannot be split"),
         (["--source", d / "nowhere"], "not a folder, nor a .txt"),
     ]
 
@@ -402,3 +398,235 @@ def test_each_bad_input_is_one_line_and_nothing_is_written(tmp_path, capsys):
         line = refusal(capsys, *args, "--out_dir", out)
         assert words in line and "\n" not in line, line
         assert sorted(os.listdir(out)) == ["meta.json"] and (out / "meta.json").read_text() == "{}"
+
+
+def write_records(folder, records):
+    os.makedirs(folder, exist_ok=True)
+    with open(folder / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_plot_draws_a_run_whose_records_lack_the_training_loss(tmp_path):
+    import plot
+
+    # an evaluation without a training loss beside it (a run that evaluates before its first step)
+    records = [
+        {"step": 0, "seconds": 0.5, "val/loss": 3.0},
+        {"step": 10, "seconds": 2.0, "val/loss": 2.5, "train/loss": 2.4},
+    ]
+    write_records(tmp_path / "run", records)
+    plot.main([str(tmp_path / "run"), f"--out={tmp_path / 'loss.png'}"])
+    assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_plot_against_seconds_refuses_records_without_them_in_one_line(tmp_path):
+    import plot
+
+    write_records(tmp_path / "run", [{"step": 0, "val/loss": 3.0, "train/loss": 3.1}])
+    with pytest.raises(Error, match=r"no evaluation that records 'seconds'.*--x step"):
+        plot.main([str(tmp_path / "run"), "--x=seconds", f"--out={tmp_path / 'loss.png'}"])
+    assert not (tmp_path / "loss.png").exists()
+
+
+def test_a_jsonl_text_column_is_chosen_by_its_key_and_a_null_is_an_empty_document(tmp_path):
+    docs = documents()
+    os.makedirs(tmp_path / "rows")
+    # "text" first null: the column is still "text", not the one string that row holds
+    with open(tmp_path / "rows" / "a.jsonl", "w", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "row-0", "text": None}) + "\n")
+        for i, text in enumerate(docs[:20]):
+            f.write(json.dumps({"id": f"row-{i + 1}", "text": text}, ensure_ascii=False) + "\n")
+    # "text" the only key, null in the first row: no string to find it by
+    with open(tmp_path / "rows" / "b.jsonl", "w", encoding="utf-8") as f:
+        f.write(json.dumps({"text": None}) + "\n")
+        for text in docs[20:]:
+            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    out = tmp_path / "out"
+    prepare(
+        "--source", tmp_path / "rows", "--tokenizer", "char", "--block_size", 16, "--out_dir", out
+    )
+    assert sorted(all_documents(out)) == sorted(docs)
+    # without "text", a row's null may be the text: which column is asked, not guessed
+    (tmp_path / "c.jsonl").write_text(
+        '{"id": "row-0", "body": null}\n{"id": "row-1", "body": "x"}\n'
+    )
+    with pytest.raises(Error, match=r"which column holds the text\? \(found \['body', 'id'\]\)"):
+        prepare("--source", tmp_path / "c.jsonl", "--out_dir", out)
+
+
+def test_a_parquet_text_column_stored_as_dictionary_or_string_view_is_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = documents()
+    os.makedirs(tmp_path / "rows")
+    # pandas' categories and polars' strings
+    text = pa.array(docs[:20]).dictionary_encode()
+    pq.write_table(pa.table({"id": list(range(20)), "text": text}), tmp_path / "rows" / "a.parquet")
+    body = pa.array(docs[20:], type=pa.string_view())
+    pq.write_table(pa.table({"id": list(range(20)), "body": body}), tmp_path / "rows" / "b.parquet")
+    out = tmp_path / "out"
+    prepare(
+        "--source", tmp_path / "rows", "--tokenizer", "char", "--block_size", 16, "--out_dir", out
+    )
+    assert sorted(all_documents(out)) == sorted(docs)
+
+
+def test_what_is_not_a_regular_file_is_skipped_with_a_warning(corpus, tmp_path):
+    """A named pipe among the documents: reading it would wait for a writer for ever."""
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus, folder)
+    os.mkfifo(folder / "pipe.txt")
+    os.symlink(tmp_path / "nowhere.md", folder / "z_dangling.md")
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "data", "text", "prepare.py"),
+            f"--source={folder}",
+            "--tokenizer=char",
+            "--block_size=16",
+            f"--out_dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"{folder / 'pipe.txt'}: not a regular file (a named pipe), skipped" in r.stderr
+    assert (
+        f"{folder / 'z_dangling.md'}: not a regular file (a link to nothing), skipped" in r.stderr
+    )
+    assert sorted(all_documents(tmp_path / "out")) == sorted(documents())
+
+
+def test_a_prepare_into_a_folder_another_prepare_holds_is_refused(corpus, tmp_path):
+    import fcntl
+
+    out = tmp_path / "out"
+    os.makedirs(out)
+    (out / "meta.json").write_text("{}")
+    # what another prepare.py holds while it writes there
+    folder = os.open(out, os.O_RDONLY)
+    fcntl.flock(folder, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(Error, match="another prepare.py is writing into it"):
+            prepare("--source", corpus, "--tokenizer", "char", "--block_size", 16, "--out_dir", out)
+    finally:
+        os.close(folder)
+    assert os.listdir(out) == ["meta.json"] and (out / "meta.json").read_text() == "{}"
+    # let go, the folder is free again
+    prepare("--source", corpus, "--tokenizer", "char", "--block_size", 16, "--out_dir", out)
+    assert sorted(all_documents(out)) == sorted(documents())
+
+
+# what the child measures: its peak memory before and after prepare.py's main
+PEAK = """
+import importlib.util, resource, sys
+spec = importlib.util.spec_from_file_location("text_prepare", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+import pyarrow, tokenizers  # what main imports, imported before the measure starts
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+module.main(sys.argv[2:])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_a_large_document_is_encoded_in_bounded_memory(corpus, tmp_path):
+    """One document of 5 MB among small ones, through the default trained BPE (trained on it too):
+    the peak grows by a few times the text (read whole), not by the tens of times that a whole
+    document takes in the BPE's trainer and as Python ints of its ids, copied."""
+    from lib.prepare import in_val
+
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus, folder)
+    words = "the quick brown fox jumps over a lazy dog while seven wizards hex bold zebras".split()
+    lines = []
+    for i in range(60_001):
+        line = " ".join(f"{words[(i * 7 + j * 3) % len(words)]}{(i * j) % 97}" for j in range(12))
+        lines.append(line + ".\n")
+    big = "".join(lines)
+    assert not in_val(big, 0.25)  # a train document, which the BPE learns from
+    (folder / "big.txt").write_text(big, encoding="utf-8")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PEAK,
+            os.path.join(ROOT, "data", "text", "prepare.py"),
+            f"--source={folder}",
+            "--vocab_size=512",
+            "--val_fraction=0.25",
+            "--block_size=16",
+            f"--out_dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    growth = int(r.stdout.splitlines()[-1])
+    assert growth < 8 * len(big) + 32 * 2**20, (
+        f"{growth / 2**20:.0f} MB for {len(big) / 2**20:.1f} MB"
+    )
+    assert big in all_documents(tmp_path / "out")
+
+
+@needs_shared
+def test_a_long_document_in_pieces_encodes_as_it_does_whole():
+    """The cuts between pieces fall where GPT-2's words part, whatever spaces surround them."""
+    import random
+
+    from lib.tokenizer import BPETokenizer
+
+    tokenizer = BPETokenizer("r50k_base")
+    words = ["word", "Ёжик", "'s", "'ll", "123", "!!", " ", "  ", "\n", "\n\n", "\t", "\r\n"]
+    words += ["\u00a0", "\u3000", " \n", "😀", "—", "\u2028", "\x1c"]
+    rng = random.Random(0)
+    text = "".join(rng.choice(words) for _ in range(200_000))
+    pieces = list(PREPARE.pieces(text, 0, len(text)))
+    assert len(pieces) > 4 and "".join(pieces) == text
+    assert [i for p in pieces for i in tokenizer.encode(p)] == tokenizer.encode(text)
+
+
+def notes():
+    """Three long notes of 4 to 41 KB, each of whose hash puts it in train."""
+    return [
+        "".join(f"{i + 1}. {SENTENCES[(i * k) % len(SENTENCES)]}\n" for i in range(lines))
+        for k, lines in ((1, 50), (3, 200), (5, 500))
+    ]
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_a_few_long_documents_give_val_each_ones_tail(tmp_path, tokenizer):
+    from lib.prepare import in_val
+
+    os.makedirs(tmp_path / "notes")
+    texts = notes()
+    assert not any(in_val(t, 0.1) for t in texts)  # the hash alone would leave val empty
+    for i, text in enumerate(texts):
+        (tmp_path / "notes" / f"{i}.md").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    prepare(
+        "--source",
+        tmp_path / "notes",
+        "--tokenizer",
+        tokenizer,
+        "--vocab_size",
+        300,
+        "--out_dir",
+        out,
+    )
+    meta = read_meta(out)
+    assert meta["documents"] == {"train": 3, "val": 3} and meta["split_by"] == "tail"
+    tokenizer = data_tokenizer(out)
+    heads = split_documents(out, "train", tokenizer)
+    tails = split_documents(out, "val", tokenizer)
+    for text, head, tail in zip(texts, heads, tails):
+        # cut at the start of a line, about a tenth from its end
+        assert head + tail == text and head.endswith("\n")
+        assert len(text) * 0.1 <= len(tail) <= len(text) * 0.1 + 100  # lines under 100 characters
+    # one document alone is split the same way (a lone file's paragraph ends with no line break)
+    prepare("--source", tmp_path / "notes" / "2.md", "--tokenizer", "char", "--out_dir", out)
+    head, tail = all_documents(out)
+    assert head + tail == texts[2].removesuffix("\n") and head.endswith("\n")

@@ -2,20 +2,24 @@
 Your own text as a language model's data: a file, a folder of files or a Hugging Face dataset, in
 a vocabulary of its characters, GPT-2's BPE, or a byte-level BPE trained on its train split. Every
 document ends with the tokenizer's <|endoftext|>; a hash of each document's text puts it in val
-(--val_fraction) or train, the same way every run. Writes train.bin, val.bin, a trained BPE's
-tokenizer.tiktoken and meta.json (with the documents, bytes and tokens of each split) into this
-folder or --out_dir; nothing there changes until the whole corpus has been read.
+(--val_fraction) or train, the same way every run; where that leaves a split too small for a block
+(a few long documents), each document's tail goes to val instead. Writes train.bin, val.bin, a
+trained BPE's tokenizer.tiktoken and meta.json (with the documents, bytes and tokens of each split)
+into this folder or --out_dir; nothing there changes until the whole corpus has been read.
   python data/text/prepare.py --source my_notes/ --tokenizer bpe --vocab_size 4096
   python data/text/prepare.py --source posts.jsonl --column body --tokenizer gpt2
   python data/text/prepare.py --dataset roneneldan/TinyStories --tokenizer bpe  # streamed
 Documents: a folder's .txt and .md files (subfolders too) are one each, and its .jsonl and
 .parquet files one per row; a lone .txt or .md file is cut at its blank lines. The text column is
---column, else "text", else a file's or dataset's one column of strings.
+--column, else "text", else a file's or dataset's one column of strings; a null there is an empty
+document.
 """
 
 import argparse
 import json
 import os
+import re
+import stat
 import sys
 import time
 from contextlib import ExitStack
@@ -39,18 +43,52 @@ TEXT_KINDS = ("string", "large_string", "str")
 MOST_TOKENS = 2**32
 # a token file's writes: this many ids at a time
 BUFFER = 1 << 20
+# a document longer than this many characters is encoded, and learnt from by the BPE, in pieces:
+# whole, its ids as Python ints, and the BPE trainer's words, take tens of times its size
+PIECE = 1 << 16
+# the encoder's batches: up to 1,024 pieces, or this many characters
+BATCH = 1 << 20
+# where a piece may end: before a space or line break that follows a non-space. GPT-2's words part
+# there (each is all spaces, or holds one at most, first), so the pieces encode as the whole does
+CUT = re.compile(r"(?<=\S)[ \n]")
+# a val tail starts at the start of its line (else its word) when that is this close to the cut
+LINE = 1000
 
 
 def text_files(folder):
     """The files of folder and its subfolders that hold documents, sorted: the same order, every
-    run."""
+    run. What is not a regular file is skipped with a warning: a named pipe would hold the read
+    for ever."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
-        found += [
-            os.path.join(root, f) for f in sorted(files) if f.endswith(TEXT_FILES + ROW_FILES)
-        ]
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            if not name.endswith(TEXT_FILES + ROW_FILES):
+                continue
+            kind = not_regular(path)
+            if kind:
+                sys.stderr.write(f"warning: {path}: not a regular file ({kind}), skipped\n")
+            else:
+                found.append(path)
     return found
+
+
+def not_regular(path):
+    """What path is, in words, if it is not a regular file once links are followed; else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a link to nothing"
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
 
 
 def paragraphs(path):
@@ -72,23 +110,23 @@ def whole_file(path):
         yield f.read()
 
 
-def pick_column(names, column, where):
-    """The text column among names: --column, else "text", else the only one (names: the string
-    columns, or all where the kinds are unknown)."""
+def pick_column(names, strings, column, where):
+    """The text column, chosen by the names: --column, else "text", else the only one of strings
+    (the columns that may hold text); what a row holds there never moves it."""
     if column is not None and column not in names:
         raise Error(f"{where}: no column {column!r} (found {sorted(names)}); pass --column NAME")
     if column is not None:
         return column
     if "text" in names:
         return "text"
-    if len(names) == 1:
-        return next(iter(names))
+    if len(strings) == 1:
+        return strings[0]
     raise Error(f"{where}: which column holds the text? (found {sorted(names)}); pass --column")
 
 
 def jsonl_rows(path, column):
-    """The text of each row; the column is chosen by the first row (a row without it, or with
-    null there, reads as an empty document)."""
+    """The text of each row; the column is chosen by the first row's keys (a row without it, or
+    with null there, reads as an empty document)."""
     name = None
     with open(path, encoding="utf-8-sig") as f:
         for number, line in enumerate(f, 1):
@@ -101,8 +139,9 @@ def jsonl_rows(path, column):
             if not isinstance(row, dict):
                 raise Error(f"{path}:{number}: not a JSON object; fix or delete the line")
             if name is None:
-                strings = [k for k, v in row.items() if isinstance(v, str)]
-                name = pick_column(strings if column is None else row, column, f"{path}:{number}")
+                # a null may be the text column's empty first row
+                strings = [k for k, v in row.items() if v is None or isinstance(v, str)]
+                name = pick_column(row, strings, column, f"{path}:{number}")
             yield row.get(name)
 
 
@@ -111,15 +150,26 @@ def parquet_rows(path, column):
 
     table = pq.ParquetFile(path)
     strings = [f.name for f in table.schema_arrow if is_text(f.type)]
-    name = pick_column(strings if column is None else table.schema_arrow.names, column, path)
+    name = pick_column(table.schema_arrow.names, strings, column, path)
     for batch in table.iter_batches(columns=[name], batch_size=1024):
         yield from batch.column(0).to_pylist()
 
 
 def is_text(kind):
+    """Whether a parquet column's arrow type holds strings: plain, large, a view (polars) or a
+    dictionary of them (pandas' categories)."""
     import pyarrow as pa
 
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    if pa.types.is_dictionary(kind):
+        return is_text(kind.value_type)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_string_view(kind)
+
+
+def is_string_view(kind):
+    """string_view, in a pyarrow that has it (16 and later)."""
+    import pyarrow as pa
+
+    return hasattr(pa.types, "is_string_view") and pa.types.is_string_view(kind)
 
 
 def file_documents(path, column, alone):
@@ -147,7 +197,7 @@ def hub_documents(dataset, split, column):
             "offline, pass --source with a local copy"
         ) from None
     strings = [k for k, kind in kinds.items() if getattr(kind, "dtype", kind) in TEXT_KINDS]
-    name = pick_column(strings if column is None else kinds, column, f"--dataset {dataset}")
+    name = pick_column(kinds, strings, column, f"--dataset {dataset}")
     rows = 0
     try:
         for row in ds:
@@ -210,12 +260,16 @@ class Corpus:
             if text is None:
                 text = ""
             if not isinstance(text, str):
-                raise Error(f"{where}: document {i + 1} is {type(text).__name__}, not text")
-            if not text.strip():
+                raise Error(
+                    f"{where}: document {i + 1} is {type(text).__name__}, not text; pass --column "
+                    "with the column that holds the text"
+                )
+            if not text or text.isspace():
                 self.skipped += 1
                 continue
             try:
-                text.encode("utf-8")
+                for start in range(0, len(text), PIECE):
+                    text[start : start + PIECE].encode("utf-8")
             except UnicodeEncodeError:
                 raise Error(
                     f"{where}: document {i + 1} holds a lone surrogate, not text; fix its source"
@@ -223,8 +277,9 @@ class Corpus:
             yield text
 
 
-def make_tokenizer(args, corpus):
-    """The tokenizer args name; char and bpe read the corpus for it (bpe its train split)."""
+def make_tokenizer(args, corpus, tails=False):
+    """The tokenizer args name; char and bpe read the corpus for it (bpe its train split, as tails
+    splits it: see parts())."""
     if args.tokenizer == "gpt2":
         return BPETokenizer("r50k_base")
     if args.tokenizer == "char":
@@ -235,11 +290,53 @@ def make_tokenizer(args, corpus):
             raise Error(f"{args.source or args.dataset}: no document holds any text")
         return CharTokenizer("".join(sorted(chars)), eot=True)
     docs = tqdm(corpus, desc="documents for the BPE", unit=" docs", disable=None)
-    train = (t for t in docs if not prepare.in_val(t, args.val_fraction))
     t0 = time.time()
-    tok = train_bpe(train, args.vocab_size)
+    tok = train_bpe(train_pieces(docs, args, tails), args.vocab_size)
     print(f"trained a BPE of {tok.vocab_size:,} tokens in {time.time() - t0:.1f} s")
     return tok
+
+
+def train_pieces(docs, args, tails):
+    """The train split's text in pieces (pieces()), as a BPE learns from it."""
+    for text in docs:
+        for name, start, end in parts(text, args.val_fraction, tails):
+            if name == "train":
+                yield from pieces(text, start, end)
+
+
+def parts(text, val_fraction, tails):
+    """(split, start, end) of each part of a document that goes to a split: all of it, to the
+    split its hash names; or with tails, its head to train and its tail to val (tail_start)."""
+    if not tails:
+        name = "val" if prepare.in_val(text, val_fraction) else "train"
+        return [(name, 0, len(text))]
+    cut = tail_start(text, val_fraction)
+    found = [("train", 0, cut), ("val", cut, len(text))]
+    return [(name, start, end) for name, start, end in found if start < end]
+
+
+def tail_start(text, val_fraction):
+    """Where a document's val tail starts: at its last val_fraction of characters, moved back to
+    the start of the line (else of the word) that the cut falls in, within LINE characters."""
+    point = int(len(text) * (1 - val_fraction))
+    for mark in ("\n", " "):
+        found = text.rfind(mark, max(0, point - LINE), point)
+        if found >= 0:
+            return found + 1
+    return point
+
+
+def pieces(text, start, end):
+    """text[start:end] in pieces of about PIECE characters, each cut before a CUT: they encode,
+    and train a BPE, as the whole does, in memory bounded by PIECE. (A text with no CUT past
+    PIECE is one piece.)"""
+    while end - start > PIECE:
+        cut = CUT.search(text, start + PIECE, end)
+        if cut is None:
+            break
+        yield text[start : cut.start()]
+        start = cut.start()
+    yield text[start:end]
 
 
 class SplitWriter:
@@ -250,21 +347,37 @@ class SplitWriter:
     def __init__(self, files, out_dir, name, dtype):
         tmp = files.enter_context(atomic_path(os.path.join(out_dir, f"{name}.bin")))
         self.file = files.enter_context(open(tmp, "wb"))
+        self.reset(dtype)
+
+    def reset(self, dtype):
+        """Empty, for the corpus written (again) in ids of dtype."""
+        self.file.seek(0)
+        self.file.truncate()
         self.dtype = dtype
+        # the ids not yet written, an array per text
         self.ids = []
+        self.buffered = 0
         self.counts = {"documents": 0, "bytes": 0, "tokens": 0}
 
     def add(self, text, ids):
-        self.ids += ids
-        self.counts["documents"] += 1
+        """The ids of text: a document, or a piece of one."""
+        self.ids.append(np.asarray(ids, dtype=self.dtype))
+        self.buffered += len(ids)
         self.counts["bytes"] += len(text.encode("utf-8"))
         self.counts["tokens"] += len(ids)
-        if len(self.ids) >= BUFFER:
+        if self.buffered >= BUFFER:
             self.flush()
 
+    def end(self, eot_token):
+        """A document's end: <|endoftext|>."""
+        self.add("", [eot_token])
+        self.counts["documents"] += 1
+
     def flush(self):
-        self.file.write(np.asarray(self.ids, dtype=self.dtype).data)
+        for ids in self.ids:
+            self.file.write(ids.data)
         self.ids = []
+        self.buffered = 0
 
 
 def main(argv=None):
@@ -309,75 +422,112 @@ def main(argv=None):
     prepare.check_out_dir(args.out_dir)
     corpus = Corpus(args)
     tok = make_tokenizer(args, corpus)
-    os.makedirs(args.out_dir, exist_ok=True)
-    dtype = prepare.token_dtype(tok.vocab_size)
-    # the token files take their names as this block ends, unless it fails
-    with ExitStack() as files:
-        splits = {name: SplitWriter(files, args.out_dir, name, dtype) for name in ("train", "val")}
-        encode(corpus, tok, splits, args)
-        check_counts(splits, corpus, args)
-        for split in splits.values():
-            split.flush()
-        # the old meta.json goes before its files do
-        prepare.unpublish(args.out_dir)
-    publish(args, tok, splits, time.time() - t0)
+    tails = False
+    with prepare.locked_out_dir(args.out_dir):
+        # the token files take their names as this block ends, unless it fails
+        with ExitStack() as files:
+            dtype = prepare.token_dtype(tok.vocab_size)
+            splits = {n: SplitWriter(files, args.out_dir, n, dtype) for n in ("train", "val")}
+            encode(corpus, tok, splits, args, tails)
+            small = small_split(splits, corpus, args)
+            if small:
+                # few documents: each one's tail to val (see the README's "Train on your own text")
+                tails = True
+                print(
+                    f"{small} holds {splits[small].counts['tokens']:,} tokens as the hash of each "
+                    f"document splits them; split by tails instead: each document's last "
+                    f"{args.val_fraction * 100:g}% to val"
+                )
+                tok = make_tokenizer(args, corpus, tails) if args.tokenizer == "bpe" else tok
+                for split in splits.values():
+                    split.reset(prepare.token_dtype(tok.vocab_size))
+                encode(corpus, tok, splits, args, tails)
+                check_counts(splits, args)
+            for split in splits.values():
+                split.flush()
+            # the old meta.json goes before its files do
+            prepare.unpublish(args.out_dir)
+        publish(args, tok, splits, tails, time.time() - t0)
 
 
-def encode(corpus, tok, splits, args):
-    """Every document's ids and <|endoftext|> into its split's file, a batch of documents at a
-    time (tiktoken encodes a batch in threads)."""
+def encode(corpus, tok, splits, args, tails):
+    """Every document's ids and <|endoftext|> into its split's file (or its parts' into theirs:
+    parts()), in pieces (pieces()): a batch of up to 1,024 pieces or BATCH characters at a time
+    (tiktoken encodes a batch in threads)."""
     batch = []
+    size = 0
     for text in tqdm(corpus, desc="encoding", unit=" docs", disable=None):
-        batch.append(text)
-        if len(batch) == 1024:
-            add(batch, tok, splits, args)
-            batch = []
-    add(batch, tok, splits, args)
+        for name, start, end in parts(text, args.val_fraction, tails):
+            for piece in pieces(text, start, end):
+                batch.append((name, piece))
+                size += len(piece)
+                if len(batch) >= 1024 or size >= BATCH:
+                    add(batch, tok, splits)
+                    batch = []
+                    size = 0
+            batch.append((name, None))  # the document's end
+    add(batch, tok, splits)
 
 
-def add(texts, tok, splits, args):
-    for text, ids in zip(texts, tok.encode_batch(texts)):
-        name = "val" if prepare.in_val(text, args.val_fraction) else "train"
-        splits[name].add(text, ids + [tok.eot_token])
+def add(batch, tok, splits):
+    """A batch's (split, piece) in order; a piece of None ends a document."""
+    texts = [piece for _, piece in batch if piece is not None]
+    encoded = iter(tok.encode_batch(texts))
+    for name, piece in batch:
+        if piece is None:
+            splits[name].end(tok.eot_token)
+        else:
+            splits[name].add(piece, next(encoded))
 
 
-def check_counts(splits, corpus, args):
-    """Each split holds a training row (more than block_size tokens)."""
-    where = args.source or args.dataset
+def small_split(splits, corpus, args):
+    """The name of a split that holds no more than block_size tokens (no training row), or None;
+    no document at all is an Error."""
     documents = sum(s.counts["documents"] for s in splits.values())
     if not documents:
-        raise Error(f"{where}: no document holds any text; {corpus.skipped:,} are empty")
-    if documents == 1:
         raise Error(
-            f"{where}: one document, which cannot be split into train and val: cut the text into "
-            "documents (blank lines between them in one file, or a file each)"
+            f"{args.source or args.dataset}: no document holds any text; "
+            f"{corpus.skipped:,} are empty"
         )
+    for name, split in splits.items():
+        if split.counts["tokens"] <= args.block_size:
+            return name
+    return None
+
+
+def check_counts(splits, args):
+    """Each split holds a training row (more than block_size tokens), once split by tails."""
+    documents = sum(s.counts["documents"] for s in splits.values())
     for name, split in splits.items():
         tokens = split.counts["tokens"]
         if tokens <= args.block_size:
             raise Error(
-                f"{where}: {name} holds {tokens:,} tokens of {documents:,} documents, not more "
-                f"than --block_size {args.block_size}: add text, change --val_fraction, or "
-                "pass the smaller block_size you train with"
+                f"{args.source or args.dataset}: {name} holds {tokens:,} tokens of {documents:,} "
+                f"documents (each document's tail in val), not more than --block_size "
+                f"{args.block_size}: add text, change --val_fraction, or pass the smaller "
+                "block_size you train with"
             )
 
 
-def publish(args, tok, splits, seconds):
+def publish(args, tok, splits, tails, seconds):
     """The token files have their names: the trained tokenizer's file, then meta.json, last."""
     if isinstance(tok, TrainedBPE):
         tok.spec = save_ranks(tok.ranks, args.out_dir)
     counts = {key: {n: s.counts[key] for n, s in splits.items()} for key in ("documents", "bytes")}
     tokens = {name: split.counts["tokens"] for name, split in splits.items()}
-    prepare.write_meta(
-        args.out_dir,
-        task="lm",
-        tokenizer=tok.spec,
-        vocab_size=tok.vocab_size,
-        dtype=np.dtype(prepare.token_dtype(tok.vocab_size)).name,
-        splits=tokens,
+    meta = {
+        "task": "lm",
+        "tokenizer": tok.spec,
+        "vocab_size": tok.vocab_size,
+        "dtype": np.dtype(prepare.token_dtype(tok.vocab_size)).name,
+        "splits": tokens,
         **counts,
-        source=args.source or f"{args.dataset}:{args.split}",
-    )
+        "source": args.source or f"{args.dataset}:{args.split}",
+    }
+    # only where the split is not the hash of whole documents (a meta.json as before, else)
+    if tails:
+        meta["split_by"] = "tail"
+    prepare.write_meta(args.out_dir, **meta)
     for name, split in splits.items():
         c = split.counts
         print(
