@@ -290,6 +290,7 @@ class Playground:
                     "task": m["task"],
                     "labels": m.get("labels"),
                     **{k: getattr(config, k) for k in shape},
+                    **free_rows(m),
                 }
             )
         return {"object": "list", "data": data}
@@ -978,6 +979,14 @@ def wake(futures):
     for future in futures:
         if not future.done():  # its consumer may have gone
             future.set_result(None)
+
+
+def free_rows(m):
+    """A GPT's KV cache rows and how many are free now (all of them when idle), else nothing."""
+    if m["task"] != "lm":
+        return {}
+    engine = m["decoder"].engine
+    return {"rows": len(engine.cache.lengths), "free_rows": len(engine.free)}
 
 
 # ------------------------------------------------------------------------------------ the app
