@@ -46,6 +46,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
+from torch.nn.attention import sdpa_kernel
 
 import decoding
 from engine import Engine
@@ -73,6 +74,7 @@ from lib.transport import (
     listen,
 )
 from lib.weights import load_gpt
+from model import VARYING_LENGTHS
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
 MAX_TEXTS = 64  # texts in one classify request, prompts in one completion request
@@ -260,7 +262,16 @@ class Playground:
         # counted before a decoding format holds some weights as buffers
         parameters = model.num_params()
         model = for_decoding(model, self.device, weights)
-        decoder = Decoder(ServingEngine(model, self.rows, compile=self.compile))
+        try:
+            engine = ServingEngine(model, self.rows, tokenizer.vocab_size, self.compile)
+        except RuntimeError as e:  # torch.OutOfMemoryError is one
+            if "allocate" not in str(e) and not isinstance(e, torch.OutOfMemoryError):
+                raise
+            raise Error(
+                f"--max_rows {self.rows}: a KV cache of that many rows does not fit in "
+                f"{self.device}'s memory: serve with fewer"
+            ) from None
+        decoder = Decoder(engine)
         return dict(
             task="lm", model=model, tokenizer=tokenizer, decoder=decoder, parameters=parameters
         )
@@ -279,6 +290,7 @@ class Playground:
                     "task": m["task"],
                     "labels": m.get("labels"),
                     **{k: getattr(config, k) for k in shape},
+                    **free_rows(m),
                 }
             )
         return {"object": "list", "data": data}
@@ -332,9 +344,19 @@ class Playground:
             raise RequestError(
                 400, "stop must be a non-empty string or a list of at most 4 of them", "stop"
             )
+        vocab_size = m["tokenizer"].vocab_size
+        if req.logprobs is not None and req.logprobs > vocab_size:
+            raise RequestError(
+                400,
+                f"logprobs must be at most {vocab_size}, this model's vocabulary, "
+                f"got {req.logprobs}",
+                "logprobs",
+            )
         prompts = self.prompts(req.prompt, m)
-        steps = m["decoder"].steps_for(len(prompts) * req.n, req.max_tokens)
-        seconds = steps * m["decoder"].step_seconds
+        decoder = m["decoder"]
+        steps = decoder.steps_for(len(prompts) * req.n, req.max_tokens)
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        seconds = steps * decoder.step_seconds + prompt_tokens * decoder.token_seconds
         if seconds > deadline:
             raise RequestError(
                 503,
@@ -544,6 +566,8 @@ class Completion:
             async for _ in self.decoder.progress(request):
                 yield self.step()
             for row in request.rows:
+                if row.bug:  # the engine failed while this request was admitted
+                    raise RequestError(500, row.error)
                 if row.error:  # no token left to draw: the message names the option
                     raise RequestError(400, row.error, option_named(row.error))
         ends = []
@@ -743,8 +767,51 @@ class Traced(decoding.NextToken):
 
 
 class ServingEngine(Engine):
-    """The engine with what the API adds: each token's log-probability (logprobs), the prompt
-    scored (echo), and waiting requests taking turns by client."""
+    """The engine with what the API adds: each token's log-probability (logprobs) among the
+    tokenizer's vocab_size tokens (a model's vocabulary may be padded past it), the prompt scored
+    (echo), waiting requests taking turns by client, each step's prefill timed apart, and a
+    failure that ends the request it came from only."""
+
+    def __init__(self, model, rows, vocab_size=None, compile=False):
+        super().__init__(model, rows, compile=compile)
+        self.vocab_size = vocab_size or model.config.vocab_size
+        self.admitting = None  # the request whose prompt this step prefills now
+        self.prefill_seconds = 0.0  # this step's time in prefills
+        self.prefilled = 0  # this step's prompt tokens prefilled
+
+    def step(self):
+        """Engine.step, its prefills timed apart (prefill_seconds, prefilled)."""
+        self.admitting = None
+        self.prefill_seconds = 0.0
+        self.prefilled = 0
+        return super().step()
+
+    def prefill(self, row, keep=1):
+        started = time.perf_counter()
+        logits = super().prefill(row, keep)
+        logits[-1, 0].item()  # the device done with it
+        self.prefill_seconds += time.perf_counter() - started
+        self.prefilled += len(row.tokens) - row.start
+        return logits
+
+    @torch.no_grad()
+    def time_step(self):
+        """Seconds of one decoding step of every row, on a throwaway token: the second of two
+        (the first pays for warming up); the cache is left empty."""
+        slots = list(range(len(self.cache.lengths)))
+        idx = torch.zeros(len(slots), 1, dtype=torch.long, device=self.device)
+        took = 0.0
+        for _ in range(2):
+            with sdpa_kernel(VARYING_LENGTHS):
+                # position 0 eager, as Engine.warm_up: a compiled step never sees a single key
+                self.model(idx, cache=self.cache.step(slots, 1), logits_to_keep=1)
+                started = time.perf_counter()
+                logits, _ = self.one_token(idx, cache=self.cache.step(slots, 1), logits_to_keep=1)
+                logits[0, 0, 0].item()
+                took = time.perf_counter() - started
+            for slot in slots:
+                self.cache.reset(slot)
+        return took
 
     def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False, client=None):
         """Engine.submit, with each token's log-probability (logprobs: the top that many too), the
@@ -756,6 +823,7 @@ class ServingEngine(Engine):
         request.prompt_logprobs = None
         request.prompt_top_logprobs = None
         for row in request.rows:
+            row.bug = False  # whether its error is the engine's failure, not its options'
             row.logprobs = logprobs
             row.token_logprobs = []
             row.top_logprobs = []
@@ -774,10 +842,12 @@ class ServingEngine(Engine):
     def prompt_logits(self, request, row):
         """With echo, the prefill scores the prompt too: each token's log-probability given the
         ones before it (None for the first, which has none) and the top alternatives at each."""
+        self.admitting = request
         if not request.echo:
             return super().prompt_logits(request, row)
         logits = self.prefill(row, len(row.tokens))  # every position's logits
-        chosen, alternatives = log_probabilities(logits[:-1], row.tokens[1:], row.logprobs or 0)
+        within = logits[:-1, : self.vocab_size]
+        chosen, alternatives = log_probabilities(within, row.tokens[1:], row.logprobs or 0)
         request.prompt_logprobs = [None, *chosen]
         request.prompt_top_logprobs = [None, *alternatives]
         return logits[-1:]
@@ -787,19 +857,29 @@ class ServingEngine(Engine):
         took = super().take(rows, logits)
         for row, row_logits in zip(rows, logits):
             if row.logprobs is not None and row in took:
-                chosen, top = log_probabilities(row_logits[None], [row.tokens[-1]], row.logprobs)
+                within = row_logits[None, : self.vocab_size]
+                chosen, top = log_probabilities(within, [row.tokens[-1]], row.logprobs)
                 row.token_logprobs += chosen
                 if row.logprobs:
                     row.top_logprobs += top
         return took
 
     def fail(self, message):
-        """Every row in the engine ends with message as its error (a bug in a step)."""
-        for row in self.active + [row for request in self.waiting for row in request.rows]:
+        """A bug in a step: the request it was admitting ends with message as its error, or, where
+        the failure came after (in the batch's decoding, no row to blame), the rows decoding;
+        waiting requests wait on, and every slot no decoding row holds goes back."""
+        request = self.admitting
+        failed = list(self.active)
+        if request is not None and not any(row in self.active for row in request.rows):
+            failed = request.rows
+        for row in failed:
             row.error = message
+            row.bug = True
             row.done = True
-        self.waiting.clear()
         self.release()
+        held = {row.slot for row in self.active}
+        self.free = [slot for slot in range(len(self.cache.lengths)) if slot not in held]
+        self.admitting = None
 
 
 def log_probabilities(logits, tokens, top):
@@ -823,7 +903,11 @@ class Decoder:
         self.work = threading.Condition()
         self.waiting = {}  # event loop -> the futures of its consumers waiting for the next step
         self.steps = 0
-        self.step_seconds = 0.0  # a running mean of a step's wall time (0: none measured yet)
+        # a running mean of a decoding step's wall time, prefills left out; before any request's
+        # step, one of every row timed
+        self.step_seconds = engine.time_step()
+        self.fastest = self.step_seconds  # the fastest decoding step: the estimate while idle
+        self.token_seconds = 0.0  # a running mean of a prompt token's prefill (0: none yet)
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
     def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False, client=None):
@@ -837,22 +921,38 @@ class Decoder:
         into text while the model computes the next (torch's kernels release the GIL)."""
         while True:
             with self.work:
+                if not self.engine.busy():  # a burst's slow steps are not the next request's
+                    self.step_seconds = self.fastest
                 while not self.engine.busy():
                     self.work.wait()
+            decoding = any(not row.done for row in self.engine.active)
             started = time.perf_counter()
             try:
                 self.engine.step()
-            except Exception as e:  # a bug: every request in flight ends with it
+            except Exception as e:  # a bug: the request it came from ends with it
                 traceback.print_exc()
                 self.engine.fail(f"{type(e).__name__}: {e}")
-            took = time.perf_counter() - started
-            self.step_seconds = took if not self.steps else 0.9 * self.step_seconds + 0.1 * took
+            self.measured(time.perf_counter() - started, decoding)
             with self.work:
                 self.steps += 1
                 waiting = self.waiting
                 self.waiting = {}
             for loop, futures in waiting.items():  # one wake-up a loop, however many wait
                 loop.call_soon_threadsafe(wake, futures)
+
+    def measured(self, took, decoding):
+        """The running means after a step of took seconds: a prompt token's prefill, and where
+        rows were decoding, a decoding step's (its prefills left out)."""
+        prefill = self.engine.prefill_seconds
+        if self.engine.prefilled:
+            per_token = prefill / self.engine.prefilled
+            if self.token_seconds:
+                per_token = 0.9 * self.token_seconds + 0.1 * per_token
+            self.token_seconds = per_token
+        if decoding:
+            step = max(0.0, took - prefill)
+            self.step_seconds = 0.9 * self.step_seconds + 0.1 * step
+            self.fastest = min(self.fastest, step)
 
     def steps_for(self, rows, max_new_tokens):
         """The fewest engine steps that rows of max_new_tokens each take: in waves of the
@@ -879,6 +979,14 @@ def wake(futures):
     for future in futures:
         if not future.done():  # its consumer may have gone
             future.set_result(None)
+
+
+def free_rows(m):
+    """A GPT's KV cache rows and how many are free now (all of them when idle), else nothing."""
+    if m["task"] != "lm":
+        return {}
+    engine = m["decoder"].engine
+    return {"rows": len(engine.cache.lengths), "free_rows": len(engine.free)}
 
 
 # ------------------------------------------------------------------------------------ the app
@@ -1057,6 +1165,8 @@ def main(argv=None):
         "(default: %(default)s)",
     )
     a = p.parse_args(argv)
+    if a.port > 65535:
+        p.error(f"argument --port: must be at most 65535, got {a.port}")
     playground = Playground(
         a.out_dir, a.device, a.weights, a.max_tokens, a.max_n, rows=a.max_rows, compile=a.compile
     )

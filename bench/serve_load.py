@@ -5,7 +5,9 @@ request gets alone (the same seed gives the same text, however the decoding step
 requests interleave), and the server's resident memory is read after a warm-up round and after each
 measured round: flat memory means no request leaves anything behind. With --big, each GPT's
 rounds run again beside one more client that sends 64 prompts x 8 choices again and again: what
-the other clients' latency pays for it.
+the other clients' latency pays for it. With --bad, they run again beside a client that sends
+malformed and oversized requests (BAD) again and again, each of which must be refused with a 4xx,
+and the engine's rows must all be free at the end.
   python bench/serve_load.py --out_dir=out-shakespeare-char --out_dir=out-agnews \\
       --requests=200 --concurrency=8
 """
@@ -38,6 +40,19 @@ HEADLINES = [
     "Striker signs five-year deal",
     "Probe finds water ice on the moon",
     "Election results contested in court",
+]
+
+
+# refused before decoding: JSON that is not, wrong types, past the limits, more logprobs than a
+# small vocabulary has (the served model's may take 20), a prompt past block_size
+BAD = [
+    b"{",
+    {"prompt": 3},
+    {"prompt": "ROMEO:", "max_tokens": -1},
+    {"prompt": "ROMEO:", "temperature": "hot"},
+    {"prompt": ["ROMEO:"] * 64, "n": 8, "max_tokens": 10**6},
+    {"prompt": "ROMEO:", "max_tokens": 5, "logprobs": 21, "n": 8},
+    {"prompt": "ROMEO: " * 10**5, "max_tokens": 5},
 ]
 
 
@@ -96,13 +111,15 @@ def body_for(model, i, max_tokens):
     }
 
 
-def keep_sending(url, body, stop, statuses):
-    """One client's loop: body posted again and again until stop is set; each answer's status
-    (200, or the refusal's) appended to statuses."""
+def keep_sending(url, bodies, stop, statuses):
+    """One client's loop: bodies (JSON, or bytes sent as they are) posted in turn until stop is
+    set; each answer's status (200, or the refusal's) appended to statuses."""
+    i = 0
     while not stop.is_set():
-        request = urllib.request.Request(
-            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
+        body = bodies[i % len(bodies)]
+        i += 1
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
                 response.read()
@@ -114,7 +131,7 @@ def keep_sending(url, body, stop, statuses):
 
 def measure(server, url, model, args, big=None):
     """One model's rounds: (requests/s, p50 and p99 latency in s, generated tokens/s, memory after
-    each round). big: a request body that one more client sends again and again meanwhile."""
+    each round). big: request bodies that one more client sends again and again meanwhile."""
     bodies = [body_for(model, i, args.max_tokens) for i in range(args.distinct)]
     alone = [post(url + path, body) for path, body in bodies]
     stop = threading.Event()
@@ -153,7 +170,9 @@ def measure(server, url, model, args, big=None):
         sender.join()
         codes = sorted(set(statuses))
         counts = ", ".join(f"{statuses.count(c)} x {c}" for c in codes)
-        print(f"{model['id']}: the big client's answers: {counts}", file=sys.stderr)
+        print(f"{model['id']}: the other client's answers: {counts}", file=sys.stderr)
+        if big is BAD and any(not 400 <= code < 500 for code in statuses):
+            raise Error(f"{model['id']}: a malformed request was not refused with a 4xx: {counts}")
     latencies = sorted(r[0] for r in results)
 
     def pick(q):
@@ -166,6 +185,16 @@ def measure(server, url, model, args, big=None):
         sum(r[1] for r in results) / seconds,
         memory,
     )
+
+
+def check_rows_free(url, name):
+    """Every KV cache row of model name free once the load is over (a refused request kept
+    none)."""
+    with urllib.request.urlopen(url + "/v1/models") as response:
+        model = next(m for m in json.loads(response.read())["data"] if m["id"] == name)
+    print(f"{name}: {model['free_rows']} of {model['rows']} rows free at the end", file=sys.stderr)
+    if model["free_rows"] != model["rows"]:
+        raise Error(f"{name}: {model['rows'] - model['free_rows']} rows lost to refused requests")
 
 
 def main(argv=None):
@@ -214,6 +243,11 @@ def main(argv=None):
         help="> 0: each GPT's rounds again, beside one more client that sends 64 prompts x "
         "8 choices of this many tokens, again and again (default: %(default)s, none)",
     )
+    p.add_argument(
+        "--bad",
+        action="store_true",
+        help="each GPT's rounds again, beside a client sending malformed and oversized requests",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--weights", default="auto", help="serve.py --weights (default: %(default)s)")
     p.add_argument("--compile", action="store_true", help="serve.py --compile")
@@ -231,7 +265,10 @@ def main(argv=None):
             if args.big and m["task"] == "lm":
                 prompts = [body_for(m, i, args.big)[1]["prompt"] for i in range(64)]
                 big = {"model": m["id"], "prompt": prompts, "n": 8, "max_tokens": args.big}
-                rows.append((m, " + big", *measure(server, url, m, args, big)))
+                rows.append((m, " + big", *measure(server, url, m, args, [big])))
+            if args.bad and m["task"] == "lm":
+                rows.append((m, " + bad", *measure(server, url, m, args, BAD)))
+                check_rows_free(url, m["id"])
     finally:
         server.terminate()
         server.wait()

@@ -82,12 +82,12 @@ def checkpoints(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serving(checkpoints, host="127.0.0.1", send_buffer=None, **options):
+def serving(checkpoints, host="127.0.0.1", send_buffer=None, rows=serve.MAX_ROWS, **options):
     """The playground on a free port of host, in a thread of this process: (its address, the
     Playground), until the block ends. send_buffer: the bytes of each connection's kernel send
-    buffer (the listening socket's, which connections inherit)."""
+    buffer (the listening socket's, which connections inherit); rows: the GPT's KV cache rows."""
     playground = serve.Playground(
-        [checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256
+        [checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256, rows=rows
     )
     httpd = serve.Server(playground, host, 0, quiet=True, **options)
     if send_buffer:
@@ -1024,3 +1024,148 @@ def test_a_completion_past_the_deadline_at_the_measured_speed_is_refused_at_once
     assert decoder.steps == before
     small = {"prompt": "ab", "max_tokens": 2}
     assert request(address, "POST", "/v1/completions", small)[0] == 200
+
+
+def free_slots(playground):
+    return len(playground.models["gpt"]["decoder"].engine.free)
+
+
+def test_logprobs_past_the_vocabulary_is_a_400_and_takes_no_slot(server):
+    """The served model has 11 tokens: 20 alternatives is a 400 naming logprobs, before any slot
+    is taken, and again and again the server keeps answering (it once lost 8 slots a request)."""
+    address, playground = server
+    before = free_slots(playground)
+    bad = {"prompt": "ab", "max_tokens": 5, "logprobs": 20, "n": 8}
+    for _ in range(5):
+        status, answer = request(address, "POST", "/v1/completions", bad)
+        assert status == 400 and answer["error"]["param"] == "logprobs", answer
+        assert free_slots(playground) == before
+    every = post(server, "/v1/completions", {**bad, "logprobs": len(CHARS)})
+    assert len(every["choices"][0]["logprobs"]["top_logprobs"][0]) == len(CHARS)
+    assert free_slots(playground) == before
+
+
+def test_a_failure_inside_the_engine_ends_its_own_request_and_gives_back_its_slots(
+    server, monkeypatch
+):
+    """A bug while one request is admitted (here log_probabilities raising for it): that request
+    gets a 500, its slots go back, and a request decoding beside it ends as it would alone."""
+    address, playground = server
+    before = free_slots(playground)
+    alongside = {"prompt": "ab", "max_tokens": 60, "seed": 3, "n": 2}
+    alone = post(server, "/v1/completions", alongside)["choices"]
+    real = serve.log_probabilities
+
+    def failing(logits, tokens, top):
+        if top == 7:
+            raise RuntimeError("selected index k out of range")
+        return real(logits, tokens, top)
+
+    monkeypatch.setattr(serve, "log_probabilities", failing)
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(request, address, "POST", "/v1/completions", alongside)
+        time.sleep(0.05)
+        for _ in range(3):
+            bad = {"prompt": "ab", "max_tokens": 5, "logprobs": 7, "n": 8}
+            status, answer = request(address, "POST", "/v1/completions", bad)
+            assert status == 500 and "out of range" in answer["error"]["message"], answer
+        status, answer = beside.result()
+    assert status == 200 and answer["choices"] == alone
+    assert free_slots(playground) == before
+
+
+class Slow:
+    """A model that takes `seconds` more a call."""
+
+    def __init__(self, model, seconds):
+        self.model = model
+        self.seconds = seconds
+
+    def __call__(self, *args, **kwargs):
+        time.sleep(self.seconds)
+        return self.model(*args, **kwargs)
+
+
+def test_the_deadline_estimate_keeps_prefill_apart_and_does_not_stick_after_a_burst(
+    checkpoints,
+):
+    """A slow prefill, then slow decoding steps: neither leaves a small request refused for the
+    2 s deadline once the server is idle again."""
+    with serving(checkpoints, deadline=2) as (address, playground):
+        decoder = playground.models["gpt"]["decoder"]
+        engine = decoder.engine
+        model = engine.model
+        small = {"prompt": "ab", "max_tokens": 64}
+        engine.model = Slow(model, 0.4)  # prefills only: decoding steps call engine.one_token
+        request(address, "POST", "/v1/completions", {"prompt": "abcd", "max_tokens": 1})
+        engine.model = model
+        status, answer = request(address, "POST", "/v1/completions", small)
+        assert status == 200, answer
+        engine.one_token = Slow(model, 0.2)  # a burst of slow decoding steps
+        request(address, "POST", "/v1/completions", {"prompt": "ab", "max_tokens": 6})
+        engine.one_token = model
+        deadline = time.monotonic() + 5
+        while engine.busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        status, answer = request(address, "POST", "/v1/completions", small)
+        assert status == 200, answer
+
+
+def test_a_fresh_server_estimates_before_its_first_step(checkpoints):
+    """No step decoded yet: 64 prompts x 256 tokens on one row, 16,384 steps (some 0.3 ms each at
+    least), are refused at once for the 2 s deadline, not decoded until it cuts them."""
+    with serving(checkpoints, deadline=2, rows=1) as (address, playground):
+        decoder = playground.models["gpt"]["decoder"]
+        big = {"prompt": ["ab"] * 64, "max_tokens": 256}
+        status, answer = request(address, "POST", "/v1/completions", big)
+        assert status == 503 and "16384 decoding steps" in answer["error"]["message"], answer
+        assert decoder.steps == 0
+
+
+@pytest.fixture(scope="module")
+def padded(checkpoints, tmp_path_factory):
+    """The served GPT's weights with 16 rows of vocabulary for the tokenizer's 11, as
+    config/gpt2.py pads 50,257 to 50,304."""
+    d = tmp_path_factory.mktemp("padded")
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=16, block_size=32, n_layer=2, n_head=2, n_embd=32, bias=True))
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.normal_(0.0, 0.1)
+        gpt.wte.weight[len(CHARS) :] *= 30  # the padded rows' logits the largest
+    save_pretrained(gpt, d / "gpt", task="lm", tokenizer={"type": "char", "chars": CHARS})
+    return d
+
+
+def test_logprobs_and_trace_of_a_padded_vocabulary_are_the_tokenizers_tokens(padded):
+    playground = serve.Playground([padded / "gpt"], "cpu", "float32")
+    httpd = serve.Server(playground, "127.0.0.1", 0, quiet=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    while not httpd.started:
+        time.sleep(0.01)
+    try:
+        body = {"prompt": "abc", "max_tokens": 4, "logprobs": 5, "echo": True, "trace": 5}
+        status, answer = request(f"127.0.0.1:{httpd.port}", "POST", "/v1/completions", body)
+    finally:
+        httpd.stop()
+        thread.join()
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    tops = [top for top in choice["logprobs"]["top_logprobs"] if top]
+    assert all(len(top) == 5 and set(top) <= set(CHARS) for top in tops), tops
+    stages = [stage for entry in choice["trace"] for stage in entry["stages"]]
+    assert all(t[1] < len(CHARS) for stage in stages for t in stage["top"])
+
+
+@pytest.mark.parametrize("flag", ["--port=70000", "--max_rows=100000000"])
+def test_a_port_past_65535_and_a_cache_past_memory_are_one_line(checkpoints, flag):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "serve.py"), f"--out_dir={checkpoints / 'gpt'}", flag],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert flag.split("=")[0] in result.stderr.splitlines()[-1], result.stderr
