@@ -61,7 +61,12 @@ class Engine:
         dtype = cache_dtype(model.wte.weight)
         # one spare position: a slice of the keys is never the whole cache, so a compiled step
         # never specializes on a full window
-        self.cache = KVCache(model.config, rows, self.block_size + 1, self.device, dtype)
+        try:
+            self.cache = KVCache(model.config, rows, self.block_size + 1, self.device, dtype)
+        except RuntimeError:  # torch.OutOfMemoryError is one
+            raise Error(
+                f"a KV cache of {rows:,} rows does not fit in memory: ask for fewer"
+            ) from None
         self.free = list(range(rows))
         self.waiting = []
         self.active = []

@@ -160,11 +160,14 @@ def main(argv=None):
     block_size = model.config.block_size
     if len(prompt) > block_size:
         log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")
+    t0 = time.perf_counter()
+    try:
+        engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
+    except Error as e:  # a cache past memory
+        raise Error(f"--num_samples {args.num_samples}: {e}") from None
     picks = decoding.make_picks(
         options, args.greedy, args.seed, args.num_samples, tokenizer.vocab_size
     )
-    t0 = time.perf_counter()
-    engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
     if args.compile:
         log(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s")
     request = engine.submit(prompt, picks, args.max_new_tokens)

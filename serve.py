@@ -264,13 +264,8 @@ class Playground:
         model = for_decoding(model, self.device, weights)
         try:
             engine = ServingEngine(model, self.rows, tokenizer.vocab_size, self.compile)
-        except RuntimeError as e:  # torch.OutOfMemoryError is one
-            if "allocate" not in str(e) and not isinstance(e, torch.OutOfMemoryError):
-                raise
-            raise Error(
-                f"--max_rows {self.rows}: a KV cache of that many rows does not fit in "
-                f"{self.device}'s memory: serve with fewer"
-            ) from None
+        except Error as e:
+            raise Error(f"--max_rows {self.rows}: {e}") from None
         decoder = Decoder(engine)
         return dict(
             task="lm", model=model, tokenizer=tokenizer, decoder=decoder, parameters=parameters

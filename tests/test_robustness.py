@@ -285,6 +285,11 @@ BAD_INPUTS = [
     ("sample.py", ["--out_dir={d}/gpt", "--num_samples=0"], "--num_samples: must be >= 1"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=-1"], "--max_new_tokens: must be >= 0"),
     ("sample.py", ["--out_dir={d}/gpt", "--max_new_tokens=ten"], "invalid int value: 'ten'"),
+    (
+        "sample.py",
+        ["--out_dir={d}/gpt", "--num_samples=100000000"],
+        "--num_samples 100000000: a KV",
+    ),
     ("sample.py", ["--out_dir={d}/gpt", "--start=FILE:{d}/nope.txt"], "No such file"),
     ("sample.py", ["--out_dir={d}/gpt", "--start=FILE:{d}/latin1.txt"], "not UTF-8 text"),
     ("sample.py", ["--out_dir={d}/gpt", "--start=xyz"], "not in this model's vocabulary"),
