@@ -33,9 +33,15 @@ SHAPE = (
 def locked_out_dir(out_dir, resuming, overwrite):
     """Make out_dir and lock it for the run (flock: released when the process dies). A new run
     refuses a checkpoint there, or with overwrite moves it aside."""
+    path = os.path.join(out_dir, ".lock")
+    # a folder from elsewhere (a tarball) may hold a .lock that links to any file
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        raise Error(f"{path} is a link or not a regular file: delete it (a run makes its own)")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, ".lock"), "a+")
+        # never through a link, even one made since the check
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        lock = open(os.open(path, flags, 0o666), "r+")
     except OSError as e:
         raise Error(
             f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"

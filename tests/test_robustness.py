@@ -1192,3 +1192,28 @@ def test_a_model_with_another_saves_card_is_refused(tmp_path):
         from_checkpoint(tmp_path / "old")
     code, _, err = cli("sample.py", f"--out_dir={tmp_path / 'old'}", "--max_new_tokens=2")
     assert code == 2 and "a save was cut short between the two" in err.splitlines()[-1], err
+
+
+# ---------------------------------------------------------------- folders and files from elsewhere
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_lock_that_is_not_a_regular_file_is_refused_and_nothing_written_through_it(
+    files, tmp_path, kind
+):
+    """A checkpoint folder from a tarball whose .lock links to another file (authorized_keys): the
+    run, new or resumed, refuses it in one line and the file it points at is untouched."""
+    target = tmp_path / "authorized_keys"
+    target.write_text("ssh-ed25519 AAAA me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    if kind == "link":
+        (out / ".lock").symlink_to(target)
+    else:
+        os.mkfifo(out / ".lock")
+    common = TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"]
+    for init in ([], ["--init_from=resume"]):
+        with pytest.raises(Error, match=r"\.lock is a link or not a regular file"):
+            run(common + init)
+    assert target.read_text() == "ssh-ed25519 AAAA me\n"
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
