@@ -202,7 +202,7 @@ def train(cfg, run, guard, state):
     """The data, the model, the optimizer, then the loop. -> (the model, the last metrics)."""
     train_data, val_data = load_data(cfg)
     if state is not None:
-        checkpoint.check_tokenizer_kept(cfg.out_dir, train_data.meta, train_data.folder)
+        checkpoint.check_tokenizer_kept(state, cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
     cfg, raw_model = make_model(cfg, train_data.meta, state)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
@@ -225,6 +225,7 @@ def train(cfg, run, guard, state):
         """trainer_state.pt, from every rank (FSDP gathers its shards); rank 0 writes."""
         seconds = record.seconds() if run.master else None
         progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
+        progress["tokenizer"] = train_data.meta["tokenizer"]  # what a resume checks the data by
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
 
     micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share

@@ -151,16 +151,17 @@ def resume(settings, user_keys):
     return state, replace(settings, **kept)
 
 
-def check_tokenizer_kept(out_dir, meta, data_dir):
-    """A resumed run's data is tokenized as its model's card says."""
+def check_tokenizer_kept(state, out_dir, meta, data_dir):
+    """A resumed run's data is tokenized as its trainer state says (one saved before states named
+    their tokenizer: as its model's card, if any, says)."""
+    kept = state.get("tokenizer")
     path = os.path.join(out_dir, "config.json")
-    if not os.path.isfile(path):  # stopped before its first model save
-        return
-    if read_json(path, "checkpoint config").get("tokenizer") != meta["tokenizer"]:
+    if kept is None and os.path.isfile(path):
+        kept = read_json(path, "checkpoint config").get("tokenizer")
+    if kept not in (None, meta["tokenizer"]):
         raise Error(
-            f"{data_dir}: not tokenized as the model in {out_dir} (its tokenizer differs from the "
-            f"one {path} names: prepared again since the run began?): prepare it as before, or "
-            "start a new run"
+            f"{data_dir}: not tokenized as the model in {out_dir} trains with (prepared again "
+            "since the run began?): prepare it as before, or start a new run"
         )
 
 

@@ -1217,3 +1217,20 @@ def test_a_lock_that_is_not_a_regular_file_is_refused_and_nothing_written_throug
             run(common + init)
     assert target.read_text() == "ssh-ed25519 AAAA me\n"
     assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_a_resume_on_data_tokenized_otherwise_is_refused_before_the_first_model_save(
+    files, tmp_path
+):
+    """A run stopped before its first model save (no config.json: only trainer_state.pt), then
+    resumed on data prepared again with another tokenizer: the state names the tokenizer it
+    trained with, and the resume is refused."""
+    out = tmp_path / "out"
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"])
+    for name in ("config.json", "model.safetensors"):
+        (out / name).unlink()
+    state = (out / "trainer_state.pt").read_bytes()
+    other = damaged_copy(files / "lm", tmp_path / "lm", "meta.json", "tokenizer.chars", CHARS[::-1])
+    with pytest.raises(Error, match="not tokenized as the model in .* trains with"):
+        run([f"--dataset={other}", f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
+    assert (out / "trainer_state.pt").read_bytes() == state
