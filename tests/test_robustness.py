@@ -1234,3 +1234,27 @@ def test_a_resume_on_data_tokenized_otherwise_is_refused_before_the_first_model_
     with pytest.raises(Error, match="not tokenized as the model in .* trains with"):
         run([f"--dataset={other}", f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
     assert (out / "trainer_state.pt").read_bytes() == state
+
+
+@pytest.mark.parametrize(
+    "key, value, texts, words",
+    [
+        ("tokenizer.chars", CHARS + "k", ["abc", "kk"], "the tokenizer has 11 tokens"),
+        ("model.pad_token_id", 10**6, ["abc", "ab"], "model.pad_token_id=1000000: must be < 10"),
+    ],
+    ids=["vocabulary", "pad_token_id"],
+)
+def test_a_classifier_card_past_its_model_vocabulary_is_one_line(
+    files, tmp_path, key, value, texts, words
+):
+    """A card whose tokenizer has more tokens than the model's vocabulary, or whose padding id is
+    past it, is refused where a classifier is loaded (classify.py, and the playground's
+    lib.classifier.load), as a GPT's is."""
+    from lib import classifier
+
+    folder = damaged_copy(files / "clf", tmp_path / "clf", "config.json", key, value)
+    with pytest.raises(Error, match=re.escape(words)):
+        classifier.load(str(folder), "cpu")
+    code, _, err = cli("classify.py", f"--out_dir={folder}", *texts)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("classify.py: error:") and words in last, err[-3000:]
