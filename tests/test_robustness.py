@@ -1258,3 +1258,15 @@ def test_a_classifier_card_past_its_model_vocabulary_is_one_line(
     code, _, err = cli("classify.py", f"--out_dir={folder}", *texts)
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("classify.py: error:") and words in last, err[-3000:]
+
+
+@pytest.mark.parametrize("block_size", [10**7, 10**9])
+def test_a_rotary_cards_block_size_is_capped(files, tmp_path, block_size):
+    """No tensor fixes a rotary model's context, and a decoder's KV cache holds all of it for each
+    row: a card's block_size past the cap is one line, not gigabytes asked of the allocator."""
+    folder = damaged_copy(
+        files / "rope", tmp_path / "rope", "config.json", "model.block_size", block_size
+    )
+    code, _, err = cli("sample.py", f"--out_dir={folder}", "--max_new_tokens=2")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and f"model.block_size={block_size}: must be <= 131072" in last, err[-3000:]
