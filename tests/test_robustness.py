@@ -3,7 +3,9 @@ table of bad inputs (one clear last line, a non-zero exit, never a traceback), a
 must never cost a saved run: a second run into the same out_dir, a scratch run over a checkpoint,
 damaged data, resume of a resumed run, Ctrl-C."""
 
+import base64
 import glob
+import hashlib
 import io
 import json
 import os
@@ -1270,3 +1272,122 @@ def test_a_rotary_cards_block_size_is_capped(files, tmp_path, block_size):
     code, _, err = cli("sample.py", f"--out_dir={folder}", "--max_new_tokens=2")
     last = err.strip().splitlines()[-1]
     assert code == 2 and f"model.block_size={block_size}: must be <= 131072" in last, err[-3000:]
+
+
+# the 256 bytes, then two merges: "ab", then "abc"
+RANKS = {**{bytes([b]): b for b in range(256)}, b"ab": 256, b"abc": 257}
+
+
+def bpe_data(folder, ranks):
+    """A prepared lm dataset of a trained BPE's ids (lib/bpe.save_ranks's file beside meta.json)."""
+    from lib.bpe import save_ranks
+
+    folder.mkdir()
+    spec = save_ranks(ranks, folder)
+    ids = np.random.default_rng(0).integers(0, len(ranks) + 1, 3000).astype(np.uint16)
+    for split in ("train", "val"):
+        save_array(str(folder / f"{split}.bin"), ids)
+    splits = {"train": 3000, "val": 3000}
+    write_meta(
+        str(folder),
+        task="lm",
+        tokenizer=spec,
+        vocab_size=len(ranks) + 1,
+        dtype="uint16",
+        splits=splits,
+    )
+    return folder
+
+
+def bpe_checkpoint(folder, ranks):
+    """A tiny GPT whose card names a trained BPE of these ranks, its file beside the card."""
+    data = bpe_data(folder.with_name(folder.name + "-data"), ranks)
+    shape = dict(vocab_size=len(ranks) + 1, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    spec = json.loads((data / "meta.json").read_text())["tokenizer"]
+    torch.manual_seed(0)
+    save_pretrained(GPT(GPTConfig(**shape)), folder, data, task="lm", tokenizer=spec)
+    return folder
+
+
+def lines_of(ranks):
+    return [f"{base64.b64encode(t).decode()} {r}\n".encode() for t, r in ranks.items()]
+
+
+# tokenizer.tiktoken's text, damaged (its sha256 then written into the card, as a sender would)
+def missing_rank(ranks):
+    return b"".join(lines_of(ranks)) + b"eHl6\n"
+
+
+def shared_rank(ranks):
+    return b"".join(lines_of(ranks)) + b"eHl6 257\n"
+
+
+def missing_byte(ranks):
+    kept = [t for t in ranks if t != b"e"]
+    return b"".join(lines_of({t: i for i, t in enumerate(kept)}))
+
+
+def empty_token(ranks):
+    return b"".join(lines_of(ranks)) + b" 258\n"
+
+
+def not_base64(ranks):
+    return b"".join(lines_of(ranks)) + b"!!!! 258\n"
+
+
+def ranks_from_one(ranks):
+    return b"".join(lines_of({t: r + 1 for t, r in ranks.items()}))
+
+
+# (damage: a function of the ranks giving the file's text, or what the file is; the words)
+TOKENIZER_DAMAGES = [
+    (missing_rank, "line 259 is not a base64 token, a space and its rank"),
+    (shared_rank, "ranks are not 0 to 258, each once"),
+    (missing_byte, "byte 101 is not one of its tokens"),
+    (empty_token, "line 259 is not a base64 token, a space and its rank"),
+    (not_base64, "line 259 is not a base64 token, a space and its rank"),
+    (ranks_from_one, "ranks are not 0 to 257, each once"),
+    ("/dev/zero", "not a regular file of at most 67,108,864 bytes"),
+    ("fifo", "not a regular file of at most 67,108,864 bytes"),
+    ("large", "not a regular file of at most 67,108,864 bytes"),
+]
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    TOKENIZER_DAMAGES,
+    ids=[getattr(damage, "__name__", damage) for damage, _ in TOKENIZER_DAMAGES],
+)
+def test_a_tokenizer_file_is_checked_as_it_is_read(tmp_path, damage, words):
+    """tokenizer.tiktoken comes from whoever sent the checkpoint, its sha256 in the card with it:
+    its size, kind and every line are checked as it is read, one line on any failure (no
+    traceback, no tiktoken panic, no read of /dev/zero until memory runs out)."""
+    folder = bpe_checkpoint(tmp_path / "gpt", RANKS)
+    path = folder / "tokenizer.tiktoken"
+    path.unlink()
+    if damage == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    elif damage == "fifo":
+        os.mkfifo(path)
+    elif damage == "large":
+        with open(path, "wb") as f:
+            f.truncate(2**26 + 1)
+    else:
+        path.write_bytes(damage(RANKS))
+        card = json.loads((folder / "config.json").read_text())
+        card["tokenizer"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        (folder / "config.json").write_text(json.dumps(card))
+    code, _, err = cli("sample.py", f"--out_dir={folder}", "--start=e", "--max_new_tokens=2")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith(f"sample.py: error: {path}:"), err[-3000:]
+    assert words in last, last
+
+
+def test_a_tokenizer_that_export_cannot_write_is_refused_before_any_file_is_written(tmp_path):
+    """A trained BPE's token that no merge of lower ranks reaches has no place in Hugging Face's
+    merges.txt: export.py refuses it in one line, before --hf_dir holds a file."""
+    folder = bpe_checkpoint(tmp_path / "gpt", {**RANKS, b"xyz": 258})
+    code, _, err = cli("export.py", f"--out_dir={folder}", f"--hf_dir={tmp_path / 'hf'}")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "token b'xyz' is made by no merge" in last, err[-3000:]
+    assert not (tmp_path / "hf").exists()
