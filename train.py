@@ -56,7 +56,8 @@ KEYS = dict(
         "let a new run start in an out_dir that holds a checkpoint (without it, it refuses): "
         "the old run's files move into out_dir/previous",
     ),
-    seed=Key(1337, "batches, initial weights and dropout all follow from it"),
+    # torch.manual_seed's range, and numpy's seeds are >= 0
+    seed=Key(1337, "batches, initial weights and dropout all follow from it", ge=0, lt=2**64),
     device=Key(
         "auto",
         "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps "

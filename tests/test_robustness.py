@@ -415,6 +415,13 @@ BAD_INPUTS = [
         ["--out_dir={d}/gpt", "--concurrency=17"],
         "decodes at most 16 requests at once",
     ),
+    # seeds past the range that torch.manual_seed and numpy's generators take
+    ("train.py", ["--seed=-1", "--dataset={d}/lm", "--out_dir={d}/o12"], "seed=-1: must be >= 0"),
+    (
+        "train.py",
+        [f"--seed={2**64}", "--dataset={d}/lm", "--out_dir={d}/o13"],
+        f"seed={2**64}: must be < {2**64}",
+    ),
 ]
 
 
