@@ -188,7 +188,7 @@ def main(argv):
                 held.enter_context(out_dir)
             if not resuming:
                 return None, settings
-            state, resumed = checkpoint.resume(settings, user_keys)
+            state, resumed = checkpoint.resume(settings, user_keys, KEYS)
             check_rules(resumed, resuming)
             return state, resumed
 

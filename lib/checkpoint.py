@@ -116,14 +116,16 @@ def what_survives(out_dir):
         ) from None
 
 
-def resume(settings, user_keys):
+def resume(settings, user_keys, keys):
     """(out_dir's trainer state, its run's settings): the keys given now override the saved ones,
-    except the model's shape, task and optimizer; init_from stays where the run began."""
+    except the model's shape, task and optimizer; init_from stays where the run began. keys: each
+    setting's Key, whose rule the saved values pass as a new run's."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
     try:
         # mmap: the file is read as the tensors are used
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         saved = state["config"]
+        began = saved["init_from"]
     except FileNotFoundError:
         raise Error(
             f"init_from=resume but {path} does not exist: train with init_from=scratch first"
@@ -133,7 +135,7 @@ def resume(settings, user_keys):
             f"cannot resume from {path} ({type(e).__name__}): "
             "not a trainer state that train.py wrote"
         ) from None
-    if saved["init_from"] != "scratch":
+    if began != "scratch":
         # the shape came from pretrained weights, not from the keys given
         user_keys = user_keys - set(SHAPE)
     current = asdict(settings)
@@ -147,7 +149,10 @@ def resume(settings, user_keys):
         raise Error(f"cannot resume {path} with a different model or optimizer: {changes}")
     # the device is where this command's processes joined their group
     given = (user_keys | {"device"}) - {"init_from"}
-    kept = {k: v for k, v in saved.items() if k in current and k not in given}
+    try:  # a damaged state's, or another version's
+        kept = {k: keys[k].check(k, v) for k, v in saved.items() if k in keys and k not in given}
+    except Error as e:
+        raise Error(f"{path}: its {e}: give that key a value on this command") from None
     return state, replace(settings, **kept)
 
 

@@ -1398,3 +1398,26 @@ def test_a_tokenizer_that_export_cannot_write_is_refused_before_any_file_is_writ
     last = err.strip().splitlines()[-1]
     assert code == 2 and "token b'xyz' is made by no merge" in last, err[-3000:]
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_resumed_runs_saved_settings_are_checked_as_a_new_runs(files, tmp_path):
+    """trainer_state.pt's settings (damaged, or from another version) go through every key's rule
+    and the rules between keys, as a new run's do: one line each, the state untouched."""
+    out = tmp_path / "out"
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"])
+    path = out / "trainer_state.pt"
+    good = torch.load(path, weights_only=True)
+    for damage, words in (
+        ({"eval_interval": 0}, "eval_interval=0: must be >= 1"),
+        ({"seed": -1}, "seed=-1: must be >= 0"),
+        ({"min_lr": 1.0}, "min_lr=1.0: must be <= learning_rate"),
+        ({"init_from": None}, "not a trainer state that train.py wrote"),
+    ):
+        state = {**good, "config": {**good["config"], **damage}}
+        if damage.get("init_from", "") is None:
+            del state["config"]["init_from"]
+        torch.save(state, path)
+        saved = path.read_bytes()
+        with pytest.raises(Error, match=re.escape(words)):
+            run([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
+        assert path.read_bytes() == saved
