@@ -78,7 +78,8 @@ def check_tokenizer(spec):
         return
     check_keys({"tokenizer": spec}, {"tokenizer": Key({})})
     check_keys(spec, {"type": Key("char", choices=("char", "bpe"))}, where="tokenizer.")
-    form = "trained" if "file" in spec else spec["type"]
+    # as get_tokenizer reads it: a char one by its characters, whatever else it holds
+    form = "trained" if spec["type"] == "bpe" and "file" in spec else spec["type"]
     check_keys(spec, TOKENIZERS[form], ("lowercase", "eot"), where="tokenizer.")
     if form == "trained" and os.path.basename(spec["file"]) != spec["file"]:
         raise Error(f"'tokenizer.file' {spec['file']!r:.40} is not a file name")

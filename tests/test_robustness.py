@@ -1017,6 +1017,7 @@ def damaged_copy(source, dest, file, key, value):
     return dest
 
 
+CHAR_FILE = {"type": "char", "file": "tokenizer.tiktoken", "sha256": "0" * 64}
 # (folder of the files fixture, file, key, value, the words of the line); truncations: key None
 DAMAGED_FILES = [
     ("lm", "meta.json", None, 1, "not a readable JSON"),
@@ -1080,6 +1081,9 @@ DAMAGED_FILES = [
     ("gpt", "config.json", "model.n_head", None, "n_head=6: must be a divisor of n_embd=16"),
     ("gpt", "config.json", "model.dropout", 5, "model.dropout=5.0: must be < 1"),
     ("gpt", "config.json", "model.attn_impl", "sdp", "model.attn_impl='sdp': must be one of sdpa"),
+    # a char tokenizer is read as characters whatever else it holds
+    ("gpt", "config.json", "tokenizer", CHAR_FILE, "no 'tokenizer.chars' key"),
+    ("lm", "meta.json", "tokenizer", CHAR_FILE, "no 'tokenizer.chars' key"),
 ]
 # the scripts that read each kind of folder, and their arguments
 READERS = {
