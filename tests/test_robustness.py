@@ -1404,6 +1404,24 @@ def test_a_tokenizer_that_export_cannot_write_is_refused_before_any_file_is_writ
     assert not (tmp_path / "hf").exists()
 
 
+def test_a_tokenizer_file_gone_mid_run_is_named_not_taken_for_a_full_disk(tmp_path, monkeypatch):
+    """The data's tokenizer.tiktoken deleted after the run's start: the first model save, which
+    copies it, names the missing file, not a full disk."""
+    data = bpe_data(tmp_path / "data", RANKS)
+    load_data = train.load_data
+
+    def then_delete(cfg):
+        loaded = load_data(cfg)
+        (data / "tokenizer.tiktoken").unlink()
+        return loaded
+
+    monkeypatch.setattr(train, "load_data", then_delete)
+    with pytest.raises(Error) as refused:
+        run(TINY + [f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"])
+    assert "cannot read the tokenizer" in str(refused.value)
+    assert "free space" not in str(refused.value)
+
+
 def test_a_resumed_runs_saved_settings_are_checked_as_a_new_runs(files, tmp_path):
     """trainer_state.pt's settings (damaged, or from another version) go through every key's rule
     and the rules between keys, as a new run's do: one line each, the state untouched."""
