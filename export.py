@@ -64,6 +64,13 @@ def bpe_files(encoding):
         return "".join(char[b] for b in token)
 
     pairs = merges(ranks)
+    lost = [token for token, pair in pairs.items() if len(token) > 1 and pair is None]
+    if lost:
+        raise Error(
+            f"the tokenizer's token {lost[0]!r} is made by no merge of lower ranks, which Hugging "
+            "Face's merges.txt cannot express: train on data that data/text/prepare.py made (it "
+            "drops such tokens), or use this checkpoint with this project's scripts"
+        )
     merged = [(rank, pairs[token]) for token, rank in ranks.items() if len(token) > 1]
     lines = [f"{text(left)} {text(right)}" for _, (left, right) in sorted(merged)]
     vocab = {text(token): rank for token, rank in ranks.items()}
@@ -146,6 +153,8 @@ def export(out_dir, hf_dir, overwrite=False):
                 "such a model loads with this project's from_checkpoint only"
             )
     check_target(out_dir, hf_dir, overwrite)
+    # refused, if at all, before --hf_dir holds a file
+    hf_tokenizer = bpe_files(tokenizer.enc) if isinstance(tokenizer, BPETokenizer) else None
     os.makedirs(hf_dir, exist_ok=True)
     with atomic_path(os.path.join(hf_dir, "model.safetensors")) as tmp:
         save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
@@ -180,7 +189,7 @@ def export(out_dir, hf_dir, overwrite=False):
         os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos}
     )
     if isinstance(tokenizer, BPETokenizer):
-        vocab, merge_lines = bpe_files(tokenizer.enc)
+        vocab, merge_lines = hf_tokenizer
         write_json(os.path.join(hf_dir, "vocab.json"), vocab)
         with (
             atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp,

@@ -56,7 +56,8 @@ KEYS = dict(
         "let a new run start in an out_dir that holds a checkpoint (without it, it refuses): "
         "the old run's files move into out_dir/previous",
     ),
-    seed=Key(1337, "batches, initial weights and dropout all follow from it"),
+    # torch.manual_seed's range, and numpy's seeds are >= 0
+    seed=Key(1337, "batches, initial weights and dropout all follow from it", ge=0, lt=2**64),
     device=Key(
         "auto",
         "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps "
@@ -187,7 +188,7 @@ def main(argv):
                 held.enter_context(out_dir)
             if not resuming:
                 return None, settings
-            state, resumed = checkpoint.resume(settings, user_keys)
+            state, resumed = checkpoint.resume(settings, user_keys, KEYS)
             check_rules(resumed, resuming)
             return state, resumed
 
@@ -202,7 +203,7 @@ def train(cfg, run, guard, state):
     """The data, the model, the optimizer, then the loop. -> (the model, the last metrics)."""
     train_data, val_data = load_data(cfg)
     if state is not None:
-        checkpoint.check_tokenizer_kept(cfg.out_dir, train_data.meta, train_data.folder)
+        checkpoint.check_tokenizer_kept(state, cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
     cfg, raw_model = make_model(cfg, train_data.meta, state)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
@@ -225,6 +226,7 @@ def train(cfg, run, guard, state):
         """trainer_state.pt, from every rank (FSDP gathers its shards); rank 0 writes."""
         seconds = record.seconds() if run.master else None
         progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
+        progress["tokenizer"] = train_data.meta["tokenizer"]  # what a resume checks the data by
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
 
     micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share

@@ -33,9 +33,15 @@ SHAPE = (
 def locked_out_dir(out_dir, resuming, overwrite):
     """Make out_dir and lock it for the run (flock: released when the process dies). A new run
     refuses a checkpoint there, or with overwrite moves it aside."""
+    path = os.path.join(out_dir, ".lock")
+    # a folder from elsewhere (a tarball) may hold a .lock that links to any file
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        raise Error(f"{path} is a link or not a regular file: delete it (a run makes its own)")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, ".lock"), "a+")
+        # never through a link, even one made since the check
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        lock = open(os.open(path, flags, 0o666), "r+")
     except OSError as e:
         raise Error(
             f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
@@ -110,14 +116,16 @@ def what_survives(out_dir):
         ) from None
 
 
-def resume(settings, user_keys):
+def resume(settings, user_keys, keys):
     """(out_dir's trainer state, its run's settings): the keys given now override the saved ones,
-    except the model's shape, task and optimizer; init_from stays where the run began."""
+    except the model's shape, task and optimizer; init_from stays where the run began. keys: each
+    setting's Key, whose rule the saved values pass as a new run's."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
     try:
         # mmap: the file is read as the tensors are used
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         saved = state["config"]
+        began = saved["init_from"]
     except FileNotFoundError:
         raise Error(
             f"init_from=resume but {path} does not exist: train with init_from=scratch first"
@@ -127,7 +135,7 @@ def resume(settings, user_keys):
             f"cannot resume from {path} ({type(e).__name__}): "
             "not a trainer state that train.py wrote"
         ) from None
-    if saved["init_from"] != "scratch":
+    if began != "scratch":
         # the shape came from pretrained weights, not from the keys given
         user_keys = user_keys - set(SHAPE)
     current = asdict(settings)
@@ -141,20 +149,24 @@ def resume(settings, user_keys):
         raise Error(f"cannot resume {path} with a different model or optimizer: {changes}")
     # the device is where this command's processes joined their group
     given = (user_keys | {"device"}) - {"init_from"}
-    kept = {k: v for k, v in saved.items() if k in current and k not in given}
+    try:  # a damaged state's, or another version's
+        kept = {k: keys[k].check(k, v) for k, v in saved.items() if k in keys and k not in given}
+    except Error as e:
+        raise Error(f"{path}: its {e}: give that key a value on this command") from None
     return state, replace(settings, **kept)
 
 
-def check_tokenizer_kept(out_dir, meta, data_dir):
-    """A resumed run's data is tokenized as its model's card says."""
+def check_tokenizer_kept(state, out_dir, meta, data_dir):
+    """A resumed run's data is tokenized as its trainer state says (one saved before states named
+    their tokenizer: as its model's card, if any, says)."""
+    kept = state.get("tokenizer")
     path = os.path.join(out_dir, "config.json")
-    if not os.path.isfile(path):  # stopped before its first model save
-        return
-    if read_json(path, "checkpoint config").get("tokenizer") != meta["tokenizer"]:
+    if kept is None and os.path.isfile(path):
+        kept = read_json(path, "checkpoint config").get("tokenizer")
+    if kept not in (None, meta["tokenizer"]):
         raise Error(
-            f"{data_dir}: not tokenized as the model in {out_dir} (its tokenizer differs from the "
-            f"one {path} names: prepared again since the run began?): prepare it as before, or "
-            "start a new run"
+            f"{data_dir}: not tokenized as the model in {out_dir} trains with (prepared again "
+            "since the run began?): prepare it as before, or start a new run"
         )
 
 

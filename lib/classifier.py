@@ -10,6 +10,8 @@ from tqdm import tqdm
 
 from lib.batches import pad_batch
 from lib.common import Error
+from lib.config import Key
+from lib.schema import CARD_FIX, checking
 from lib.tokenizer import get_tokenizer
 from lib.weights import from_checkpoint
 
@@ -29,7 +31,12 @@ def load(out_dir, device, info=None):
             f"not a classifier: for a GPT use sample.py --out_dir {out_dir}"
         )
     names = info.get("label_names") or [str(i) for i in range(model.config.n_classes)]
-    tokenizer = get_tokenizer(info.get("tokenizer"), os.path.join(out_dir, "config.json"))
+    # every id the model reads, padding's too, indexes its embedding rows
+    where = os.path.join(out_dir, "config.json")
+    tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
+    with checking(info, where, CARD_FIX):
+        pad = Key(0, ge=0, lt=model.config.vocab_size)
+        pad.check("model.pad_token_id", model.config.pad_token_id)
     return model, tokenizer, names, min(info.get("max_length") or 10**9, model.config.block_size)
 
 

@@ -44,6 +44,9 @@ HF_NAMES = {
     "n_head": "n_head",
     "n_embd": "n_embd",
 }
+# the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
+# KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
+MAX_ROTARY_CONTEXT = 2**17
 META_FIX = "the data is damaged or from another version: run its prepare.py again"
 CARD_FIX = "not a checkpoint config.json that train.py wrote, or damaged"
 
@@ -75,7 +78,8 @@ def check_tokenizer(spec):
         return
     check_keys({"tokenizer": spec}, {"tokenizer": Key({})})
     check_keys(spec, {"type": Key("char", choices=("char", "bpe"))}, where="tokenizer.")
-    form = "trained" if "file" in spec else spec["type"]
+    # as get_tokenizer reads it: a char one by its characters, whatever else it holds
+    form = "trained" if spec["type"] == "bpe" and "file" in spec else spec["type"]
     check_keys(spec, TOKENIZERS[form], ("lowercase", "eot"), where="tokenizer.")
     if form == "trained" and os.path.basename(spec["file"]) != spec["file"]:
         raise Error(f"'tokenizer.file' {spec['file']!r:.40} is not a file name")
@@ -110,6 +114,8 @@ def check_card(info, path, shapes):
         check_tokenizer(info.get("tokenizer"))
         check_shapes(shapes, {key: (f"model.{key}", value) for key, value in model.items()})
         config = config_cls(**{key: model[key] for key in rules if key in model})
+        if config.rope:
+            Key(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
         names = info.get("label_names")
         if names is not None and len(names) != getattr(config, "n_classes", len(names)):
             raise Error(

@@ -4,6 +4,7 @@ BPE trained on the data and kept in a file beside it (lib/bpe.py trains it), or 
 import base64
 import hashlib
 import os
+import stat
 
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
@@ -14,6 +15,8 @@ from lib.common import Error
 EOT = "<|endoftext|>"
 # a trained BPE's ids are stored as tiktoken's files store them
 RANKS_FILE = "tokenizer.tiktoken"
+# the largest RANKS_FILE read (bytes): a million tokens of 40 bytes, with room
+MAX_RANKS_BYTES = 2**26
 
 
 def get_tokenizer(spec, where="tokenizer", vocab_size=None):
@@ -124,24 +127,53 @@ class TrainedBPE(BPETokenizer):
 
 
 def read_ranks(path, sha256, where):
-    """The ranks in path (tiktoken's format, as lib/bpe.save_ranks writes them), checked against
-    the sha256 that the file where names, so a folder never mixes two runs' files."""
+    """The ranks in path (tiktoken's format, as lib/bpe.save_ranks writes them), checked as read:
+    each line a token in base64, a space and its rank; the ranks 0 to n - 1, each once; the 256
+    bytes among the tokens (a file that passes its sha256 comes from its sender all the same)."""
+    lines = read_ranks_file(path, sha256, where).splitlines()
+    ranks = {}
+    for number, line in enumerate(lines, 1):
+        token, _, rank = line.partition(b" ")
+        try:
+            token = base64.b64decode(token, validate=True)
+        except ValueError:
+            token = b""
+        if not (token and rank.isdigit()):
+            raise not_ranks(path, f"line {number} is not a base64 token, a space and its rank")
+        ranks[token] = int(rank)
+    if sorted(ranks.values()) != list(range(len(lines))):
+        raise not_ranks(path, f"its ranks are not 0 to {len(lines) - 1}, each once")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise not_ranks(path, f"byte {missing[0]} is not one of its tokens")
+    return ranks
+
+
+def not_ranks(path, what):
+    return Error(
+        f"{path}: {what}: not a tokenizer file this project wrote; prepare or export again"
+    )
+
+
+def read_ranks_file(path, sha256, where):
+    """path's bytes: a regular file of at most MAX_RANKS_BYTES whose sha256 is the one that the
+    file where names, so a folder never mixes two runs' files."""
     try:
-        with open(path, "rb") as f:
-            text = f.read()
+        regular = stat.S_ISREG(os.stat(path).st_mode)  # a FIFO would block, /dev/zero never end
+        if regular:
+            with open(path, "rb") as f:
+                text = f.read(MAX_RANKS_BYTES + 1)
     except OSError as e:
         raise Error(
             f"{path}: cannot read the tokenizer that {where} names "
             f"({e.strerror}): copy it back beside {os.path.basename(where)}"
         ) from None
+    if not regular or len(text) > MAX_RANKS_BYTES:
+        raise not_ranks(path, f"not a regular file of at most {MAX_RANKS_BYTES:,} bytes")
     if hashlib.sha256(text).hexdigest() != sha256:
         raise Error(
             f"{path}: not the tokenizer that {where} names (its sha256 "
             "differs): the folder mixes two runs' files; prepare or "
             "export again"
         )
-    ranks = {}
-    for line in text.splitlines():
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+    return text

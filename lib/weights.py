@@ -1,11 +1,9 @@
 """Reading and writing weights: this project's checkpoints (model.safetensors + config.json) and
 GPT-2's in the Hugging Face layout."""
 
-import hashlib
 import json
 import os
 import secrets
-import shutil
 from contextlib import ExitStack
 from dataclasses import asdict
 
@@ -15,7 +13,7 @@ from safetensors.torch import load_file, save_model
 
 from lib.common import Error, atomic_path, read_json
 from lib.schema import check_card, check_hf
-from lib.tokenizer import get_tokenizer
+from lib.tokenizer import get_tokenizer, read_ranks_file
 from model import ARCHITECTURES, GPT
 
 # OpenAI's weights on the Hugging Face hub
@@ -36,20 +34,18 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
         "weights_id": token,
     }
     tokenizer_file = (card.get("tokenizer") or {}).get("file")
+    if tokenizer_file:  # read and checked before a write, whose errors say the disk refused it
+        source = os.path.join(tokenizer_dir, tokenizer_file)
+        where = os.path.join(tokenizer_dir, "meta.json")
+        text = read_ranks_file(source, card["tokenizer"]["sha256"], where)
     # renamed in reverse: the tokenizer, the weights, then the card that names both
     with ExitStack() as files:
         card_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "config.json")))
         weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
         if tokenizer_file:
             copy = files.enter_context(atomic_path(os.path.join(out_dir, tokenizer_file)))
-            source = os.path.join(tokenizer_dir, tokenizer_file)
-            shutil.copyfile(source, copy)
-            with open(copy, "rb") as f:
-                if hashlib.sha256(f.read()).hexdigest() != card["tokenizer"]["sha256"]:
-                    raise Error(
-                        f"{source}: not the tokenizer the run began with (prepared again since?): "
-                        "prepare its data again only between runs"
-                    )
+            with open(copy, "wb") as f:
+                f.write(text)
         # drops a tied head's duplicate tensor
         save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
         with open(card_tmp, "w") as f:

@@ -3,7 +3,9 @@ table of bad inputs (one clear last line, a non-zero exit, never a traceback), a
 must never cost a saved run: a second run into the same out_dir, a scratch run over a checkpoint,
 damaged data, resume of a resumed run, Ctrl-C."""
 
+import base64
 import glob
+import hashlib
 import io
 import json
 import os
@@ -417,6 +419,13 @@ BAD_INPUTS = [
         "bench/serve_load.py",
         ["--out_dir={d}/gpt", "--concurrency=17"],
         "decodes at most 16 requests at once",
+    ),
+    # seeds past the range that torch.manual_seed and numpy's generators take
+    ("train.py", ["--seed=-1", "--dataset={d}/lm", "--out_dir={d}/o12"], "seed=-1: must be >= 0"),
+    (
+        "train.py",
+        [f"--seed={2**64}", "--dataset={d}/lm", "--out_dir={d}/o13"],
+        f"seed={2**64}: must be < {2**64}",
     ),
 ]
 
@@ -1013,6 +1022,7 @@ def damaged_copy(source, dest, file, key, value):
     return dest
 
 
+CHAR_FILE = {"type": "char", "file": "tokenizer.tiktoken", "sha256": "0" * 64}
 # (folder of the files fixture, file, key, value, the words of the line); truncations: key None
 DAMAGED_FILES = [
     ("lm", "meta.json", None, 1, "not a readable JSON"),
@@ -1076,6 +1086,9 @@ DAMAGED_FILES = [
     ("gpt", "config.json", "model.n_head", None, "n_head=6: must be a divisor of n_embd=16"),
     ("gpt", "config.json", "model.dropout", 5, "model.dropout=5.0: must be < 1"),
     ("gpt", "config.json", "model.attn_impl", "sdp", "model.attn_impl='sdp': must be one of sdpa"),
+    # a char tokenizer is read as characters whatever else it holds
+    ("gpt", "config.json", "tokenizer", CHAR_FILE, "no 'tokenizer.chars' key"),
+    ("lm", "meta.json", "tokenizer", CHAR_FILE, "no 'tokenizer.chars' key"),
 ]
 # the scripts that read each kind of folder, and their arguments
 READERS = {
@@ -1197,3 +1210,241 @@ def test_a_model_with_another_saves_card_is_refused(tmp_path):
         from_checkpoint(tmp_path / "old")
     code, _, err = cli("sample.py", f"--out_dir={tmp_path / 'old'}", "--max_new_tokens=2")
     assert code == 2 and "a save was cut short between the two" in err.splitlines()[-1], err
+
+
+# ---------------------------------------------------------------- folders and files from elsewhere
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_lock_that_is_not_a_regular_file_is_refused_and_nothing_written_through_it(
+    files, tmp_path, kind
+):
+    """A checkpoint folder from a tarball whose .lock links to another file (authorized_keys): the
+    run, new or resumed, refuses it in one line and the file it points at is untouched."""
+    target = tmp_path / "authorized_keys"
+    target.write_text("ssh-ed25519 AAAA me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    if kind == "link":
+        (out / ".lock").symlink_to(target)
+    else:
+        os.mkfifo(out / ".lock")
+    common = TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"]
+    for init in ([], ["--init_from=resume"]):
+        with pytest.raises(Error, match=r"\.lock is a link or not a regular file"):
+            run(common + init)
+    assert target.read_text() == "ssh-ed25519 AAAA me\n"
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_a_resume_on_data_tokenized_otherwise_is_refused_before_the_first_model_save(
+    files, tmp_path
+):
+    """A run stopped before its first model save (no config.json: only trainer_state.pt), then
+    resumed on data prepared again with another tokenizer: the state names the tokenizer it
+    trained with, and the resume is refused."""
+    out = tmp_path / "out"
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"])
+    for name in ("config.json", "model.safetensors"):
+        (out / name).unlink()
+    state = (out / "trainer_state.pt").read_bytes()
+    other = damaged_copy(files / "lm", tmp_path / "lm", "meta.json", "tokenizer.chars", CHARS[::-1])
+    with pytest.raises(Error, match="not tokenized as the model in .* trains with"):
+        run([f"--dataset={other}", f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
+    assert (out / "trainer_state.pt").read_bytes() == state
+
+
+@pytest.mark.parametrize(
+    "key, value, texts, words",
+    [
+        ("tokenizer.chars", CHARS + "k", ["abc", "kk"], "the tokenizer has 11 tokens"),
+        ("model.pad_token_id", 10**6, ["abc", "ab"], "model.pad_token_id=1000000: must be < 10"),
+    ],
+    ids=["vocabulary", "pad_token_id"],
+)
+def test_a_classifier_card_past_its_model_vocabulary_is_one_line(
+    files, tmp_path, key, value, texts, words
+):
+    """A card whose tokenizer has more tokens than the model's vocabulary, or whose padding id is
+    past it, is refused where a classifier is loaded (classify.py, and the playground's
+    lib.classifier.load), as a GPT's is."""
+    from lib import classifier
+
+    folder = damaged_copy(files / "clf", tmp_path / "clf", "config.json", key, value)
+    with pytest.raises(Error, match=re.escape(words)):
+        classifier.load(str(folder), "cpu")
+    code, _, err = cli("classify.py", f"--out_dir={folder}", *texts)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("classify.py: error:") and words in last, err[-3000:]
+
+
+@pytest.mark.parametrize("block_size", [10**7, 10**9])
+def test_a_rotary_cards_block_size_is_capped(files, tmp_path, block_size):
+    """No tensor fixes a rotary model's context, and a decoder's KV cache holds all of it for each
+    row: a card's block_size past the cap is one line, not gigabytes asked of the allocator."""
+    folder = damaged_copy(
+        files / "rope", tmp_path / "rope", "config.json", "model.block_size", block_size
+    )
+    code, _, err = cli("sample.py", f"--out_dir={folder}", "--max_new_tokens=2")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and f"model.block_size={block_size}: must be <= 131072" in last, err[-3000:]
+
+
+# the 256 bytes, then two merges: "ab", then "abc"
+RANKS = {**{bytes([b]): b for b in range(256)}, b"ab": 256, b"abc": 257}
+
+
+def bpe_data(folder, ranks):
+    """A prepared lm dataset of a trained BPE's ids (lib/bpe.save_ranks's file beside meta.json)."""
+    from lib.bpe import save_ranks
+
+    folder.mkdir()
+    spec = save_ranks(ranks, folder)
+    ids = np.random.default_rng(0).integers(0, len(ranks) + 1, 3000).astype(np.uint16)
+    for split in ("train", "val"):
+        save_array(str(folder / f"{split}.bin"), ids)
+    splits = {"train": 3000, "val": 3000}
+    write_meta(
+        str(folder),
+        task="lm",
+        tokenizer=spec,
+        vocab_size=len(ranks) + 1,
+        dtype="uint16",
+        splits=splits,
+    )
+    return folder
+
+
+def bpe_checkpoint(folder, ranks):
+    """A tiny GPT whose card names a trained BPE of these ranks, its file beside the card."""
+    data = bpe_data(folder.with_name(folder.name + "-data"), ranks)
+    shape = dict(vocab_size=len(ranks) + 1, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    spec = json.loads((data / "meta.json").read_text())["tokenizer"]
+    torch.manual_seed(0)
+    save_pretrained(GPT(GPTConfig(**shape)), folder, data, task="lm", tokenizer=spec)
+    return folder
+
+
+def lines_of(ranks):
+    return [f"{base64.b64encode(t).decode()} {r}\n".encode() for t, r in ranks.items()]
+
+
+# tokenizer.tiktoken's text, damaged (its sha256 then written into the card, as a sender would)
+def missing_rank(ranks):
+    return b"".join(lines_of(ranks)) + b"eHl6\n"
+
+
+def shared_rank(ranks):
+    return b"".join(lines_of(ranks)) + b"eHl6 257\n"
+
+
+def missing_byte(ranks):
+    kept = [t for t in ranks if t != b"e"]
+    return b"".join(lines_of({t: i for i, t in enumerate(kept)}))
+
+
+def empty_token(ranks):
+    return b"".join(lines_of(ranks)) + b" 258\n"
+
+
+def not_base64(ranks):
+    return b"".join(lines_of(ranks)) + b"!!!! 258\n"
+
+
+def ranks_from_one(ranks):
+    return b"".join(lines_of({t: r + 1 for t, r in ranks.items()}))
+
+
+# (damage: a function of the ranks giving the file's text, or what the file is; the words)
+TOKENIZER_DAMAGES = [
+    (missing_rank, "line 259 is not a base64 token, a space and its rank"),
+    (shared_rank, "ranks are not 0 to 258, each once"),
+    (missing_byte, "byte 101 is not one of its tokens"),
+    (empty_token, "line 259 is not a base64 token, a space and its rank"),
+    (not_base64, "line 259 is not a base64 token, a space and its rank"),
+    (ranks_from_one, "ranks are not 0 to 257, each once"),
+    ("/dev/zero", "not a regular file of at most 67,108,864 bytes"),
+    ("fifo", "not a regular file of at most 67,108,864 bytes"),
+    ("large", "not a regular file of at most 67,108,864 bytes"),
+]
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    TOKENIZER_DAMAGES,
+    ids=[getattr(damage, "__name__", damage) for damage, _ in TOKENIZER_DAMAGES],
+)
+def test_a_tokenizer_file_is_checked_as_it_is_read(tmp_path, damage, words):
+    """tokenizer.tiktoken comes from whoever sent the checkpoint, its sha256 in the card with it:
+    its size, kind and every line are checked as it is read, one line on any failure (no
+    traceback, no tiktoken panic, no read of /dev/zero until memory runs out)."""
+    folder = bpe_checkpoint(tmp_path / "gpt", RANKS)
+    path = folder / "tokenizer.tiktoken"
+    path.unlink()
+    if damage == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    elif damage == "fifo":
+        os.mkfifo(path)
+    elif damage == "large":
+        with open(path, "wb") as f:
+            f.truncate(2**26 + 1)
+    else:
+        path.write_bytes(damage(RANKS))
+        card = json.loads((folder / "config.json").read_text())
+        card["tokenizer"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        (folder / "config.json").write_text(json.dumps(card))
+    code, _, err = cli("sample.py", f"--out_dir={folder}", "--start=e", "--max_new_tokens=2")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith(f"sample.py: error: {path}:"), err[-3000:]
+    assert words in last, last
+
+
+def test_a_tokenizer_that_export_cannot_write_is_refused_before_any_file_is_written(tmp_path):
+    """A trained BPE's token that no merge of lower ranks reaches has no place in Hugging Face's
+    merges.txt: export.py refuses it in one line, before --hf_dir holds a file."""
+    folder = bpe_checkpoint(tmp_path / "gpt", {**RANKS, b"xyz": 258})
+    code, _, err = cli("export.py", f"--out_dir={folder}", f"--hf_dir={tmp_path / 'hf'}")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "token b'xyz' is made by no merge" in last, err[-3000:]
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_tokenizer_file_gone_mid_run_is_named_not_taken_for_a_full_disk(tmp_path, monkeypatch):
+    """The data's tokenizer.tiktoken deleted after the run's start: the first model save, which
+    copies it, names the missing file, not a full disk."""
+    data = bpe_data(tmp_path / "data", RANKS)
+    load_data = train.load_data
+
+    def then_delete(cfg):
+        loaded = load_data(cfg)
+        (data / "tokenizer.tiktoken").unlink()
+        return loaded
+
+    monkeypatch.setattr(train, "load_data", then_delete)
+    with pytest.raises(Error) as refused:
+        run(TINY + [f"--dataset={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"])
+    assert "cannot read the tokenizer" in str(refused.value)
+    assert "free space" not in str(refused.value)
+
+
+def test_a_resumed_runs_saved_settings_are_checked_as_a_new_runs(files, tmp_path):
+    """trainer_state.pt's settings (damaged, or from another version) go through every key's rule
+    and the rules between keys, as a new run's do: one line each, the state untouched."""
+    out = tmp_path / "out"
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"])
+    path = out / "trainer_state.pt"
+    good = torch.load(path, weights_only=True)
+    for damage, words in (
+        ({"eval_interval": 0}, "eval_interval=0: must be >= 1"),
+        ({"seed": -1}, "seed=-1: must be >= 0"),
+        ({"min_lr": 1.0}, "min_lr=1.0: must be <= learning_rate"),
+        ({"init_from": None}, "not a trainer state that train.py wrote"),
+    ):
+        state = {**good, "config": {**good["config"], **damage}}
+        if damage.get("init_from", "") is None:
+            del state["config"]["init_from"]
+        torch.save(state, path)
+        saved = path.read_bytes()
+        with pytest.raises(Error, match=re.escape(words)):
+            run([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
+        assert path.read_bytes() == saved
