@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from lib.common import TEMPORARY, Error, WriteError, atomic_path, fsync, read_json
+from lib.common import TEMPORARY, Error, WriteError, atomic_path, check_regular, fsync, read_json
 from lib.weights import save_pretrained
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
@@ -121,6 +121,7 @@ def resume(settings, user_keys, keys):
     except the model's shape, task and optimizer; init_from stays where the run began. keys: each
     setting's Key, whose rule the saved values pass as a new run's."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
+    check_regular(path)
     try:
         # mmap: the file is read as the tensors are used
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

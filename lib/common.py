@@ -163,8 +163,16 @@ def write_json(path, obj):
         json.dump(obj, f, indent=2)
 
 
+def check_regular(path):
+    """An Error if path is there but not a regular file: a pipe or a device (a link to /dev/zero)
+    would be read forever."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise Error(f"{path}: not a regular file")
+
+
 def read_json(path, what):
     """A JSON file, or an Error naming it."""
+    check_regular(path)
     try:
         with open(path) as f:
             return json.load(f)

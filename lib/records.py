@@ -6,13 +6,14 @@ import sys
 import time
 from dataclasses import asdict
 
-from lib.common import Error, atomic_path, write_json, writing
+from lib.common import Error, atomic_path, check_regular, write_json, writing
 
 
 def read_metrics(out_dir):
     """The records of out_dir/metrics.jsonl; a torn last line (a cut-short write) is dropped with
     a warning."""
     path = os.path.join(out_dir, "metrics.jsonl")
+    check_regular(path)
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()

@@ -27,8 +27,10 @@ from conftest import ROOT, TINY
 
 import train
 from export import export
+from lib import checkpoint, common, config
 from lib.common import Error
 from lib.prepare import save_array, write_classification_split, write_meta
+from lib.records import read_metrics
 from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
@@ -1448,3 +1450,27 @@ def test_a_resumed_runs_saved_settings_are_checked_as_a_new_runs(files, tmp_path
         with pytest.raises(Error, match=re.escape(words)):
             run([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
         assert path.read_bytes() == saved
+
+
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl", "trainer_state.pt"])
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_file_that_is_not_a_regular_file_is_refused_not_read_forever(tmp_path, name, kind):
+    """A checkpoint folder's config.json, metrics.jsonl or trainer_state.pt that is a link to
+    /dev/zero or a named pipe: one line, where reading it would never end."""
+    path = tmp_path / name
+    if kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(path)
+    readers = {
+        "config.json": partial(common.read_json, str(path), "checkpoint config"),
+        "metrics.jsonl": partial(read_metrics, str(tmp_path)),
+        "trainer_state.pt": partial(
+            checkpoint.resume,
+            config.parse([f"--out_dir={tmp_path}"], train.KEYS, "")[0],
+            set(),
+            train.KEYS,
+        ),
+    }
+    with pytest.raises(Error, match=f"{name}: not a regular file"):
+        readers[name]()
