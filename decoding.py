@@ -51,7 +51,7 @@ def temperature(logits, t):
 
 
 def top_k(logits, k):
-    """Keep the k largest logits of each row, and all tied with the k-th (as Hugging Face)."""
+    """Keep each row's k largest logits, and ties (as Hugging Face)."""
     if k >= logits.size(-1):
         return logits
     kth = logits.topk(k).values[:, -1:]
@@ -158,7 +158,6 @@ class NextToken:
         return self.draw(self.process(logits, context), logits, context)
 
     def draw(self, processed, logits, context):
-        """The tokens [B] drawn from the processed logits."""
         probs = processed.softmax(-1)
         if not torch.isfinite(probs).all():
             raise Error(self.no_distribution(logits, context))
@@ -171,7 +170,7 @@ class NextToken:
 
 
 def make_picks(options, greedy, seed, n, vocab_size):
-    """One NextToken per sample, sample i's generator seeded seed + i (the same drawn alone)."""
+    """One NextToken per sample, sample i's generator seeded seed + i."""
     return [
         NextToken(options, greedy, torch.Generator().manual_seed(seed + i), vocab_size)
         for i in range(n)

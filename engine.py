@@ -1,5 +1,5 @@
 """Every GPT decode's engine: continuous batching over one KV cache, each row drawing by its own
-generator (its tokens never depend on the batch).
+generator (never depending on the batch).
   engine = Engine(model, rows=8)
   request = engine.submit(prompt, picks, max_new_tokens=100)  # a row per pick
   while engine.busy(): engine.step()  # request.rows[i].tokens grow
@@ -89,7 +89,7 @@ class Engine:
         return Request([Row(prompt, pick, max_new_tokens, self.block_size) for pick in picks])
 
     def warm_up(self, rows):
-        """Compiles the one-token step by throwaway requests: a graph for one row, one for more."""
+        """Compiles the one-token step by throwaway requests of one row and of all."""
         self.one_token = torch.compile(self.model, dynamic=True)
         greedy = NextToken(Options(), greedy=True)
         try:
@@ -178,7 +178,7 @@ class Engine:
         return took
 
     def slide(self, row):
-        """Whether the row's window restarts past block_size, as its last block_size // 2 tokens."""
+        """Whether the row's window restarts (past block_size) as its last block_size // 2."""
         if len(row.tokens) - row.start <= self.block_size:
             return False
         # positions are absolute: a full cache cannot slide
