@@ -190,17 +190,21 @@ class Engine:
         # rows that share their options pick as one batch, each from its own generator
         tokens = pick_tokens([row.pick for row in rows], logits, [row.tokens for row in rows])
         took = []
-        for row, token in zip(rows, tokens):
+        for row, row_logits, token in zip(rows, logits, tokens):
             if isinstance(token, Error):  # its options leave no token: it ends alone
                 row.error = str(token)
                 row.done = True
                 continue
+            self.score(row, row_logits, token)
             row.tokens.append(token)
             row.remaining -= 1
             if row.remaining == 0:
                 row.done = True
             took.append(row)
         return took
+
+    def score(self, row, logits, token):
+        """A hook before row takes token, whose readers then see both (serve.py's logprobs)."""
 
     def release(self):
         for row in [row for row in self.active if row.done]:

@@ -847,26 +847,23 @@ class ServingEngine(Engine):
         request.prompt_top_logprobs = [None, *alternatives]
         return logits[-1:]
 
-    def take(self, rows, logits):
-        """Engine.take, with the log-probability of each token taken (and the top alternatives)."""
-        took = super().take(rows, logits)
-        for row, row_logits in zip(rows, logits):
-            if row.logprobs is not None and row in took:
-                within = row_logits[None, : self.vocab_size]
-                chosen, top = log_probabilities(within, [row.tokens[-1]], row.logprobs)
-                row.token_logprobs += chosen
-                if row.logprobs:
-                    row.top_logprobs += top
-        return took
+    def score(self, row, logits, token):
+        """The log-probability of the token row takes (and the top alternatives), before the
+        token is seen."""
+        if row.logprobs is not None:
+            within = logits[None, : self.vocab_size]
+            chosen, top = log_probabilities(within, [token], row.logprobs)
+            row.token_logprobs += chosen
+            if row.logprobs:
+                row.top_logprobs += top
 
     def fail(self, message):
         """A bug in a step: the request it was admitting ends with message as its error, or, where
         the failure came after (in the batch's decoding, no row to blame), the rows decoding;
         waiting requests wait on, and every slot no decoding row holds goes back."""
+        # a step decodes the running rows, then admits: a failure while admitting is its request's
         request = self.admitting
-        failed = list(self.active)
-        if request is not None and not any(row in self.active for row in request.rows):
-            failed = request.rows
+        failed = list(self.active) if request is None else request.rows
         for row in failed:
             row.error = message
             row.bug = True
