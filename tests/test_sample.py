@@ -168,7 +168,7 @@ def test_start_from_a_file_and_empty_start(runs):
 def test_errors_are_one_line_and_fail(runs):
     for name, message in [
         ("unknown_char", "--start: characters not in this model's vocabulary: 'é'"),
-        ("bad_top_p", "--top_p=1.5: must be in (0, 1]"),
+        ("bad_top_p", "--top_p=1.5: must be <= 1"),
     ]:
         rc, out, err = runs[name]
         assert (
