@@ -472,25 +472,21 @@ def test_a_parquet_text_column_stored_as_dictionary_or_string_view_is_read(tmp_p
     assert sorted(all_documents(out)) == sorted(docs)
 
 
+def prepare_in_child(python_args, args):
+    """data/text/prepare.py with args in a child process (after python_args, such as -c CODE)."""
+    script = os.path.join(ROOT, "data", "text", "prepare.py")
+    command = [sys.executable, *python_args, script, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
 def test_what_is_not_a_regular_file_is_skipped_with_a_warning(corpus, tmp_path):
     """A named pipe among the documents: reading it would wait for a writer for ever."""
     folder = tmp_path / "corpus"
     shutil.copytree(corpus, folder)
     os.mkfifo(folder / "pipe.txt")
     os.symlink(tmp_path / "nowhere.md", folder / "z_dangling.md")
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "data", "text", "prepare.py"),
-            f"--source={folder}",
-            "--tokenizer=char",
-            "--block_size=16",
-            f"--out_dir={tmp_path / 'out'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    args = [f"--source={folder}", "--tokenizer=char", "--block_size=16"]
+    r = prepare_in_child([], args + [f"--out_dir={tmp_path / 'out'}"])
     assert r.returncode == 0, r.stderr
     assert f"{folder / 'pipe.txt'}: not a regular file (a named pipe), skipped" in r.stderr
     assert (
@@ -548,22 +544,8 @@ def test_a_large_document_is_encoded_in_bounded_memory(corpus, tmp_path):
     big = "".join(lines)
     assert not in_val(big, 0.25)  # a train document, which the BPE learns from
     (folder / "big.txt").write_text(big, encoding="utf-8")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PEAK,
-            os.path.join(ROOT, "data", "text", "prepare.py"),
-            f"--source={folder}",
-            "--vocab_size=512",
-            "--val_fraction=0.25",
-            "--block_size=16",
-            f"--out_dir={tmp_path / 'out'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = [f"--source={folder}", "--vocab_size=512", "--val_fraction=0.25", "--block_size=16"]
+    r = prepare_in_child(["-c", PEAK], args + [f"--out_dir={tmp_path / 'out'}"])
     assert r.returncode == 0, r.stderr
     growth = int(r.stdout.splitlines()[-1])
     assert growth < 8 * len(big) + 32 * 2**20, (
