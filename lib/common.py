@@ -129,12 +129,21 @@ def atomic_path(path):
     try:
         with writing(path):
             yield tmp
+            # the mode open() gives a new file (safetensors' save_file makes its files 0600)
+            os.chmod(tmp, 0o666 & ~umask())
             fsync(tmp)  # on the disk before the rename, the rename before the return
             os.replace(tmp, path)
         fsync(os.path.dirname(os.path.abspath(path)))
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def umask():
+    """The process's umask, which only setting it reads."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextmanager

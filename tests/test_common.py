@@ -96,6 +96,22 @@ def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
     assert target.read_text() == "a"  # the last to finish wins, whole
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["022", "077"])
+def test_atomic_writes_take_a_plain_files_mode(tmp_path, umask):
+    """safetensors' save_file creates its file 0600: atomic_path gives it the mode open() would."""
+    from safetensors.torch import save_file
+
+    before = os.umask(umask)
+    try:
+        with atomic_path(str(tmp_path / "model.safetensors")) as tmp:
+            save_file({"w": torch.zeros(2)}, tmp)
+        (tmp_path / "plain.txt").write_text("plain")
+    finally:
+        os.umask(before)
+    mode = (tmp_path / "model.safetensors").stat().st_mode
+    assert mode == (tmp_path / "plain.txt").stat().st_mode == 0o100666 & ~umask
+
+
 def test_a_cpu_and_float32_have_no_peak_and_no_mfu():
     assert mfu.peak_flops("cpu", "bfloat16") is None and mfu.peak_flops("cpu", "float32") is None
 

@@ -117,6 +117,16 @@ def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() != b"an earlier export"
 
 
+def test_weights_files_have_the_mode_of_the_files_beside_them(tmp_path):
+    """A checkpoint's and an export's model.safetensors are as readable as a plain file."""
+    checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    for folder in ("ckpt", "hf"):
+        (tmp_path / folder / "plain.txt").write_text("plain")
+        plain = (tmp_path / folder / "plain.txt").stat().st_mode
+        assert (tmp_path / folder / "model.safetensors").stat().st_mode == plain
+
+
 def test_a_half_precision_char_export_samples_with_its_own_tokenizer(tmp_path):
     """The hub's folders hold float16 or bfloat16 weights: they load as float32, the dtype the
     model runs in; a character model's export is sampled with its characters, not GPT-2's BPE."""
