@@ -106,10 +106,18 @@ def from_pretrained(name_or_dir):
                 f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}"
             )
         from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
 
-        path = snapshot_download(
-            f"openai-community/{name_or_dir}", allow_patterns=["model.safetensors", "config.json"]
-        )
+        repo = f"openai-community/{name_or_dir}"
+        try:
+            path = snapshot_download(repo, allow_patterns=["model.safetensors", "config.json"])
+        # offline (HF_HUB_OFFLINE or no network) and not in the cache: hub's message is two lines
+        except LocalEntryNotFoundError:
+            raise Error(
+                f"{name_or_dir}: the Hugging Face hub could not be reached and {repo} is not in "
+                "its cache: pass --init_from a folder of its model.safetensors + config.json "
+                f"(the Hugging Face layout, from huggingface.co/{repo})"
+            ) from None
     config_path = os.path.join(path, "config.json")
     hf = read_json(config_path, "Hugging Face config")
     try:

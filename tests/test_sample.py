@@ -257,6 +257,25 @@ def test_printable_holds_back_half_characters_and_a_possible_stop():
     )  # the longest tail any stop string may start with
 
 
+@pytest.mark.parametrize(
+    "offline",
+    [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}],  # told, or unreachable
+    ids=["HF_HUB_OFFLINE", "unreachable"],
+)
+def test_gpt2_without_the_hub_is_one_line_naming_the_local_folder(tmp_path, offline):
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), **offline}  # an empty cache
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "sample.py"), "--init_from=gpt2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("sample.py: error: gpt2: the Hugging Face hub could not be reached")
+    assert "model.safetensors + config.json" in r.stderr
+
+
 @pytest.mark.slow
 @needs_shared
 def test_init_from_a_hugging_face_gpt2_directory_with_bpe(tmp_path):
