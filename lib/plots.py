@@ -41,15 +41,20 @@ def plot_runs(out_dirs, path, x="step"):
         )
         # an evaluation may have no training loss beside it (one before the first step)
         trained = [r for r in rows if "train/loss" in r]
-        axes[0][0].plot(
-            [r[x] for r in trained],
-            [r["train/loss"] for r in trained],
-            "--",
-            color=colour,
-            label=f"{label} train",
-        )
+        if trained:  # a legend names only the runs drawn in its panel
+            axes[0][0].plot(
+                [r[x] for r in trained],
+                [r["train/loss"] for r in trained],
+                "--",
+                color=colour,
+                label=f"{label} train",
+            )
         for ax, key in zip(axes[0][1:], panels):
-            ax.plot(xs, [r.get(key) for r in rows], "-o", color=colour, markersize=3, label=label)
+            # a language model has no accuracy, a classifier no bits per byte
+            recorded = [r for r in rows if key in r]
+            if recorded:
+                ys = [r[key] for r in recorded]
+                ax.plot([r[x] for r in recorded], ys, "-o", color=colour, markersize=3, label=label)
     axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
     for ax, key in zip(axes[0][1:], panels):
         ax.set(xlabel=x, ylabel=PANELS[key], title=PANELS[key])

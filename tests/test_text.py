@@ -419,6 +419,49 @@ def test_plot_draws_a_run_whose_records_lack_the_training_loss(tmp_path):
     assert (tmp_path / "loss.png").stat().st_size > 0
 
 
+def test_plot_without_out_names_its_image_after_the_runs_and_x(tmp_path, monkeypatch):
+    """A second plot of other runs, or against seconds, is another file, never the first one
+    replaced."""
+    import plot
+
+    records = [{"step": 0, "seconds": 0.5, "val/loss": 3.0}]
+    write_records(tmp_path / "out-a", records)
+    write_records(tmp_path / "out-b", records)
+    monkeypatch.chdir(tmp_path)
+    plot.main(["out-a"])
+    first = (tmp_path / "loss-out-a.png").read_bytes()
+    plot.main(["out-a", str(tmp_path / "out-b")])
+    plot.main(["out-a", "out-b/", "--x=seconds"])
+    images = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert images == ["loss-out-a+out-b-seconds.png", "loss-out-a+out-b.png", "loss-out-a.png"]
+    assert (tmp_path / "loss-out-a.png").read_bytes() == first
+
+
+def test_each_panel_legend_lists_the_runs_drawn_in_it(tmp_path, monkeypatch):
+    """A language model beside a classifier: the loss panel holds both, the accuracy panel the
+    classifier alone, the bits-per-byte panel the language model alone."""
+    from lib import plots
+
+    lm = {"step": 0, "val/loss": 3.0, "train/loss": 3.1, "val/bpb": 2.0}
+    write_records(tmp_path / "lm", [lm])  # the classifier's records lack a training loss
+    write_records(tmp_path / "clf", [{"step": 0, "val/loss": 1.0, "val/accuracy": 0.9}])
+    drawn = []
+
+    def keep(fig, path, dpi):
+        drawn.append(fig)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    plots.plot_runs([str(tmp_path / "lm"), str(tmp_path / "clf")], str(tmp_path / "x.png"))
+    legends = {
+        ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in drawn[0].axes
+    }
+    assert legends == {
+        "loss": ["lm val", "lm train", "clf val"],
+        "validation accuracy": ["clf"],
+        "validation bits per byte": ["lm"],
+    }
+
+
 def test_plot_against_seconds_refuses_records_without_them_in_one_line(tmp_path):
     import plot
 
