@@ -2,7 +2,7 @@
 Use a trained classifier (an EncoderClassifier checkpoint written by train.py) in one of three
 modes:
   python classify.py --out_dir out-agnews --eval val.csv --plot confusion.png
-      accuracy, per-class table, confusion
+      accuracy, per-class table, confusion, expected calibration error
   python classify.py --out_dir out-agnews "Stocks fall on rate fears" "Lakers win again"
       predict (or --file, stdin)
   python classify.py --out_dir out-agnews --json < headlines.txt
@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+import torch
+
 from lib.classifier import attention_maps, load, predict
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.config import at_least
@@ -29,9 +31,26 @@ from lib.prepare import read_labelled
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 
 
-def report(labels, preds, names):
-    """accuracy, a per-class table with macro averages, and the confusion matrix, as text lines; and
-    the matrix."""
+def calibration_error(probs, labels, bins=15):
+    """Expected calibration error: in equal-width bins of the top probability, the gap between
+    its mean and the accuracy, weighted by the bin's share of the rows."""
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == labels).float()
+    # bin i holds the confidences in (i / bins, (i + 1) / bins]
+    which = (confidence * bins).ceil().clamp(1, bins) - 1
+    error = 0.0
+    for i in range(bins):
+        rows = which == i
+        if rows.any():
+            gap = (confidence[rows].mean() - correct[rows].mean()).abs()
+            error += rows.float().mean().item() * gap.item()
+    return error
+
+
+def report(labels, probs, names):
+    """accuracy, a per-class table with macro averages, the confusion matrix and the expected
+    calibration error, as text lines; and the matrix."""
+    preds = probs.argmax(-1).tolist()
     k = len(names)
     cm = [[0] * k for _ in range(k)]
     for y, p in zip(labels, preds):
@@ -58,6 +77,8 @@ def report(labels, preds, names):
     c = max(6, *(len(n) for n in names))
     lines.append(" " * w + "".join(f"  {n:>{c}}" for n in names))
     lines += [f"{name:<{w}}" + "".join(f"  {v:>{c}d}" for v in row) for name, row in zip(names, cm)]
+    ece = calibration_error(probs, torch.tensor(labels))
+    lines += ["", f"expected calibration error (15 bins): {ece:.4f}"]
     return lines, cm
 
 
@@ -181,7 +202,8 @@ def main(argv=None):
         "--eval",
         metavar="FILE",
         help="score a labelled .csv, .parquet or .jsonl file (columns text,label): "
-        "accuracy, per-class precision/recall/F1, macro averages and the confusion matrix",
+        "accuracy, per-class precision/recall/F1, macro averages, the confusion matrix and the "
+        "expected calibration error",
     )
     p.add_argument(
         "--plot", metavar="PNG", help="with --eval: also draw the confusion matrix into this image"
@@ -214,8 +236,8 @@ def main(argv=None):
         texts, labels, warnings = read_labelled(a.eval, names)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        preds = predict(model, encode(texts), a.batch_size, device).argmax(-1).tolist()
-        lines, cm = report(labels, preds, names)
+        probs = predict(model, encode(texts), a.batch_size, device)
+        lines, cm = report(labels, probs, names)
         print("\n".join(lines))
         if a.plot:
             plot_confusion(

@@ -78,7 +78,7 @@ class EncoderConfig(GPTConfig):
     bow_head: bool = setting(
         False,
         "classify: a fastText classifier beside the encoder, "
-        "the two models' probabilities multiplied",
+        "the two models' log-probabilities averaged",
     )
     bow_buckets: int = setting(
         0,
@@ -461,11 +461,13 @@ class EncoderClassifier(Transformer):
         logits = self.head(mean).float()
         loss = None if labels is None else F.cross_entropy(logits, labels)
         if self.bow is not None:
-            # an ensemble: each classifier trained by its own loss, their probabilities multiplied
+            # an ensemble: each classifier trained by its own loss; the mean of their
+            # log-probabilities (the normalised geometric mean of their probabilities) has the
+            # product's argmax without its overconfidence (BENCHMARKS.md, calibration)
             bow = self.bow_logits(idx, real)
             if labels is not None:
                 loss = (loss + F.cross_entropy(bow, labels)) / 2
-            logits = F.log_softmax(logits, -1) + F.log_softmax(bow, -1)
+            logits = (F.log_softmax(logits, -1) + F.log_softmax(bow, -1)) / 2
         return (logits, loss, maps) if need_weights else (logits, loss)
 
 

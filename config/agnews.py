@@ -22,8 +22,8 @@ dropout = 0.1
 # works as data augmentation, together with strong weight decay (BENCHMARKS.md)
 token_dropout = 0.3
 # fastText beside the encoder: a linear classifier over the tokens and their hashed bigrams, trained
-# by its own loss at 200x the learning rate; the prediction multiplies the two models'
-# probabilities. Its hashed bigrams carry the gain over the encoder alone (BENCHMARKS.md: the
+# by its own loss at 200x the learning rate; the prediction averages the two models'
+# log-probabilities. Its hashed bigrams carry the gain over the encoder alone (BENCHMARKS.md: the
 # protocol, the hold-out, the ablation)
 bow_head = True
 bow_buckets = 262144

@@ -170,6 +170,18 @@ def eval_numbers(model, rows):
     return sum(cm[i][i] for i in range(3)) / len(rows), per_class, cm
 
 
+def test_calibration_error_by_hand():
+    """15 bins of width 1/15 over the top probability: 0.9 and 0.9 (one right: accuracy 0.5) share
+    (13/15, 14/15], 0.7 (right) is alone in (10/15, 11/15], 0.55 (right) in (8/15, 9/15]."""
+    probs = torch.tensor([[0.9, 0.1], [0.1, 0.9], [0.3, 0.7], [0.55, 0.45]])
+    labels = torch.tensor([0, 0, 1, 0])
+    by_hand = 2 / 4 * (0.9 - 0.5) + 1 / 4 * (1 - 0.7) + 1 / 4 * (1 - 0.55)
+    assert classify.calibration_error(probs, labels) == pytest.approx(by_hand, abs=1e-6)
+    # one bin: the mean top probability against the accuracy
+    mean_top = (0.9 + 0.9 + 0.7 + 0.55) / 4
+    assert classify.calibration_error(probs, labels, bins=1) == pytest.approx(mean_top - 0.75)
+
+
 @pytest.mark.slow
 def test_eval_matches_the_model(ckpt, data, runs):
     d, rows, _ = data
@@ -197,6 +209,9 @@ def test_eval_matches_the_model(ckpt, data, runs):
     assert [line.split()[0] for line in lines[start + 2 : start + 5]] == NAMES
     assert matrix == cm and sum(map(sum, matrix)) == len(rows)
     assert (d / "cm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    probs = direct_probs(from_checkpoint(ckpt)[0], [char_ids(t) for t, _ in rows])
+    ece = classify.calibration_error(torch.stack(probs), torch.tensor([y for _, y in rows]))
+    assert lines[-1] == f"expected calibration error (15 bins): {ece:.4f}"
 
 
 @pytest.mark.slow

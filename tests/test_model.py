@@ -341,11 +341,12 @@ def test_qk_norm_follows_its_formula():
     assert torch.allclose(attn(x)[0], attn.proj(y.transpose(1, 2).reshape(2, 7, 16)), atol=1e-5)
 
 
-def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_multiplied_in():
+def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_averaged_in():
     """bow_head: a second classifier, the sum of one weight row per real token and per hashed
-    (previous, token) pair over the square root of their count; the prediction adds the two models'
-    log-probabilities; the loss is the mean of their cross-entropies; its table learns at
-    BOW_LR_SCALE times the rate, without weight decay."""
+    (previous, token) pair over the square root of their count; the prediction is the mean of the
+    two models' log-probabilities (their probabilities' normalised geometric mean); the loss is
+    the mean of their cross-entropies; its table learns at BOW_LR_SCALE times the rate, without
+    weight decay."""
     model = randomised(tiny_classifier(bow_head=True, bow_buckets=7)).eval()
     idx, labels = torch.tensor([[5, 9, 9, 0, 0], [3, 4, 6, 7, 8]]), torch.tensor([0, 2])
     logits, loss = model(idx, labels=labels)
@@ -361,9 +362,16 @@ def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_multiplied_in
     )
     with torch.no_grad():
         model.bow.weight.zero_()  # a uniform second model: what is left is the encoder's prediction
-        encoder, _ = model(idx)
-    assert torch.allclose(logits, encoder + math.log(3) + torch.log_softmax(bow, -1), atol=1e-5)
-    encoder_loss = F.cross_entropy(encoder + math.log(3), labels)
+        uniform, _ = model(idx)
+    encoder = 2 * uniform + math.log(3)  # the encoder's log-probabilities
+    assert torch.allclose(logits, (encoder + torch.log_softmax(bow, -1)) / 2, atol=1e-5)
+    geometric = (encoder.exp() * torch.softmax(bow, -1)).sqrt()
+    probs = torch.softmax(logits, -1)
+    assert torch.allclose(probs, geometric / geometric.sum(-1, keepdim=True), atol=1e-6)
+    # the same argmax as the product of the two models' probabilities
+    product = encoder.exp() * torch.softmax(bow, -1)
+    assert torch.equal(probs.argmax(-1), product.argmax(-1))
+    encoder_loss = F.cross_entropy(encoder, labels)
     assert torch.allclose(loss, (encoder_loss + F.cross_entropy(bow, labels)) / 2, atol=1e-5)
     *_, table = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")[0].param_groups
     assert table["params"] == [model.bow.weight] and table["weight_decay"] == 0.0
