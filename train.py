@@ -321,7 +321,8 @@ def train(cfg, run, guard, state):
             record.log(step, **logged, grad_norm=norm_value)
     bar.close()
     if run.master:
-        finish(cfg.out_dir, record, metric, best, best_step, step - first_step, metrics)
+        done = (first_step, step, record.seconds() - seconds)  # this run's
+        finish(cfg.out_dir, record, metric, best, best_step, done, metrics)
     return raw_model, metrics
 
 
@@ -447,11 +448,14 @@ def evaluate(model, data, cfg, run, ctx):
     return metrics
 
 
-def finish(out_dir, record, metric, best, best_step, steps, metrics):
-    """The run's summary on stderr and in wandb."""
-    lines = [
-        f"done: {steps} steps in {record.seconds():.1f} s (the run's time so far, resumes included)"
-    ]
+def finish(out_dir, record, metric, best, best_step, done, metrics):
+    """The run's summary on stderr and in wandb; done: (first step, last step, seconds) of this
+    run."""
+    first_step, step, seconds = done
+    line = f"done: {step - first_step} steps in {seconds:.1f} s"
+    if first_step:  # resumed
+        line += f", resumed from step {first_step} ({record.seconds():.1f} s in all)"
+    lines = [line]
     if best_step is not None:
         lines.append(
             f"best {metric} {best:.4f} at step {best_step}: "

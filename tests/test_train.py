@@ -258,6 +258,23 @@ def test_resume_is_exact(lm_dir, tmp_path, optimizer):
     assert straight_metrics == resumed_metrics
 
 
+def test_a_resumed_runs_summary_counts_its_own_steps_and_seconds(lm_dir, tmp_path, capsys):
+    """This run's steps and seconds, the step it resumed from, and the run's seconds in all."""
+    common = [f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--eval_interval=3"]
+    run(common + ["--max_iters=3"])
+    assert re.search(r"^done: 3 steps in [0-9.]+ s$", capsys.readouterr().err, re.MULTILINE)
+    saved = state(tmp_path)
+    saved["seconds"] = 1000.0  # as if the first run had taken that long
+    torch.save(saved, tmp_path / "trainer_state.pt")
+    run(common + ["--max_iters=5", "--init_from=resume"])
+    done = re.search(r"^done: .*$", capsys.readouterr().err, re.MULTILINE).group()
+    match = re.fullmatch(
+        r"done: 2 steps in ([0-9.]+) s, resumed from step 3 \(([0-9.]+) s in all\)", done
+    )
+    assert match and float(match[1]) < 100, done
+    assert float(match[2]) == pytest.approx(1000 + float(match[1]), abs=0.11)
+
+
 def test_resume_with_another_shape_fails(lm_dir, tmp_path):
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1"])
     with pytest.raises(Error, match="cannot resume .* n_embd=16 there, 32 here"):
