@@ -5,6 +5,7 @@ imports (lib/tokenizer.py reads and uses what this writes)."""
 import base64
 import hashlib
 import os
+import sys
 
 from lib.common import atomic_path
 from lib.tokenizer import RANKS_FILE, TrainedBPE
@@ -25,7 +26,8 @@ def train_bpe(texts, vocab_size):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - 1,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=True,
+        # its bars go to stdout, and leave blank lines where that is a file or a pipe
+        show_progress=sys.stdout.isatty(),
     )
     tok.train_from_iterator(texts, trainer)
     byte = {c: b for b, c in bytes_to_unicode().items()}

@@ -141,6 +141,18 @@ def prepared(corpus, tmp_path_factory):
     return out
 
 
+def test_a_bpe_short_of_vocab_size_says_why_and_no_blank_lines(tmp_path, capfd):
+    """Too little text for 4,096 tokens: the BPE stops early and the line says so; the trainer's
+    progress (written to stdout when it is no terminal) leaves no blank lines."""
+    (tmp_path / "short.txt").write_text("the cat sat on the mat. " * 50 + "a dog ran far away.\n")
+    prepare("--source", tmp_path / "short.txt", "--block_size=8", "--out_dir", tmp_path / "data")
+    out = capfd.readouterr().out
+    assert "" not in out.splitlines(), out
+    vocab = read_meta(tmp_path / "data")["vocab_size"]
+    assert f"trained a BPE of {vocab:,} tokens, not --vocab_size 4,096: " in out
+    assert "too little text for more merges" in out
+
+
 def test_the_corpus_round_trips_through_its_own_bpe(prepared):
     meta = read_meta(prepared)
     tokenizer = data_tokenizer(prepared)

@@ -292,7 +292,11 @@ def make_tokenizer(args, corpus, tails=False):
     docs = tqdm(corpus, desc="documents for the BPE", unit=" docs", disable=None)
     t0 = time.time()
     tok = train_bpe(train_pieces(docs, args, tails), args.vocab_size)
-    print(f"trained a BPE of {tok.vocab_size:,} tokens in {time.time() - t0:.1f} s")
+    line = f"trained a BPE of {tok.vocab_size:,} tokens"
+    if tok.vocab_size < args.vocab_size:
+        # the trainer runs out of pairs to merge: every word of the text is already one token
+        line += f", not --vocab_size {args.vocab_size:,}: too little text for more merges"
+    print(f"{line} ({time.time() - t0:.1f} s)")
     return tok
 
 
