@@ -172,9 +172,20 @@ def machine(device):
         "threads": torch.get_num_threads(),
         "cpu_cores": os.cpu_count(),
         "cpu_bf16": native_bf16("cpu"),
+        # the vector flags that decide the CPU's kernels, and torch's reading of them
+        "flags": cpu_flags(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }  # other jobs skew CPU timings
+
+
+def cpu_flags():
+    """lscpu's AVX, AMX and FMA flags."""
+    if not os.path.isfile("/proc/cpuinfo"):
+        return []
+    line = next(x for x in open("/proc/cpuinfo") if x.startswith("flags"))
+    return [f for f in line.split()[2:] if f.startswith(("avx", "amx", "fma"))]
 
 
 def matmul_flops(device, dtype, n, repeats=3):
