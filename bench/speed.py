@@ -265,10 +265,14 @@ def make_batch(c, meta, rows, device, seed):
 
 def train_step(c, meta, mode, device, rows):
     """(step, model, batch): one training step as train.py takes it, forward under autocast,
-    backward, clip, AdamW step, zero_grad, on random tokens of the config's shape."""
+    backward, clip, the config's optimizer, zero_grad, on random tokens of the config's shape."""
     model = new_model(c, meta).to(device)
-    (optimizer,) = model.configure_optimizers(
-        c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device.split(":")[0]
+    optimizers = model.configure_optimizers(
+        c["weight_decay"],
+        c["learning_rate"],
+        (c["beta1"], c["beta2"]),
+        device.split(":")[0],
+        c["optimizer"],
     )
     if mode.endswith("compile"):
         torch._dynamo.reset()  # each model compiles afresh
@@ -283,8 +287,9 @@ def train_step(c, meta, mode, device, rows):
         torch.nn.utils.clip_grad_norm_(
             model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf")
         )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     return step, model, batch
 
