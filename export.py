@@ -20,10 +20,13 @@ from safetensors.torch import save_file
 
 from lib.bpe import bytes_to_unicode, merges, save_ranks
 from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
+from lib.schema import HF_GELU
 from lib.tokenizer import BPETokenizer, TrainedBPE, get_tokenizer
 from lib.weights import from_checkpoint
 
 GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
+# transformers' activation_function of each of GPTConfig's gelu forms
+HF_ACTIVATION = {gelu: name for name, gelu in HF_GELU.items()}
 
 
 def hf_state_dict(model):
@@ -172,7 +175,7 @@ def export(out_dir, hf_dir, overwrite=False):
             "n_embd": config.n_embd,
             "n_layer": config.n_layer,
             "n_head": config.n_head,
-            "activation_function": "gelu_new",
+            "activation_function": HF_ACTIVATION[config.gelu],
             "layer_norm_epsilon": 1e-5,
             "resid_pdrop": 0.0,
             "embd_pdrop": 0.0,

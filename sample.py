@@ -76,8 +76,8 @@ def parse_args(argv=None):
         default="auto",
         choices=WEIGHTS,
         help="the format the weights decode in: auto is bfloat16 where the device multiplies it "
-        "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), else "
-        "float32; int8 is the fastest on CPUs (BENCHMARKS.md; default: %(default)s)",
+        "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), int8 on "
+        "other CPUs, float32 on other GPUs (BENCHMARKS.md; default: %(default)s)",
     )
     p.add_argument(
         "--compile",

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.speed import machine  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
 from lib.batches import load_split  # noqa: E402
@@ -422,7 +423,7 @@ def main(argv=None):
     if args.val_model and not os.path.isfile(os.path.join(args.val_model, "config.json")):
         p.error(f"--val_model {args.val_model}: no checkpoint there (config.json)")
     scale = 10 if args.quick else 1
-    results = dict(defaults=resolve_weights("auto", "cpu"))
+    results = dict(machine=machine("cpu"), defaults=resolve_weights("auto", "cpu"))
     results["products"] = products()
     results["one_row"] = one_row()
     results["attention_us"] = attention_dtypes()

@@ -172,9 +172,20 @@ def machine(device):
         "threads": torch.get_num_threads(),
         "cpu_cores": os.cpu_count(),
         "cpu_bf16": native_bf16("cpu"),
+        # the vector flags that decide the CPU's kernels, and torch's reading of them
+        "flags": cpu_flags(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }  # other jobs skew CPU timings
+
+
+def cpu_flags():
+    """lscpu's AVX, AMX and FMA flags."""
+    if not os.path.isfile("/proc/cpuinfo"):
+        return []
+    line = next(x for x in open("/proc/cpuinfo") if x.startswith("flags"))
+    return [f for f in line.split()[2:] if f.startswith(("avx", "amx", "fma"))]
 
 
 def matmul_flops(device, dtype, n, repeats=3):
@@ -254,10 +265,14 @@ def make_batch(c, meta, rows, device, seed):
 
 def train_step(c, meta, mode, device, rows):
     """(step, model, batch): one training step as train.py takes it, forward under autocast,
-    backward, clip, AdamW step, zero_grad, on random tokens of the config's shape."""
+    backward, clip, the config's optimizer, zero_grad, on random tokens of the config's shape."""
     model = new_model(c, meta).to(device)
-    (optimizer,) = model.configure_optimizers(
-        c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device.split(":")[0]
+    optimizers = model.configure_optimizers(
+        c["weight_decay"],
+        c["learning_rate"],
+        (c["beta1"], c["beta2"]),
+        device.split(":")[0],
+        c["optimizer"],
     )
     if mode.endswith("compile"):
         torch._dynamo.reset()  # each model compiles afresh
@@ -272,8 +287,9 @@ def train_step(c, meta, mode, device, rows):
         torch.nn.utils.clip_grad_norm_(
             model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf")
         )
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     return step, model, batch
 

@@ -27,10 +27,13 @@ def for_decoding(model, device, weights="auto"):
 
 
 def resolve_weights(weights, device):
-    """auto: bfloat16 where native_bf16, as dtype=auto, float32 elsewhere."""
+    """auto: bfloat16 where native_bf16, as dtype=auto; on other CPUs int8, whose products read
+    a quarter of float32's bytes (BENCHMARKS.md); float32 elsewhere."""
     if weights != "auto":
         return weights
-    return "bfloat16" if native_bf16(device) else "float32"
+    if native_bf16(device):
+        return "bfloat16"
+    return "int8" if torch.device(device).type == "cpu" else "float32"
 
 
 class Int8Linear(nn.Module):

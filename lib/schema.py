@@ -44,6 +44,8 @@ HF_NAMES = {
     "n_head": "n_head",
     "n_embd": "n_embd",
 }
+# GPTConfig's gelu by its activation_function (GPT-2's, the default, is tanh's)
+HF_GELU = {"gelu_new": "tanh", "gelu": "none"}
 # the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
 # KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
 MAX_ROTARY_CONTEXT = 2**17
@@ -130,7 +132,11 @@ def check_hf(hf, path, shapes):
         check_keys(hf, dict.fromkeys(HF_NAMES.values(), Key(1, ge=1)))
         check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
         check_tokenizer(hf.get("tokenizer"))
-        return GPTConfig(**{key: hf[name] for key, name in HF_NAMES.items()}, bias=True)
+        gelu = Key("gelu_new", choices=tuple(HF_GELU))
+        check_keys(hf, {"activation_function": gelu}, ("activation_function",))
+        shape = {key: hf[name] for key, name in HF_NAMES.items()}
+        gelu = HF_GELU[hf.get("activation_function", "gelu_new")]
+        return GPTConfig(**shape, bias=True, gelu=gelu)
 
 
 def check_shapes(shapes, given):

@@ -23,7 +23,8 @@ def test_dtype_and_weights_auto_follow_one_bfloat16_rule(monkeypatch, device, na
     monkeypatch.setattr(common, "native_bf16", lambda device: native)
     monkeypatch.setattr(formats, "native_bf16", lambda device: native)
     assert common.resolve_dtype("auto", device) == expected
-    assert formats.resolve_weights("auto", device) == ("bfloat16" if native else "float32")
+    on_cpu = "int8" if device == "cpu" else "float32"
+    assert formats.resolve_weights("auto", device) == ("bfloat16" if native else on_cpu)
     assert formats.resolve_weights("int8", device) == "int8"
 
 

@@ -335,11 +335,11 @@ def test_bfloat16_weights_decode_from_float32_logits(pick):
     assert lone(model, [1, 2, 3], next_token, 20) == [5] * 20
 
 
-def test_auto_is_bfloat16_where_the_cpu_multiplies_it_natively(monkeypatch):
+def test_auto_is_bfloat16_where_the_cpu_multiplies_it_natively_else_int8(monkeypatch):
     monkeypatch.setattr(formats, "native_bf16", lambda device: True)
     assert resolve_weights("auto", "cpu") == "bfloat16"
     monkeypatch.setattr(formats, "native_bf16", lambda device: False)
-    assert resolve_weights("auto", "cpu") == "float32"
+    assert resolve_weights("auto", "cpu") == "int8"
     assert resolve_weights("float32", "cpu") == "float32"
 
 

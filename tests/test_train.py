@@ -97,8 +97,8 @@ def run_in_one_thread(argv):
     """run() in one thread, as every torchrun worker here (OMP_NUM_THREADS=1): the same kernels add
     the same terms in the same order, so DDP equals one process bit for bit. (g1 + g2) / 2 on two
     ranks is g1 / 2 + g2 / 2 over two micro-steps exactly: halving is exact in floating point. With
-    another thread count the matmuls sum in another order, and Muon's bfloat16 Newton-Schulz turns
-    those last-bit differences into 1e-4 moves of the weights."""
+    another thread count the matmuls sum in another order, and Muon's Newton-Schulz (bfloat16 where
+    native) turns those last-bit differences into 1e-4 moves of the weights."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -325,9 +325,9 @@ def test_ddp_two_processes_equal_one_process(lm_dir, tmp_path, optimizer, micro_
     bit (2^-24 relative), and AdamW's update, a ratio of moments, passes that on at about that
     relative size: 3 steps x lr 1e-2 x 1e-7, a few 1e-9 (6e-8 measured at most); 1e-6 is far
     above that and far below an update (1e-2). Muon over two: (a + b) / 2 on two ranks is
-    a / 2 + b / 2 exactly (halving is exact), so the weights are equal bit for bit. Over four its
-    bfloat16 Newton-Schulz can turn a last-bit difference into a move of 5e-5 (one momentum
-    entry rounding to the other bfloat16 neighbour), on some CPUs and not others."""
+    a / 2 + b / 2 exactly (halving is exact), so the weights are equal bit for bit. Over four
+    its Newton-Schulz, in bfloat16 where native, can turn a last-bit difference into a move of
+    5e-5 (one momentum entry rounding to the other bfloat16 neighbour)."""
     atol = 1e-6 if optimizer == "adamw" else 0.0
     argv = TINY + [
         f"--dataset={lm_dir}",
