@@ -296,7 +296,8 @@ def step_split(steps=20):
     (their operators' time under torch.profiler, in a second run of as many steps)."""
     shapes = dict(gpt2=GPTConfig(**GPT2), shakespeare=GPTConfig(**SHAKESPEARE, bias=False))
     greedy = NextToken(Options(), greedy=True)
-    products = ("mkldnn::_linear_pointwise", "aten::linear")  # packed, or torch's own
+    # packed, torch's own, or int8's
+    products = ("mkldnn::_linear_pointwise", "aten::linear", "aten::_weight_int8pack_mm")
     results = {}
     for name, config in shapes.items():
         engine = Engine(for_decoding(GPT(config), "cpu"), rows=1)
