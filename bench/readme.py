@@ -32,7 +32,7 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 SKIP = [
     (r"^pip install", "installs into this environment, which holds every extra already"),
     (r"python -m pytest", "the whole suite: CI runs it"),
-    (r"^torchrun", "several GPUs and OpenWebText"),
+    (r"^torchrun", "several GPUs, and OpenWebText or GPT-2's weights from the hub"),
     (r"bench/gpu\.sh", "a GPU"),
     (r"--init_from=gpt2", "GPT-2's weights from the hub: network"),
     (r"bench/speed\.py (--json|--time_to_loss)", "long: minutes of benchmarks"),
@@ -145,6 +145,7 @@ def walk(clone, env, iters, long):
     for section, language, lines in blocks(text):
         if server and section != server_section:
             results.append(("(Ctrl-C) serve.py", stop_server(server)))
+            print(f"exit {results[-1][1]:<4} (Ctrl-C) serve.py", flush=True)
             server = None
         for line in lines:
             if language == "python":
