@@ -96,6 +96,10 @@ class Options:
             key.check(name, getattr(self, name))
 
 
+# sample.py's and the playground page's defaults (nanoGPT's), where they differ from the off
+# values; the API keeps the off values, OpenAI's defaults, for OpenAI's clients
+SAMPLE_DEFAULTS = dict(temperature=0.8, top_k=200)
+
 # each option's strategy: those that read the context, and those of the logits alone
 READS_CONTEXT = dict(
     frequency_penalty=frequency_penalty,

@@ -1,7 +1,7 @@
 """Every GPT decode's engine: continuous batching over one KV cache, each row drawing by its own
 generator (never depending on the batch).
   engine = Engine(model, rows=8)
-  request = engine.submit(prompt, picks, max_new_tokens=100)  # a row per pick
+  request = engine.submit(prompt, picks, max_new_tokens=100, end_token=eot)  # a row per pick
   while engine.busy(): engine.step()  # request.rows[i].tokens grow
 """
 
@@ -16,11 +16,13 @@ from model import VARYING_LENGTHS, KVCache
 class Row:
     """One sequence: its tokens (prompt, then generated), pick and cache slot."""
 
-    def __init__(self, prompt, pick, max_new_tokens, block_size):
+    def __init__(self, prompt, pick, max_new_tokens, block_size, end_token=None):
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
         self.pick = pick
         self.remaining = max_new_tokens
+        self.end_token = end_token  # drawn, it ends the row unseen (None: no such token)
+        self.ended = False  # whether the row drew end_token (a document's end)
         self.start = max(0, len(prompt) - block_size)  # the window: tokens[start:]
         self.slot = None
         self.done = False
@@ -74,19 +76,21 @@ class Engine:
         if compile:  # before any request is timed (gpt-fast's decode)
             self.warm_up(rows)
 
-    def submit(self, prompt, picks, max_new_tokens):
-        """A Request of a row per pick, decoded from the next step on."""
-        request = self.make_request(prompt, picks, max_new_tokens)
+    def submit(self, prompt, picks, max_new_tokens, end_token=None):
+        """A Request of a row per pick, decoded from the next step on; a row that draws end_token
+        (the tokenizer's end of text) ends there, without it."""
+        request = self.make_request(prompt, picks, max_new_tokens, end_token)
         self.waiting.append(request)
         return request
 
-    def make_request(self, prompt, picks, max_new_tokens):
+    def make_request(self, prompt, picks, max_new_tokens, end_token=None):
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         slots = len(self.cache.lengths)
         if len(picks) > slots:
             raise Error(f"{len(picks)} rows asked of an engine of {slots}")
-        return Request([Row(prompt, pick, max_new_tokens, self.block_size) for pick in picks])
+        size = self.block_size
+        return Request([Row(prompt, pick, max_new_tokens, size, end_token) for pick in picks])
 
     def warm_up(self, rows):
         """Compiles the one-token step by throwaway requests of one row and of all."""
@@ -193,6 +197,10 @@ class Engine:
         for row, row_logits, token in zip(rows, logits, tokens):
             if isinstance(token, Error):  # its options leave no token: it ends alone
                 row.error = str(token)
+                row.done = True
+                continue
+            if token == row.end_token:  # the end of a document: the row ends without it
+                row.ended = True
                 row.done = True
                 continue
             self.score(row, row_logits, token)

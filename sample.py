@@ -19,8 +19,6 @@ from lib.text import first_stop, printable
 from lib.weights import GPT2_NAMES, load_gpt
 
 SEPARATOR = "-" * 40
-# this script's own defaults for decoding.Options (nanoGPT's); every other option starts off
-DEFAULTS = dict(temperature=0.8, top_k=200)
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
 
 
@@ -97,6 +95,12 @@ def parse_args(argv=None):
         "not the prompt); generation ends once all have (in bash, $'\\n\\n' is two newlines)",
     )
     p.add_argument(
+        "--ignore_eos",
+        action="store_true",
+        help="go on past the tokenizer's end-of-text token (<|endoftext|>), which otherwise ends "
+        "a sample, unprinted, as the end of a document",
+    )
+    p.add_argument(
         "--no_cache",
         action="store_true",
         help="re-run the model's whole window every step instead of using the KV cache "
@@ -113,7 +117,7 @@ def parse_args(argv=None):
         "--no_repeat_ngram_size still apply)",
     )
     for f in fields(decoding.Options):
-        default = DEFAULTS.get(f.name, f.default)
+        default = decoding.SAMPLE_DEFAULTS.get(f.name, f.default)
         help = f"{f.metadata['help']} (default: {default})"
         g.add_argument(f"--{f.name}", type=f.type, default=default, help=help)
     args = p.parse_args(argv)
@@ -170,7 +174,8 @@ def main(argv=None):
     )
     if args.compile:
         log(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s")
-    request = engine.submit(prompt, picks, args.max_new_tokens)
+    end_token = None if args.ignore_eos else tokenizer.eot_token  # None for plain characters
+    request = engine.submit(prompt, picks, args.max_new_tokens, end_token)
     print_samples(engine, request, tokenizer, args)
     for i, row in enumerate(request.rows):
         if row.error:  # no token left to draw: the message names the option (serve.py's 400)

@@ -9,7 +9,8 @@ probabilities and every attention head.
   GET  /v1/options       every decoding option, as decoding.Options declares it
   POST /v1/completions   OpenAI's fields: prompt (a text, token ids, or a list of either),
                          max_tokens, n, stop, seed, stream (server-sent events), stream_options,
-                         logprobs, echo, and every decoding option; trace: the top candidates at
+                         logprobs, echo, and every decoding option (OpenAI's defaults); vLLM's
+                         ignore_eos: on past the end-of-text token; trace: the top candidates at
                          every filter
   POST /v1/classify      {"input": a text or a list of texts, "attention": true for one text's
                          every head}
@@ -124,6 +125,7 @@ class CompletionFields(Body):
     max_tokens: int = Field(16, ge=0, description="0: the prompt scored only (with echo)")
     n: int = Field(1, ge=1, description="completions per prompt")
     stop: str | list[str] | None = None
+    ignore_eos: bool = Field(False, description="go on past the tokenizer's end-of-text token")
     seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -297,7 +299,14 @@ class Playground:
         data = []
         for f in dataclasses.fields(decoding.Options):
             data.append(
-                {"name": f.name, "type": f.type.__name__, "default": f.default, **f.metadata}
+                {
+                    "name": f.name,
+                    "type": f.type.__name__,
+                    "default": f.default,
+                    # what sample.py and the page start from
+                    "sample_default": decoding.SAMPLE_DEFAULTS.get(f.name, f.default),
+                    **f.metadata,
+                }
             )
         return {"object": "list", "data": data}
 
@@ -520,7 +529,8 @@ class Completion:
             # the prompt scored only where its log-probabilities are asked for
             echo = req.echo and req.logprobs is not None
             # the engine's client: its prompts take turns with other completions' prompts
-            request = self.decoder.submit(ids, picks, req.max_tokens, req.logprobs, echo, self)
+            end = None if req.ignore_eos else self.tokenizer.eot_token  # None for characters
+            request = self.decoder.submit(ids, picks, req.max_tokens, end, req.logprobs, echo, self)
             self.requests.append(request)
             for row, trace in zip(request.rows, traces):
                 self.choices.append(Choice(len(self.choices), row, text, trace, req.echo))
@@ -567,8 +577,9 @@ class Completion:
                     raise RequestError(400, row.error, option_named(row.error))
         ends = []
         for c in self.choices:
-            if not c.finished:
-                ends.append((c.index, c.text[c.sent :], "length", [], None))
+            if not c.finished:  # at the end of a document, or of max_tokens
+                reason = "stop" if c.row.ended else "length"
+                ends.append((c.index, c.text[c.sent :], reason, [], None))
         yield ends
 
     def step(self):
@@ -808,10 +819,12 @@ class ServingEngine(Engine):
                 self.cache.reset(slot)
         return took
 
-    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False, client=None):
+    def submit(
+        self, prompt, picks, max_new_tokens, end_token=None, logprobs=None, echo=False, client=None
+    ):
         """Engine.submit, with each token's log-probability (logprobs: the top that many too), the
         prompt scored (echo: it must fit in block_size), and who asks (client, any hashable)."""
-        request = self.make_request(prompt, picks, max_new_tokens)
+        request = self.make_request(prompt, picks, max_new_tokens, end_token)
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         request.echo = echo
@@ -902,9 +915,10 @@ class Decoder:
         self.token_seconds = 0.0  # a running mean of a prompt token's prefill (0: none yet)
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
-    def submit(self, prompt, picks, max_new_tokens, logprobs=None, echo=False, client=None):
+    def submit(self, prompt, picks, max_new_tokens, *options):
+        """engine.submit's request (its options: ServingEngine.submit's), the thread woken."""
         with self.work:
-            request = self.engine.submit(prompt, picks, max_new_tokens, logprobs, echo, client)
+            request = self.engine.submit(prompt, picks, max_new_tokens, *options)
             self.work.notify()
         return request
 

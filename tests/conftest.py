@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from engine import Engine
+from lib.weights import save_pretrained
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
@@ -88,3 +90,18 @@ def generate(model, prompts, max_new_tokens, picks, use_cache=True):
     while engine.busy():
         stepped = set(map(id, engine.step()))
         yield [row.tokens[-1] if id(row) in stepped else -1 for row in rows]
+
+
+def eot_checkpoint(out_dir, chars):
+    """A random GPT over chars and <|endoftext|> (data/text/prepare.py's char tokenizer) saved in
+    out_dir: of so few tokens, each about as likely, that a sample soon draws the end of text."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=len(chars) + 1, block_size=32, n_layer=1, n_head=2, n_embd=16)
+    model = GPT(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.1)
+    save_pretrained(
+        model, out_dir, task="lm", tokenizer={"type": "char", "chars": chars, "eot": True}
+    )
+    return str(out_dir)

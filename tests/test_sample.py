@@ -8,11 +8,12 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, generate, needs_shared
+from conftest import ROOT, eot_checkpoint, generate, needs_shared
 
 from decoding import NextToken, Options
 from lib.common import run_script
 from lib.text import printable
+from lib.tokenizer import EOT
 from lib.weights import from_checkpoint, save_pretrained
 from model import GPT, GPTConfig
 from sample import SEPARATOR, main
@@ -246,6 +247,22 @@ def test_a_sample_with_no_token_left_to_draw_is_printed_then_one_line(
     assert last.startswith(
         f"sample.py: error: sample 1 stopped after {generated} tokens: {message}"
     )
+
+
+def test_a_sample_ends_at_the_end_of_text_unless_ignore_eos(tmp_path, capsys):
+    """Each sample is the one --ignore_eos gives, up to its first <|endoftext|>, which is not
+    printed; streamed alike."""
+    out_dir = eot_checkpoint(tmp_path / "eot", "ab\n")
+    argv = ["--out_dir", out_dir, "--start", "ab", "--num_samples", "3", "--max_new_tokens", "40"]
+    samples = {}
+    for flags in ([], ["--stream"], ["--ignore_eos"]):
+        main(argv + flags)
+        samples[flags[0] if flags else "default"] = split(capsys.readouterr().out)
+    going = samples["--ignore_eos"]
+    assert all(s.count(EOT) >= 2 for s in going)  # every sample draws it, and goes on
+    ended = [s.split(EOT)[0] for s in going]
+    assert samples["default"] == samples["--stream"] == ended
+    assert len(set(ended)) == 3 and all(s.startswith("ab") for s in ended)
 
 
 def test_printable_holds_back_half_characters_and_a_possible_stop():

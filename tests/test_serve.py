@@ -19,12 +19,14 @@ import pytest
 import torch
 import transformers
 from chromium import Browser, find
-from conftest import ROOT
+from conftest import ROOT, eot_checkpoint
 
 import classify
 import decoding
+import sample
 import serve
 from lib import transport
+from lib.tokenizer import EOT
 from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
@@ -186,6 +188,36 @@ def test_options_are_decodings_own_declaration(server):
     ]
     top_p = next(o for o in answer["data"] if o["name"] == "top_p")
     assert (top_p["type"], top_p["gt"], top_p["le"]) == ("float", 0, 1)
+
+
+def test_the_page_starts_from_sample_pys_defaults(server):
+    status, answer = request(server[0], "GET", "/v1/options")
+    _, options = sample.parse_args([])
+    assert {o["name"]: o["sample_default"] for o in answer["data"]} == dataclasses.asdict(options)
+
+
+def test_a_completion_stops_at_the_end_of_text_unless_ignore_eos(checkpoints, tmp_path, capsys):
+    """finish_reason "stop" where a choice draws <|endoftext|>, its text sample.py's (the one
+    ignore_eos gives, up to it), streamed alike."""
+    folder = tmp_path / "eot"
+    eot_checkpoint(folder / "gpt", "ab\n")
+    (folder / "clf").symlink_to(checkpoints / "clf")
+    body = dict(model="gpt", prompt="ab", n=3, max_tokens=40, seed=7, temperature=0.8, top_k=200)
+    with serving(folder) as server:
+        ended = post(server, "/v1/completions", body)["choices"]
+        going = post(server, "/v1/completions", {**body, "ignore_eos": True})["choices"]
+        chunks = [json.loads(e)["choices"][0] for e in stream(server, body)[:-1]]
+    assert all(c["text"].count(EOT) >= 2 and c["finish_reason"] == "length" for c in going)
+    assert [c["text"] for c in ended] == [c["text"].split(EOT)[0] for c in going]
+    assert [c["finish_reason"] for c in ended] == ["stop"] * 3
+    for c in ended:
+        mine = [chunk for chunk in chunks if chunk["index"] == c["index"]]
+        assert "".join(chunk["text"] for chunk in mine) == c["text"]
+        assert [chunk["finish_reason"] for chunk in mine][-1] == "stop"
+    argv = ["--out_dir", str(folder / "gpt"), "--start", "ab", "--num_samples", "3"]
+    sample.main(argv + ["--max_new_tokens", "40", "--seed", "7", "--weights", "float32"])
+    texts = capsys.readouterr().out[:-1].split(f"\n{sample.SEPARATOR}\n")
+    assert texts == ["ab" + c["text"] for c in ended]
 
 
 @pytest.mark.parametrize(
@@ -493,15 +525,10 @@ def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
         ), browser.js('document.getElementById("gen-error").textContent')
         shown = browser.js('document.getElementById("output").textContent')
         events = int(browser.js('document.getElementById("output").dataset.events'))
-        options = dict(
-            temperature=0.8,
-            top_k=40,
-            top_p=0.95,
-            frequency_penalty=0,
-            presence_penalty=0,
-            repetition_penalty=1,
-            no_repeat_ngram_size=0,
-        )  # the page's defaults
+        _, options = sample.parse_args([])  # the page's defaults are sample.py's
+        options = dataclasses.asdict(options)
+        field = 'document.getElementById("{}").value'
+        assert {name: float(browser.js(field.format(name))) for name in options} == options
         answer = post(
             server,
             "/v1/completions",
@@ -513,8 +540,8 @@ def test_the_page_streams_a_completion_and_draws_every_head(server, tmp_path):
         assert browser.js('document.querySelectorAll("#tokens span").length') == 30
         browser.js('document.querySelector("#tokens span:nth-child(5)").click()')
         assert (
-            browser.js('document.querySelectorAll("#stages .stage").length') == 4
-        )  # raw, temperature, top-k, top-p
+            browser.js('document.querySelectorAll("#stages .stage").length') == 3
+        )  # raw, temperature, top-k
         browser.js(
             'document.getElementById("text").value = "dead beef";'
             'document.getElementById("classify-go").click()'

@@ -1,0 +1,68 @@
+"""Every command the README shows names a script that exists and flags that script takes, so a
+renamed flag fails here (bench/readme.py runs the commands themselves)."""
+
+import argparse
+import os
+import re
+import runpy
+import shlex
+
+import pytest
+from conftest import ROOT
+
+import train
+
+# a command starts at python or torchrun and ends where the shell or the markdown takes over
+COMMAND = re.compile(r"\b(?:python|torchrun)\s([^`|;#\n]+)")
+SEPARATOR = re.compile(r"&&|\\$")
+
+
+def readme_commands():
+    """(script, [its --flags]) of every python or torchrun command in the README, in order."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read().replace("# offline:", "")  # the flags a line takes offline are its own
+    found = []
+    for match in COMMAND.finditer(text):
+        words = shlex.split(SEPARATOR.split(match.group(1))[0])
+        scripts = [i for i, word in enumerate(words) if word.endswith(".py")]
+        if scripts:  # python -m pytest names none
+            first = scripts[0]
+            flags = [w.partition("=")[0] for w in words[first + 1 :] if w.startswith("--")]
+            found.append((words[first], flags))
+    return found
+
+
+class Parsed(BaseException):
+    """Raised by argparse's parse in place of parsing: the parser a script built (past the
+    scripts' `except Exception`)."""
+
+
+def accepted_flags(script):
+    """The --flags script takes: train.py's keys, or the options of the parser it builds when run
+    (caught as it parses)."""
+    if script == "train.py":
+        return {f"--{name}" for name in train.KEYS} | {"--help", "--print_config"}
+
+    def capture(parser, *args, **kwargs):
+        raise Parsed(parser)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_known_args", capture)
+        with pytest.raises(Parsed) as parsed:
+            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    return set(parsed.value.args[0]._option_string_actions)
+
+
+def test_the_readme_shows_commands_of_every_kind():
+    """The extraction finds what the README holds: a test that would pass on nothing fails."""
+    scripts = {script for script, _ in readme_commands()}
+    assert {"train.py", "sample.py", "serve.py", "classify.py", "export.py"} <= scripts
+    assert ("sample.py", ["--out_dir", "--start"]) in readme_commands()
+
+
+@pytest.mark.parametrize("script", sorted({script for script, _ in readme_commands()}))
+def test_every_readme_command_names_a_script_and_flags_it_takes(script):
+    assert os.path.isfile(os.path.join(ROOT, script)), f"the README runs {script}, which is gone"
+    flags = {flag for name, given in readme_commands() if name == script for flag in given}
+    unknown = flags - accepted_flags(script)
+    assert not unknown, f"the README gives {script} flags it does not take: {sorted(unknown)}"
