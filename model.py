@@ -196,29 +196,31 @@ class Pattern:
 
     @torch.compiler.disable  # built eagerly, once per length, even in a compiled model
     def blocks(self, n, device):
-        """For n positions: the kept (query block, key block) pairs [2, P], their masks [P, BLOCK,
-        BLOCK] and FlexAttention's BlockMask of them."""
+        """For n positions: each query block's key blocks [blocks, K], kept ones first, their masks
+        [blocks, BLOCK, K * BLOCK] and FlexAttention's BlockMask of them."""
         if self.built is None or self.built[0] != (n, device):
             block_mask = create_block_mask(self, None, None, n, n, device=device)
-            pairs = block_mask.to_dense()[0, 0].nonzero().T
-            cells = pairs[..., None] * BLOCK + torch.arange(BLOCK, device=device)  # [2, P, BLOCK]
+            kept = block_mask.to_dense()[0, 0]
+            # K: the most any query block keeps; a block past a row's own is masked throughout
+            indices = kept.argsort(dim=1, descending=True, stable=True)[:, : kept.sum(1).max()]
+            offsets = torch.arange(BLOCK, device=device)
             # padding rows copy the last query's row; padding keys are never seen
-            queries = cells[0, :, :, None].clamp(max=n - 1)
-            keys = cells[1, :, None, :]
-            tiles = self(None, None, queries, keys) & (keys < n)
-            self.built = ((n, device), (pairs, tiles, block_mask))
+            queries = torch.arange(len(kept) * BLOCK, device=device).clamp(max=n - 1)
+            keys = (indices[..., None] * BLOCK + offsets).flatten(1)[:, None]
+            tiles = self(None, None, queries.view(-1, BLOCK, 1), keys) & (keys < n)
+            self.built = ((n, device), (indices, tiles, block_mask))
         return self.built[1]
 
 
 def sparse_attention(q, k, v, blocks, real=None):
     """A pattern's fast path: FlexAttention on its BlockMask, or block_sparse() on the same blocks
     where FlexAttention has no backward pass (a CPU, MPS). real [B, n]: the keys not padding."""
-    pairs, tiles, block_mask = blocks
+    indices, tiles, block_mask = blocks
     if q.requires_grad and q.device.type in ("cpu", "mps"):
         if real is not None:
             real = F.pad(real, (0, -real.size(1) % BLOCK)).view(len(real), -1, BLOCK)
-            tiles = tiles & real[:, None, pairs[1], None, :]
-        return block_sparse(q, k, v, pairs, tiles)
+            tiles = tiles & real[:, indices].flatten(2)[:, None, :, None]
+        return block_sparse(q, k, v, indices, tiles)
 
     def padding(score, b, h, q_idx, k_idx):
         return torch.where(real[b, k_idx], score, float("-inf"))
@@ -233,24 +235,17 @@ def sparse_attention(q, k, v, blocks, real=None):
         ) from None
 
 
-def block_sparse(q, k, v, pairs, tiles):
-    """softmax(Q K^T / sqrt(d_k)) V on [B, h, n, d_k] over the kept tiles only: pairs [2, P] of
-    (query block, key block), tiles [.., P, BLOCK, BLOCK] their masks; a query's tiles share one
-    max and one sum."""
-    n = q.size(2)
+def block_sparse(q, k, v, indices, tiles):
+    """SDPA on [B, h, n, d_k] tensors by blocks of BLOCK queries, each against only its key blocks
+    (indices [blocks, K]) under their masks tiles [.., blocks, BLOCK, K * BLOCK]."""
+    B, h, n, _ = q.shape
     q, k, v = (F.pad(t, (0, 0, 0, -n % BLOCK)).unflatten(2, (-1, BLOCK)) for t in (q, k, v))
-    rows, cols = pairs
-    scores = q[:, :, rows] @ k[:, :, cols].transpose(-2, -1) / math.sqrt(q.size(-1))
-    scores = scores.float().masked_fill(~tiles, float("-inf"))
-    # each query's largest score, the shift that keeps exp finite (softmax does not depend on it)
-    floor = scores.new_full(q.shape[:-1], torch.finfo(scores.dtype).min)
-    largest = scores.detach().amax(-1)
-    top = floor.scatter_reduce(2, rows[:, None].expand_as(largest), largest, "amax")
-    weights = torch.exp(scores - top[:, :, rows, :, None])
-    total = torch.zeros_like(floor).index_add(2, rows, weights.sum(-1))
-    y = torch.zeros_like(q).index_add(2, rows, weights.to(v.dtype) @ v[:, :, cols])
-    y = y / total.clamp(min=1e-30)[..., None].to(y.dtype)  # a query that sees no key: zeros
-    return y.flatten(2, 3)[:, :, :n]
+    k, v = (t[:, :, indices].flatten(3, 4) for t in (k, v))
+    # heads and blocks on one batch axis: four dimensions take SDPA's fused kernel
+    q, k, v = (t.flatten(1, 2) for t in (q, k, v))
+    mask = tiles.expand(B, h, *tiles.shape[-3:]).flatten(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # no key seen: zeros
+    return y.unflatten(1, (h, -1)).flatten(2, 3)[:, :, :n]
 
 
 def rotation(positions, d_k):
