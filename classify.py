@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import torch
 
 from lib.classifier import attention_maps, load, predict
@@ -109,7 +110,7 @@ def plot_confusion(cm, names, path, title):
 def attention_figure(maps, tokens, title):
     """maps: per layer [h, n, n]; one heatmap per (layer, head), queries down, keys across, tokens
     on both axes, one colour scale for every panel (0 to the largest weight) with its colour bar: a
-    near-uniform head reads as faint."""
+    near-uniform head reads as faint; a pair the model's pattern masks (NaN) is grey."""
     plt = pyplot()
     L, H, n = len(maps), maps[0].shape[0], len(tokens)
     # inches per token row, font size: labels that fit
@@ -118,11 +119,12 @@ def attention_figure(maps, tokens, title):
     fig, axes = plt.subplots(
         L, H, figsize=(side * H + 1, side * L + 0.5), squeeze=False, layout="constrained"
     )
-    top = max(float(m.max()) for m in maps)
+    top = max(float(np.nanmax(m)) for m in maps)
+    colours = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
     for layer in range(L):
         for h in range(H):
             ax = axes[layer][h]
-            image = ax.imshow(maps[layer][h], cmap="viridis", vmin=0, vmax=top)
+            image = ax.imshow(maps[layer][h], cmap=colours, vmin=0, vmax=top)
             ax.set_title(f"layer {layer} head {h}", fontsize=10)
             ax.set_xticks(range(n), tokens, rotation=90, fontsize=size)
             ax.set_yticks(range(n), tokens, fontsize=size)

@@ -10,7 +10,7 @@ from torch.nn.attention import sdpa_kernel
 
 from decoding import NextToken, Options, pick_tokens
 from lib.common import Error
-from model import VARYING_LENGTHS, KVCache
+from model import VARYING_LENGTHS, KVCache, RollingCache
 
 
 class Row:
@@ -63,8 +63,13 @@ class Engine:
         dtype = cache_dtype(model.wte.weight)
         # one spare position: a slice of the keys is never the whole cache, so a compiled step
         # never specializes on a full window
+        config = model.config
         try:
-            self.cache = KVCache(model.config, rows, self.block_size + 1, self.device, dtype)
+            if model.endless:  # each row's last window keys and the global ones, rolling
+                slots = config.window + config.global_tokens
+                self.cache = RollingCache(config, rows, slots, self.device, dtype)
+            else:
+                self.cache = KVCache(config, rows, self.block_size + 1, self.device, dtype)
         except RuntimeError:  # torch.OutOfMemoryError is one
             raise Error(
                 f"a KV cache of {rows:,} rows does not fit in memory: ask for fewer"
@@ -182,8 +187,9 @@ class Engine:
         return took
 
     def slide(self, row):
-        """Whether the row's window restarts (past block_size) as its last block_size // 2."""
-        if len(row.tokens) - row.start <= self.block_size:
+        """Whether the row's window restarts (past block_size) as its last block_size // 2; a
+        rolling cache's never does."""
+        if self.model.endless or len(row.tokens) - row.start <= self.block_size:
             return False
         # positions are absolute: a full cache cannot slide
         row.start = len(row.tokens) - max(1, self.block_size // 2)

@@ -7,8 +7,8 @@ writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv
 (GPT-2's or one trained on the data), the tokenizer files (vocab.json, merges.txt), which give the
 same ids as tiktoken; a trained one's tokenizer.tiktoken too, which sample.py reads. A
 character-level model exports its weights; its tokenizer is this project's.
-Options GPT-2 does not have (rotary positions, QK-norm) cannot be expressed in its layout: such a
-model is refused.
+Options GPT-2 does not have (rotary positions, QK-norm, a sparse attention pattern) cannot be
+expressed in its layout: such a model is refused.
 """
 
 import argparse
@@ -24,7 +24,8 @@ from lib.schema import HF_GELU
 from lib.tokenizer import BPETokenizer, TrainedBPE, get_tokenizer
 from lib.weights import from_checkpoint
 
-GPT2_LAYOUT = {"rope": False, "qk_norm": False}  # the options' values that GPT-2's layout can hold
+# the options' values that GPT-2's layout can hold: dense attention, learned positions
+GPT2_LAYOUT = {"rope": False, "qk_norm": False, "window": 0, "global_tokens": 0, "random_links": 0}
 # transformers' activation_function of each of GPTConfig's gelu forms
 HF_ACTIVATION = {gelu: name for name, gelu in HF_GELU.items()}
 

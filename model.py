@@ -7,11 +7,13 @@ To try an idea in attention, edit attention() and train with attn_impl="explicit
 
 import math
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from lib.common import Error, native_bf16
 from lib.config import setting
@@ -19,6 +21,9 @@ from lib.config import setting
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
 # cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# compiled: eager FlexAttention computes every score, n x n
+FLEX = torch.compile(flex_attention)
+BLOCK = 128  # FlexAttention's tile: a sparse kernel skips a block x block tile with no pair kept
 
 
 def init_module(module):
@@ -40,7 +45,11 @@ class GPTConfig:
     n_head: int = setting(6, "attention heads per block, dividing n_embd", ge=1)
     n_embd: int = setting(384, "width of the residual stream", ge=1)
     dropout: float = setting(
-        0.0, "dropout on embeddings, attention weights and residual branches", ge=0, lt=1
+        0.0,
+        "dropout on embeddings, attention weights and residual branches "
+        "(training with a pattern then takes its dense mask)",
+        ge=0,
+        lt=1,
     )
     bias: bool = setting(
         False, "biases in Linears and LayerNorms, as GPT-2 (False is a little faster, no worse)"
@@ -60,6 +69,22 @@ class GPTConfig:
         "the exact erf, nanoGPT's (3x faster on CPUs with AVX2 alone)",
         choices=("tanh", "none"),
     )
+    # a sparse pattern, its parts or'd: FlexAttention skips the tiles where nothing may attend
+    window: int = setting(
+        0,
+        "> 0: each query sees the keys less than this many positions away (with rope: "
+        "generation past block_size at a constant cost per token)",
+        ge=0,
+    )
+    global_tokens: int = setting(
+        0, "> 0: the first this many positions see every key and every query sees them", ge=0
+    )
+    random_links: int = setting(
+        0, "> 0: each query sees this many keys drawn at random (BigBird's), from random_seed", ge=0
+    )
+    random_seed: int = setting(
+        0, "the seed of random_links: every run of the model sees one draw", ge=0
+    )
 
     def __post_init__(self):
         if self.n_head < 1 or self.n_embd % self.n_head:
@@ -69,6 +94,10 @@ class GPTConfig:
                 f"n_head={self.n_head!r}: must be such that the head size n_embd / n_head even: "
                 "rotary embeddings rotate pairs"
             )
+        for key in ("window", "global_tokens", "random_links"):
+            if getattr(self, key) > self.block_size:
+                value = getattr(self, key)
+                raise Error(f"{key}={value!r}: must be <= block_size={self.block_size}")
 
 
 @dataclass
@@ -116,6 +145,115 @@ def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     return F.dropout(weights, dropout_p) @ v, weights
 
 
+def window(q, k, width):
+    """The notes' window: each query sees the keys less than width positions away, itself too."""
+    return (q - k).abs() < width
+
+
+def global_tokens(q, k, count):
+    """The notes' global tokens: the first count positions see every key, every query sees them."""
+    return (q < count) | (k < count)
+
+
+def random_links(q, k, links):
+    """BigBird's random links: query q sees the keys links[q] (links [positions, R])."""
+    # a kernel's padding rows read the last row's; links[q, r], not links[q][r], which compiled
+    # FlexAttention reads wrongly
+    q = q.clamp(max=len(links) - 1)
+    seen = links[q, 0] == k
+    for r in range(1, links.size(1)):
+        seen = seen | (links[q, r] == k)
+    return seen
+
+
+class Pattern:
+    """A config's sparse pattern, its parts or'd, and causal: True where query position q may attend
+    key position k, and the masks built from that one function."""
+
+    def __init__(self, config, causal):
+        self.config = config
+        self.causal = causal
+        self.links = None
+        if config.random_links:  # drawn from every key a query may see: causal, those up to it
+            generator = torch.Generator().manual_seed(config.random_seed)
+            shape = (config.block_size, config.random_links)
+            draws = torch.rand(shape, generator=generator, device="cpu")
+            reach = torch.arange(1, config.block_size + 1, device="cpu")[:, None]
+            self.links = (draws * (reach if causal else config.block_size)).long()
+        self.built = None  # (n, device) and blocks() of the last length
+
+    def __call__(self, b, h, q, k):
+        """q, k: broadcasting tensors of positions -> True where q may attend k (in any batch row
+        b and head h: FlexAttention's mask_mod)."""
+        c = self.config
+        keep = False
+        if c.window:
+            keep = keep | window(q, k, c.window)
+        if c.global_tokens:
+            keep = keep | global_tokens(q, k, c.global_tokens)
+        if c.random_links:
+            keep = keep | random_links(q, k, self.links.to(q.device))
+        return keep & (k <= q) if self.causal else keep
+
+    def dense(self, n, device):
+        """The [n, n] mask of n positions: model.attention()'s, the reference."""
+        positions = torch.arange(n, device=device)
+        return self(None, None, positions[:, None], positions)
+
+    @torch.compiler.disable  # built eagerly, once per length, even in a compiled model
+    def blocks(self, n, device):
+        """For n positions: each query block's key blocks [blocks, K], kept ones first, their masks
+        [blocks, BLOCK, K * BLOCK] and FlexAttention's BlockMask of them."""
+        if self.built is None or self.built[0] != (n, device):
+            block_mask = create_block_mask(self, None, None, n, n, device=device)
+            kept = block_mask.to_dense()[0, 0]
+            # K: the most any query block keeps; a block past a row's own is masked throughout
+            indices = kept.argsort(dim=1, descending=True, stable=True)[:, : kept.sum(1).max()]
+            offsets = torch.arange(BLOCK, device=device)
+            # padding rows copy the last query's row; padding keys are never seen
+            queries = torch.arange(len(kept) * BLOCK, device=device).clamp(max=n - 1)
+            keys = (indices[..., None] * BLOCK + offsets).flatten(1)[:, None]
+            tiles = self(None, None, queries.view(-1, BLOCK, 1), keys) & (keys < n)
+            self.built = ((n, device), (indices, tiles, block_mask))
+        return self.built[1]
+
+
+def sparse_attention(q, k, v, blocks, real=None):
+    """A pattern's fast path: FlexAttention on its BlockMask, or block_sparse() on the same blocks
+    where FlexAttention has no backward pass (a CPU, MPS). real [B, n]: the keys not padding."""
+    indices, tiles, block_mask = blocks
+    if q.requires_grad and q.device.type in ("cpu", "mps"):
+        if real is not None:
+            real = F.pad(real, (0, -real.size(1) % BLOCK)).view(len(real), -1, BLOCK)
+            tiles = tiles & real[:, indices].flatten(2)[:, None, :, None]
+        return block_sparse(q, k, v, indices, tiles)
+
+    def padding(score, b, h, q_idx, k_idx):
+        return torch.where(real[b, k_idx], score, float("-inf"))
+
+    try:
+        return FLEX(q, k, v, padding if real is not None else None, block_mask)
+    except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, say
+        reason = str(e).strip().splitlines()[0]
+        raise Error(
+            f"FlexAttention did not compile ({reason}): set attn_impl=explicit (the dense mask), "
+            "or install a C++ compiler"
+        ) from None
+
+
+def block_sparse(q, k, v, indices, tiles):
+    """SDPA on [B, h, n, d_k] tensors by blocks of BLOCK queries, each against only its key blocks
+    (indices [blocks, K]) under their masks tiles [.., blocks, BLOCK, K * BLOCK]."""
+    B, h, n, _ = q.shape
+    q, k, v = (F.pad(t, (0, 0, 0, -n % BLOCK)).unflatten(2, (-1, BLOCK)) for t in (q, k, v))
+    k, v = (t[:, :, indices].flatten(3, 4) for t in (k, v))
+    # heads and blocks on one batch axis: four dimensions take SDPA's fused kernel
+    q, k, v = (t.flatten(1, 2) for t in (q, k, v))
+    mask = tiles.expand(B, h, *tiles.shape[-3:]).flatten(1, 2)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # no key seen: zeros
+    return y.unflatten(1, (h, -1)).flatten(2, 3)[:, :, :n]
+
+
 def rotation(positions, d_k):
     """(cos, sin) of rotary embeddings at positions [T] -> [T, d_k/2], or [B, T] -> [B, 1, T,
     d_k/2]: channel pair (i, i + d_k/2) turns by position * 10000^(-2i/d_k)."""
@@ -156,6 +294,7 @@ class KVCache:
         self.rows = torch.tensor(rows, device=device)
         self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
         self.keys = int(start.max()) + T  # how many keys the queries may read
+        self.key_positions = torch.arange(self.keys, device=device)  # those update() returns
         # every row in order: the cache's own views are read, no copies
         self.read = slice(None) if rows == list(range(len(self.lengths))) else self.rows
         for row in rows:
@@ -185,6 +324,49 @@ class KVCache:
             self.lengths[row] = n
 
 
+class RollingCache(KVCache):
+    """A window model's cache for rows of any length: a slot for each of the global_tokens first
+    positions, then a ring of the last window ones (length = window + global_tokens slots)."""
+
+    EMPTY = 2**62  # an empty slot's position: no query sees it
+
+    def __init__(self, config, rows, length, device, dtype=torch.float32):
+        super().__init__(config, rows, length, device, dtype)
+        self.sinks = config.global_tokens
+        self.held = torch.full((rows, length), self.EMPTY, device=device)  # each slot's position
+
+    def step(self, rows, T):
+        super().step(rows, T)
+        ring = self.held.size(1) - self.sinks
+        p = self.positions
+        slots = torch.where(p < self.sinks, p, self.sinks + (p - self.sinks) % ring)
+        # the new keys a later query sees: the sinks and the last ring of them
+        self.at = ((p > p[:, -1:] - ring) | (p < self.sinks)).nonzero(as_tuple=True)
+        self.slots = slots[self.at]
+        # the keys read: the slots as they were, then the new ones
+        self.key_positions = torch.cat([self.held[self.rows], p], 1)[:, None, None]
+        self.held[self.rows[self.at[0]], self.slots] = p[self.at]
+        return self
+
+    def update(self, layer, k, v):
+        kept = []
+        for cache, new in zip(self.kv[layer], (k, v)):
+            new = new.to(cache.dtype)
+            kept.append(torch.cat([cache[self.rows], new], 2))
+            cache[self.rows[self.at[0]], :, self.slots] = new.transpose(1, 2)[self.at]
+        return kept
+
+    def reset(self, row):
+        super().reset(row)
+        self.held[row] = self.EMPTY
+
+    def copy(self, source, rows):
+        for tensor in [self.held, *(cache for layer in self.kv for cache in layer)]:
+            tensor[rows] = tensor[source].clone()
+        for row in rows:
+            self.lengths[row] = self.lengths[source]
+
+
 class MultiHeadAttention(nn.Module):
     """h heads of size d_k = d/h from one fused Q/K/V projection (3d x d) plus W_O (d x d):
     4 d^2 weights for any h."""
@@ -200,7 +382,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
         """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend, the whole mask
-        (None on a causal model: the causal kernel); rope: rotation()'s; cache: a KVCache."""
+        (None on a causal model: the causal kernel), or a pattern's fast path attend(q, k, v);
+        rope: rotation()'s; cache: a KVCache."""
         B, T, C = x.shape
         # 3 x [B, h, T, d_k]
         q, k, v = self.qkv(x).view(B, T, 3, self.config.n_head, -1).permute(2, 0, 3, 1, 4)
@@ -215,13 +398,15 @@ class MultiHeadAttention(nn.Module):
             q = q.to(k.dtype)  # attention in the cache's dtype
         causal = self.causal and mask is None
         dropout_p = self.config.dropout if self.training else 0.0
+        weights = None
         if need_weights or self.config.attn_impl == "explicit":
             y, weights = attention(q, k, v, mask, causal, dropout_p)
+        elif callable(mask):
+            y = mask(q, k, v)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
             )
-            weights = None
         y = y.transpose(1, 2).reshape(B, T, C)  # concatenate the heads
         if cache is not None:
             y = y.to(x.dtype)  # back from the cache's dtype
@@ -304,6 +489,15 @@ class Transformer(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, causal, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.pattern = None
+        if config.window or config.global_tokens or config.random_links:
+            self.pattern = Pattern(config, causal)
+
+    @property
+    def endless(self):
+        """Whether a sequence may run past block_size: a window over rotary positions, which see
+        distances only, reads its last window keys (and the global ones) wherever it is."""
+        return self.config.rope and self.config.window > 0 and not self.config.random_links
 
     def init_weights(self):
         """nanoGPT's init: N(0, 0.02), the residual projections' std over sqrt(2 n_layer) so that
@@ -318,12 +512,18 @@ class Transformer(nn.Module):
         if cache is None:
             longest = idx.size(1)
             positions = torch.arange(longest, device=idx.device)
+            if self.pattern is not None:
+                mask = self.pattern_mask(longest, mask, need_weights)
         else:
             longest = cache.keys  # known on the host: no device sync
             positions = cache.positions
+            queries = positions[:, None, :, None]
+            keys = cache.key_positions
             # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
-            mask = torch.arange(cache.keys, device=positions.device) <= positions[:, None, :, None]
-        if longest > self.config.block_size:
+            mask = keys <= queries
+            if self.pattern is not None:
+                mask = mask & self.pattern(None, None, queries, keys)
+        if longest > self.config.block_size and not self.endless:
             raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         x = self.wte(idx)
         if self.wpe is not None:
@@ -337,6 +537,17 @@ class Transformer(nn.Module):
             x, weights = block(x, mask, rope, cache, need_weights)
             maps.append(weights)
         return self.ln_f(x), maps
+
+    def pattern_mask(self, n, padding, need_weights):
+        """The pattern's mask for n positions, and padding's [B, 1, 1, n]: the dense one where
+        attention() or dropout reads it, else the fast path."""
+        device = self.wte.weight.device
+        dropout = self.training and self.config.dropout > 0
+        if need_weights or dropout or self.config.attn_impl == "explicit":
+            mask = self.pattern.dense(n, device)
+            return mask if padding is None else mask & padding
+        real = None if padding is None else padding[:, 0, 0]
+        return partial(sparse_attention, blocks=self.pattern.blocks(n, device), real=real)
 
     def num_params(self, non_embedding=True):
         """Parameters, shared ones counted once; by default without the position table."""

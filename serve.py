@@ -462,8 +462,12 @@ class Playground:
             )
         if maps is not None:
             data[0]["tokens"] = [m["tokenizer"].decode([t]) for t in rows[0]]
+            # a pair the model's pattern masks: null
             data[0]["attention"] = [
-                [[[round(w, 5) for w in q] for q in head] for head in layer.tolist()]
+                [
+                    [[None if math.isnan(w) else round(w, 5) for w in q] for q in head]
+                    for head in layer.tolist()
+                ]
                 for layer in maps
             ]
         return {"object": "list", "model": name, "data": data}

@@ -61,7 +61,12 @@ def predict(model, rows, batch_size, device):
 @torch.no_grad()
 def attention_maps(model, row, device):
     """One text's class probabilities [n_classes] and its attention maps: per layer [n_head, n, n],
-    queries by keys, float32 on the CPU (the explicit attention path, which returns its weights)."""
+    queries by keys, float32 on the CPU (the explicit attention path, which returns its weights),
+    NaN where the model's pattern masks the pair."""
     idx, mask = pad_batch([row], model.config.pad_token_id)
     logits, _, maps = model(idx.to(device), mask.to(device), need_weights=True)
-    return torch.softmax(logits[0].float(), -1).cpu(), [m[0].float().cpu() for m in maps]
+    maps = [m[0].float().cpu() for m in maps]
+    if model.pattern is not None:
+        hidden = ~model.pattern.dense(len(row), "cpu")
+        maps = [m.masked_fill(hidden, float("nan")) for m in maps]
+    return torch.softmax(logits[0].float(), -1).cpu(), maps

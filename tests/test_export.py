@@ -99,7 +99,9 @@ def test_bpe_tokenizer_files_and_the_pipeline(tmp_path):
     assert out == "ROMEO: what" + enc.decode(greedy)
 
 
-@pytest.mark.parametrize("option", [dict(rope=True), dict(qk_norm=True)])
+@pytest.mark.parametrize(
+    "option", [dict(rope=True), dict(qk_norm=True), dict(window=8), dict(random_links=2)]
+)
 def test_options_gpt2_lacks_are_refused(tmp_path, option):
     checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"}, **option)
     name = next(iter(option))

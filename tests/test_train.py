@@ -162,6 +162,10 @@ def test_config_file_overrides_and_types(tmp_path):
             "bow_buckets=64: must be 0 unless bow_head=True",
         ),
         (["config/agnews.py", "--bow_buckets=-1"], "bow_buckets=-1: must be >= 0"),
+        (["--window=-1"], "window=-1: must be >= 0"),
+        (["--block_size=64", "--window=65"], "window=65: must be <= block_size=64"),
+        (["--block_size=64", "--global_tokens=65"], "global_tokens=65: must be <= block_size=64"),
+        (["--block_size=4", "--random_links=5"], "random_links=5: must be <= block_size=4"),
     ],
 )
 def test_config_errors_are_one_clear_line(argv, message):

@@ -1,0 +1,196 @@
+"""The notes' sparse patterns (window, global tokens, random links): each mask against its
+definition cell by cell, the fast paths against the explicit one in both models, a window of
+block_size against full causal attention, the pairs a window keeps, and the rolling cache that
+lets a windowed rotary model generate past block_size."""
+
+import pytest
+import torch
+from conftest import generate
+
+from decoding import NextToken, Options
+from engine import Engine
+from lib.weights import from_checkpoint, save_pretrained
+from model import (
+    GPT,
+    EncoderClassifier,
+    EncoderConfig,
+    GPTConfig,
+    Pattern,
+    RollingCache,
+    sparse_attention,
+)
+
+TINY = dict(vocab_size=50, block_size=300, n_layer=2, n_head=2, n_embd=16)
+PATTERNS = {
+    "window": dict(window=5),
+    "global": dict(global_tokens=3),
+    "random": dict(random_links=2),
+    "bigbird": dict(window=5, global_tokens=3, random_links=2),
+}
+# Float32 outputs of the explicit path (one softmax over the row) and a fast one (SDPA by blocks,
+# or FlexAttention's online softmax): the same products summed in another order. An output sums
+# at most 300 weights x values of size O(0.02 * sqrt(16)) through 2 layers of O(1) activations;
+# reordering moves each by a few float32 ulps (2^-23 ~ 1.2e-7 relative): 1e-5 is two orders above
+# that, and far below the O(0.01) change one pair kept or dropped makes.
+ATOL = 1e-5
+
+
+def definition(n, causal, window=0, global_tokens=0, random_links=0, links=None):
+    """The notes' patterns written as loops: query i may attend key j."""
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for j in range(n):
+            near = window > 0 and abs(i - j) < window
+            seen_by_all = i < global_tokens or j < global_tokens
+            linked = random_links > 0 and j in links[i].tolist()
+            allowed[i, j] = (near or seen_by_all or linked) and (j <= i or not causal)
+    return allowed
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["gpt", "encoder"])
+@pytest.mark.parametrize("name", PATTERNS)
+def test_each_mask_is_its_definition_cell_by_cell(name, causal):
+    config = GPTConfig(**TINY | PATTERNS[name])
+    pattern = Pattern(config, causal)
+    expected = definition(40, causal, **PATTERNS[name], links=pattern.links)
+    assert torch.equal(pattern.dense(40, "cpu"), expected)
+    indices, tiles, block_mask = pattern.blocks(40, "cpu")
+    assert torch.equal(tiles[0, :40, :40], expected)  # 40 positions: one block
+    assert torch.equal(block_mask.to_dense()[0, 0], torch.ones(1, 1, dtype=torch.int32))
+
+
+def test_random_links_are_fixed_by_the_seed_and_causal_ones_look_back():
+    config = GPTConfig(**TINY, random_links=3, random_seed=7)
+    links = Pattern(config, causal=True).links
+    assert torch.equal(links, Pattern(config, causal=True).links)  # every run: one draw
+    other = Pattern(GPTConfig(**TINY, random_links=3, random_seed=8), causal=True).links
+    assert not torch.equal(links, other)
+    assert (links <= torch.arange(300)[:, None]).all()  # query q's links: keys 0..q
+    assert links[100:].float().mean() > 50  # and spread over them, not at the start
+
+
+def models(options):
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(**TINY | options))
+    encoder = EncoderClassifier(EncoderConfig(**TINY | options))
+    return [gpt, encoder]
+
+
+def outputs(model, idx, impl):
+    model.config.attn_impl = impl
+    logits = model(idx)[0]
+    logits.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return logits, grads
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_the_block_sparse_path_trains_as_the_explicit_one(name):
+    """With gradients on a CPU the fast path is block_sparse(): its outputs and gradients are the
+    dense mask's, in both models, padding included, at a length that is not a whole block."""
+    for model in models(PATTERNS[name]):
+        idx = torch.randint(1, 50, (2, 260))
+        idx[1, 150:] = 0  # the encoder's padding (the GPT reads it as a token)
+        (fast, fast_grads), (explicit, explicit_grads) = [
+            outputs(model, idx, impl) for impl in ("sdpa", "explicit")
+        ]
+        assert torch.allclose(fast, explicit, atol=ATOL)
+        # the gradients of the summed logits run to 1e3: the same bound, relative to their size
+        for a, b in zip(fast_grads, explicit_grads):
+            assert torch.allclose(a, b, atol=ATOL * b.abs().max())
+
+
+@pytest.mark.slow  # compiles FlexAttention (a C++ build) per model
+def test_flex_attention_is_the_explicit_path():
+    for model in models(PATTERNS["bigbird"]):
+        idx = torch.randint(1, 50, (2, 260))
+        idx[1, 150:] = 0
+        with torch.no_grad():
+            model.config.attn_impl = "explicit"
+            explicit = model(idx)[0]
+            model.config.attn_impl = "sdpa"
+            assert torch.allclose(model(idx)[0], explicit, atol=ATOL)
+
+
+def test_a_window_of_block_size_is_full_causal_attention():
+    torch.manual_seed(0)
+    full = GPT(GPTConfig(**TINY))
+    windowed = GPT(GPTConfig(**TINY, window=300))
+    windowed.load_state_dict(full.state_dict())
+    idx = torch.randint(0, 50, (2, 300))
+    for impl in ("sdpa", "explicit"):
+        full.config.attn_impl = windowed.config.attn_impl = impl
+        assert torch.allclose(windowed(idx)[0], full(idx)[0], atol=ATOL)
+
+
+def test_the_pairs_a_window_keeps_grow_linearly():
+    """A causal window of W keeps n W - W (W - 1) / 2 pairs, full attention n (n + 1) / 2; the
+    fast path's tiles grow as n as well."""
+    W = 64
+    kept, tiles = [], []
+    for n in (512, 1024, 2048):
+        pattern = Pattern(GPTConfig(block_size=n, window=W), causal=True)
+        kept.append(int(pattern.dense(n, "cpu").sum()))
+        assert kept[-1] == n * W - W * (W - 1) // 2
+        tiles.append(pattern.blocks(n, "cpu")[1].numel())
+    assert tiles[1] == 2 * tiles[0] and tiles[2] == 2 * tiles[1]
+
+
+def test_without_gradients_a_cpu_takes_flex_attention(monkeypatch):
+    """FlexAttention has no backward pass on a CPU: there, only a forward without gradients
+    runs it."""
+    called = []
+    monkeypatch.setattr("model.FLEX", lambda *args: called.append(args) or args[0])
+    pattern = Pattern(GPTConfig(block_size=16, window=4), causal=True)
+    q = torch.randn(1, 1, 16, 8, requires_grad=True)
+    sparse_attention(q, q, q, pattern.blocks(16, "cpu"))
+    assert not called
+    sparse_attention(q.detach(), q.detach(), q.detach(), pattern.blocks(16, "cpu"))
+    assert len(called) == 1
+
+
+def endless_model(**options):
+    torch.manual_seed(0)
+    config = GPTConfig(**TINY | dict(block_size=16, rope=True, attn_impl="explicit") | options)
+    model = GPT(config)
+    with torch.no_grad():  # larger than the init's 0.02: a wrong key read shows
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("options", [dict(window=6), dict(window=6, global_tokens=2)])
+def test_a_window_generates_past_block_size_as_the_uncached_model(options):
+    """A rolling cache of window + global_tokens slots per row gives the tokens the model computes
+    from scratch on the whole sequence (the uncached path), far past block_size = 16, for
+    prompts shorter and longer than the window."""
+    model = endless_model(**options)
+    prompts = [[1, 2, 3], list(range(1, 17))]
+    runs = []
+    for use_cache in (True, False):
+        sampled = NextToken(Options(temperature=1.0), generator=torch.Generator().manual_seed(0))
+        runs.append(list(generate(model, prompts, 60, [sampled, greedy()], use_cache)))
+    assert runs[0] == runs[1] and len(runs[0]) == 60
+    engine = Engine(model, rows=2)
+    assert isinstance(engine.cache, RollingCache)
+    assert engine.cache.kv[0][0].shape[2] == options["window"] + options.get("global_tokens", 0)
+
+
+def greedy():
+    return NextToken(Options(), greedy=True)
+
+
+def test_other_models_keep_block_size():
+    model = endless_model(window=6, random_links=1)  # random links: positions past block_size
+    assert not model.endless and not isinstance(Engine(model, rows=1).cache, RollingCache)
+    with pytest.raises(Exception, match="exceeds block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_a_checkpoint_keeps_its_pattern(tmp_path):
+    model = GPT(GPTConfig(**TINY, window=5, global_tokens=2, random_links=1, random_seed=3))
+    save_pretrained(model, str(tmp_path))
+    loaded, _ = from_checkpoint(str(tmp_path))
+    assert loaded.config == model.config
+    assert torch.equal(loaded.pattern.dense(50, "cpu"), model.pattern.dense(50, "cpu"))
