@@ -290,13 +290,20 @@ class KVCache:
     def step(self, rows, T):
         """Readies the cache for T new tokens of rows (row indices), each at its next positions."""
         device = self.kv[0][0].device
-        start = torch.tensor([self.lengths[row] for row in rows])
+        lengths = [self.lengths[row] for row in rows]
+        start = torch.tensor(lengths)
         self.rows = torch.tensor(rows, device=device)
         self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
         self.keys = int(start.max()) + T  # how many keys the queries may read
         self.key_positions = torch.arange(self.keys, device=device)  # those update() returns
         # every row in order: the cache's own views are read, no copies
-        self.read = slice(None) if rows == list(range(len(self.lengths))) else self.rows
+        in_order = rows == list(range(len(self.lengths)))
+        self.read = slice(None) if in_order else self.rows
+        # every row at one length: one new token sees every key read, and in order the new
+        # keys are written as one slice
+        level = len(set(lengths)) == 1
+        self.unmasked = level and T == 1
+        self.written = slice(lengths[0], self.keys) if level and in_order else None
         for row in rows:
             self.lengths[row] += T
         return self
@@ -306,8 +313,11 @@ class KVCache:
         [B, h, keys, d_k]."""
         kept = []
         for cache, new in zip(self.kv[layer], (k, v)):
-            # [B, T, h, d_k] places: row b, every head, position positions[b, t]
-            cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2).to(cache.dtype)
+            new = new.to(cache.dtype)
+            if self.written is not None:  # a copy into a view, not an indexed write
+                cache[:, :, self.written] = new
+            else:  # [B, T, h, d_k] places: row b, every head, position positions[b, t]
+                cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2)
             kept.append(cache[self.read, :, : self.keys])
         return kept
 
@@ -396,7 +406,8 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
             q = q.to(k.dtype)  # attention in the cache's dtype
-        causal = self.causal and mask is None
+        # a cache without a mask: each query sees every key read (KVCache.unmasked)
+        causal = self.causal and mask is None and cache is None
         dropout_p = self.config.dropout if self.training else 0.0
         weights = None
         if need_weights or self.config.attn_impl == "explicit":
@@ -523,6 +534,8 @@ class Transformer(nn.Module):
             mask = keys <= queries
             if self.pattern is not None:
                 mask = mask & self.pattern(None, None, queries, keys)
+            elif cache.unmasked:  # each query sees every key read: no mask to build or apply
+                mask = None
         if longest > self.config.block_size and not self.endless:
             raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         x = self.wte(idx)
