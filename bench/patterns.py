@@ -10,10 +10,12 @@ Sparse attention patterns against full attention, side by side in one run on one
      500, and the cached tokens against the uncached model's (every step the whole sequence from
      scratch) on a run past block_size.
   python bench/patterns.py [--skip_quality] [--png bench/figures/patterns_cost.png]
+  python bench/patterns.py --picture docs/patterns.png     the notes' four patterns, drawn
 Prints markdown tables for BENCHMARKS.md; needs data/shakespeare_char prepared for 2 and 3.
 """
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -29,7 +31,7 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, Pattern  # noqa: E402
 
 PATTERNS = {
     "full": {},
@@ -48,6 +50,7 @@ def rss():
 
 
 def reset_peak():
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system: RSS is what is held
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # the peak resident memory starts again from the current
 
@@ -66,8 +69,8 @@ def cost(ns):
 
             train_step(model, idx)  # the block mask is built once per length, here
             model.zero_grad(set_to_none=True)
-            start = rss()[0]
             reset_peak()
+            start = rss()[0]
             began = time.perf_counter()
             train_step(model, idx)
             seconds = time.perf_counter() - began
@@ -158,6 +161,26 @@ def plot(results, png):
     fig.savefig(png, dpi=110)
 
 
+def picture(png, n=16):
+    """The notes' four patterns of an encoder (no causal cut) over n positions, queries down, keys
+    across, drawn from the model's own mask function."""
+    from lib.plots import pyplot
+
+    plt = pyplot()
+    panels = {
+        "random (2 links a query)": dict(random_links=2),
+        "window (3 each side)": dict(window=4),
+        "global (first 2 tokens)": dict(global_tokens=2),
+        "BigBird (all three)": dict(random_links=2, window=4, global_tokens=2),
+    }
+    fig, axes = plt.subplots(1, 4, figsize=(12, 3.4), layout="constrained")
+    for ax, (title, options) in zip(axes, panels.items()):
+        pattern = Pattern(GPTConfig(block_size=n, **options), causal=False)
+        ax.imshow(pattern.dense(n, "cpu"), cmap="Blues", vmin=0, vmax=1.4)
+        ax.set(title=title, xticks=[], yticks=[], xlabel="keys", ylabel="queries")
+    fig.savefig(png, dpi=110)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--ns", default="1024,2048,4096,8192")
@@ -167,7 +190,10 @@ def main():
     parser.add_argument(
         "--out_dir", default=os.path.join(ROOT, OUT), help="the windowed checkpoint"
     )
+    parser.add_argument("--picture", default="", help="draw the four patterns there and stop")
     a = parser.parse_args()
+    if a.picture:
+        return picture(a.picture)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     results = cost([int(n) for n in a.ns.split(",")])
     print("\n| n | " + " | ".join(f"{name}: s, MiB" for name in results) + " |")
