@@ -412,7 +412,7 @@ BAD_INPUTS = [
     ("data/shakespeare/prepare.py", ["--source={d}/nope.txt"], "no such file"),
     ("data/openwebtext/prepare.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("data/text/prepare.py", ["--source={d}/latin1.txt"], "not UTF-8 text (invalid"),
-    ("bench/tokenizers.py", ["--source={d}/nope.txt"], "the following arguments are required"),
+    ("bench/vocabularies.py", ["--source={d}/nope.txt"], "the following arguments are required"),
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/generate.py", ["--old={d}"], "no sample.py there"),
     ("bench/generate.py", ["--val_model={d}/missing"], "no checkpoint there"),

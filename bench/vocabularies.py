@@ -6,7 +6,7 @@ val loss and val bits per byte (the loss that compares across vocabularies), the
 time, and each run's val bits per byte at the wall time of the fastest (its last evaluation by
 then). Run nothing else beside it: the times are its own.
   TIKTOKEN_CACHE_DIR=../shared/tiktoken_cache \
-  python bench/tokenizers.py --source ../shared/data/tinyshakespeare/input.txt --work /tmp/tok
+  python bench/vocabularies.py --source ../shared/data/tinyshakespeare/input.txt --work /tmp/tok
 """
 
 import json
@@ -91,4 +91,4 @@ def val_loss(record):
 
 
 if __name__ == "__main__":
-    run_script(main, "tokenizers.py")
+    run_script(main, "vocabularies.py")
