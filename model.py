@@ -5,6 +5,7 @@ The models, in one file: attention written once, one Block built on it, two mode
 To try an idea in attention, edit attention() and train with attn_impl="explicit".
 """
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from functools import partial
@@ -21,9 +22,14 @@ from lib.config import setting
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
 # cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-# compiled: eager FlexAttention computes every score, n x n
-FLEX = torch.compile(flex_attention)
 BLOCK = 128  # FlexAttention's tile: a sparse kernel skips a block x block tile with no pair kept
+
+
+@functools.cache
+def flex():
+    """FlexAttention compiled on first use (eager it computes every score, n x n): importing the
+    compiler takes seconds that a model without a pattern never pays."""
+    return torch.compile(flex_attention)
 
 
 def init_module(module):
@@ -232,7 +238,7 @@ def sparse_attention(q, k, v, blocks, real=None):
         return torch.where(real[b, k_idx], score, float("-inf"))
 
     try:
-        return FLEX(q, k, v, padding if real is not None else None, block_mask)
+        return flex()(q, k, v, padding if real is not None else None, block_mask)
     except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, say
         reason = str(e).strip().splitlines()[0]
         raise Error(
