@@ -35,7 +35,7 @@ SKIP = [
     (r"^torchrun", "several GPUs, and OpenWebText or GPT-2's weights from the hub"),
     (r"bench/gpu\.sh", "a GPU"),
     (r"--init_from=gpt2", "GPT-2's weights from the hub: network"),
-    (r"bench/speed\.py (--json|--time_to_loss|--profile)", "long: minutes of benchmarks"),
+    (r"bench/speed\.py (--json|--time_to_loss)", "long: minutes of benchmarks"),
 ]
 OFFLINE = re.compile(r"#\s*offline:\s*(.*)$")
 COMMENT = re.compile(r"\s+#\s.*$")
