@@ -141,7 +141,12 @@ def test_without_gradients_a_cpu_takes_flex_attention(monkeypatch):
     """FlexAttention has no backward pass on a CPU: there, only a forward without gradients
     runs it."""
     called = []
-    monkeypatch.setattr("model.FLEX", lambda *args: called.append(args) or args[0])
+
+    def flex(q, *args):
+        called.append(q)
+        return q
+
+    monkeypatch.setattr("model.flex", lambda: flex)
     pattern = Pattern(GPTConfig(block_size=16, window=4), causal=True)
     q = torch.randn(1, 1, 16, 8, requires_grad=True)
     sparse_attention(q, q, q, pattern.blocks(16, "cpu"))

@@ -414,6 +414,8 @@ BAD_INPUTS = [
     ("data/text/prepare.py", ["--source={d}/latin1.txt"], "not UTF-8 text (invalid"),
     ("bench/vocabularies.py", ["--source={d}/nope.txt"], "the following arguments are required"),
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("bench/calibration.py", ["{d}/missing", "{d}/nope.csv"], "no checkpoint in"),
+    ("bench/nanogpt.py", ["--nanogpt={d}", "--source={d}/nope.txt"], "not a nanoGPT checkout"),
     ("bench/generate.py", ["--old={d}"], "no sample.py there"),
     ("bench/generate.py", ["--val_model={d}/missing"], "no checkpoint there"),
     ("bench/serve_load.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
