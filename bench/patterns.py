@@ -14,7 +14,6 @@ Sparse attention patterns against full attention, side by side in one run on one
 Prints markdown tables for BENCHMARKS.md; needs data/shakespeare_char prepared for 2 and 3.
 """
 
-import argparse
 import ctypes
 import json
 import math
@@ -30,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
+from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig, Pattern  # noqa: E402
 
@@ -182,7 +182,7 @@ def picture(png, n=16):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser = ArgumentParser(prog="patterns.py", description=__doc__.split("\n")[1])
     parser.add_argument("--ns", default="1024,2048,4096,8192")
     parser.add_argument("--skip_quality", action="store_true")
     parser.add_argument("--png", default="")
@@ -194,6 +194,11 @@ def main():
     a = parser.parse_args()
     if a.picture:
         return picture(a.picture)
+    checkpoint = os.path.join(a.out_dir, "config.json")
+    if a.skip_quality and not os.path.isfile(checkpoint):  # found before minutes of timing
+        raise Error(
+            f"--out_dir={a.out_dir}: no checkpoint there: drop --skip_quality (it trains one)"
+        )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     results = cost([int(n) for n in a.ns.split(",")])
     print("\n| n | " + " | ".join(f"{name}: s, MiB" for name in results) + " |")
@@ -221,4 +226,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "patterns.py")

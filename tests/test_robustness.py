@@ -416,6 +416,7 @@ BAD_INPUTS = [
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/calibration.py", ["{d}/missing", "{d}/nope.csv"], "no checkpoint in"),
     ("bench/nanogpt.py", ["--nanogpt={d}", "--source={d}/nope.txt"], "not a nanoGPT checkout"),
+    ("bench/patterns.py", ["--skip_quality", "--out_dir={d}/missing"], "no checkpoint there"),
     ("bench/generate.py", ["--old={d}"], "no sample.py there"),
     ("bench/generate.py", ["--val_model={d}/missing"], "no checkpoint there"),
     ("bench/serve_load.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
