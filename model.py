@@ -8,7 +8,6 @@ To try an idea in attention, edit attention() and train with attn_impl="explicit
 import functools
 import math
 from dataclasses import dataclass, fields
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -101,8 +100,8 @@ class GPTConfig:
                 "rotary embeddings rotate pairs"
             )
         for key in ("window", "global_tokens", "random_links"):
-            if getattr(self, key) > self.block_size:
-                value = getattr(self, key)
+            value = getattr(self, key)
+            if value > self.block_size:
                 raise Error(f"{key}={value!r}: must be <= block_size={self.block_size}")
 
 
@@ -566,7 +565,8 @@ class Transformer(nn.Module):
             mask = self.pattern.dense(n, device)
             return mask if padding is None else mask & padding
         real = None if padding is None else padding[:, 0, 0]
-        return partial(sparse_attention, blocks=self.pattern.blocks(n, device), real=real)
+        blocks = self.pattern.blocks(n, device)
+        return functools.partial(sparse_attention, blocks=blocks, real=real)
 
     def num_params(self, non_embedding=True):
         """Parameters, shared ones counted once; by default without the position table."""
