@@ -205,8 +205,13 @@ class Pattern:
         positions = torch.arange(n, device=device)
         return self(None, None, positions[:, None], positions)
 
-    @torch.compiler.disable  # built eagerly, once per length, even in a compiled model
     def blocks(self, n, device):
+        """For n positions, built eagerly once per length, even in a compiled model."""
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(self.build)(n, device)
+        return self.build(n, device)
+
+    def build(self, n, device):
         """For n positions: each query block's key blocks [blocks, K], kept ones first, their masks
         [blocks, BLOCK, K * BLOCK] and FlexAttention's BlockMask of them."""
         if self.built is None or self.built[0] != (n, device):

@@ -3,6 +3,9 @@ definition cell by cell, the fast paths against the explicit one in both models,
 block_size against full causal attention, the pairs a window keeps, and the rolling cache that
 lets a windowed rotary model generate past block_size."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import generate
@@ -111,6 +114,29 @@ def test_flex_attention_is_the_explicit_path():
             explicit = model(idx)[0]
             model.config.attn_impl = "sdpa"
             assert torch.allclose(model(idx)[0], explicit, atol=ATOL)
+
+
+def test_a_compiled_model_trains_through_a_pattern():
+    """Dynamo traces the model around the blocks (built eagerly): the eager loss and gradients."""
+    model = models(PATTERNS["bigbird"])[0]
+    idx = torch.randint(1, 50, (2, 260))
+    eager = model(idx, idx)[1]
+    eager.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, backend="eager")(idx, idx)[1]
+    compiled.backward()
+    assert torch.allclose(compiled, eager, atol=ATOL)
+    for p, grad in zip(model.parameters(), expected):
+        assert torch.allclose(p.grad, grad, atol=ATOL * grad.abs().max())
+
+
+def test_importing_the_model_loads_no_compiler():
+    """Dynamo's import costs seconds of every script's start that a model without a pattern never
+    needs."""
+    code = "import sys, model; print('torch._dynamo' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
 
 
 def test_a_window_of_block_size_is_full_causal_attention():
