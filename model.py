@@ -304,7 +304,7 @@ class KVCache:
         start = torch.tensor(lengths)
         self.rows = torch.tensor(rows, device=device)
         self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
-        self.keys = int(start.max()) + T  # how many keys the queries may read
+        self.keys = max(lengths) + T  # how many keys the queries may read
         self.key_positions = torch.arange(self.keys, device=device)  # those update() returns
         # every row in order: the cache's own views are read, no copies
         in_order = rows == list(range(len(self.lengths)))
@@ -541,11 +541,10 @@ class Transformer(nn.Module):
             queries = positions[:, None, :, None]
             keys = cache.key_positions
             # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
-            mask = keys <= queries
             if self.pattern is not None:
-                mask = mask & self.pattern(None, None, queries, keys)
-            elif cache.unmasked:  # each query sees every key read: no mask to build or apply
-                mask = None
+                mask = (keys <= queries) & self.pattern(None, None, queries, keys)
+            elif not cache.unmasked:  # else each query sees every key read: no mask
+                mask = keys <= queries
         if longest > self.config.block_size and not self.endless:
             raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         x = self.wte(idx)
