@@ -22,6 +22,9 @@ from lib.config import setting
 # cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 BLOCK = 128  # FlexAttention's tile: a sparse kernel skips a block x block tile with no pair kept
+# block_sparse()'s: smaller, it computes fewer pairs that are masked; random links are drawn per
+# TILE queries
+TILE = 64
 
 
 @functools.cache
@@ -179,13 +182,25 @@ class Pattern:
         self.config = config
         self.causal = causal
         self.links = None
-        if config.random_links:  # drawn from every key a query may see: causal, those up to it
-            generator = torch.Generator().manual_seed(config.random_seed)
-            shape = (config.block_size, config.random_links)
-            draws = torch.rand(shape, generator=generator, device="cpu")
-            reach = torch.arange(1, config.block_size + 1, device="cpu")[:, None]
-            self.links = (draws * (reach if causal else config.block_size)).long()
+        if config.random_links:
+            with torch.device("cpu"):  # a model built on the meta device draws the same
+                self.links = self.draw_links(config.block_size, config.random_links)
         self.built = None  # (n, device) and blocks() of the last length
+
+    def draw_links(self, n, R):
+        """links [n, R]: each query block draws R key blocks (causal: from those before it, the
+        first from itself), as BigBird's kernels do, and each query a key in each of them (causal:
+        one it may see), so a query block reads at most R key blocks for them."""
+        generator = torch.Generator().manual_seed(self.config.random_seed)
+        count = -(-n // TILE)  # query blocks
+        reach = torch.arange(count).clamp(min=1) if self.causal else torch.tensor(count)
+        key_blocks = (torch.rand(count, R, generator=generator) * reach[..., None]).long()
+        q = torch.arange(n)[:, None]
+        start = key_blocks[q[:, 0] // TILE] * TILE  # [n, R]
+        width = (n - start).clamp(max=TILE)
+        if self.causal:
+            width = width.minimum(q - start + 1)
+        return start + (torch.rand(n, R, generator=generator) * width).long()
 
     def __call__(self, b, h, q, k):
         """q, k: broadcasting tensors of positions -> True where q may attend k (in any batch row
@@ -213,30 +228,36 @@ class Pattern:
 
     def build(self, n, device):
         """For n positions: each query block's key blocks [blocks, K], kept ones first, their masks
-        [blocks, BLOCK, K * BLOCK] and FlexAttention's BlockMask of them."""
+        as the -inf SDPA adds where a pair is not kept [blocks, TILE, K * TILE], and
+        FlexAttention's BlockMask of them."""
         if self.built is None or self.built[0] != (n, device):
             block_mask = create_block_mask(self, None, None, n, n, device=device)
-            kept = block_mask.to_dense()[0, 0]
-            # K: the most any query block keeps; a block past a row's own is masked throughout
-            indices = kept.argsort(dim=1, descending=True, stable=True)[:, : kept.sum(1).max()]
-            offsets = torch.arange(BLOCK, device=device)
+            tiled = create_block_mask(self, None, None, n, n, device=device, BLOCK_SIZE=TILE)
+            kept = tiled.to_dense()[0, 0]
+            # K: the most any query block keeps (one at least); a block past a row's own is masked
+            # throughout
+            K = kept.sum(1).max().clamp(min=1)
+            indices = kept.argsort(dim=1, descending=True, stable=True)[:, :K]
+            offsets = torch.arange(TILE, device=device)
             # padding rows copy the last query's row; padding keys are never seen
-            queries = torch.arange(len(kept) * BLOCK, device=device).clamp(max=n - 1)
-            keys = (indices[..., None] * BLOCK + offsets).flatten(1)[:, None]
-            tiles = self(None, None, queries.view(-1, BLOCK, 1), keys) & (keys < n)
-            self.built = ((n, device), (indices, tiles, block_mask))
+            queries = torch.arange(len(kept) * TILE, device=device).clamp(max=n - 1)
+            keys = (indices[..., None] * TILE + offsets).flatten(1)[:, None]
+            tiles = self(None, None, queries.view(-1, TILE, 1), keys) & (keys < n)
+            bias = torch.zeros(tiles.shape, device=device).masked_fill(~tiles, float("-inf"))
+            self.built = ((n, device), (indices, bias, block_mask))
         return self.built[1]
 
 
 def sparse_attention(q, k, v, blocks, real=None):
     """A pattern's fast path: FlexAttention on its BlockMask, or block_sparse() on the same blocks
     where FlexAttention has no backward pass (a CPU, MPS). real [B, n]: the keys not padding."""
-    indices, tiles, block_mask = blocks
+    indices, bias, block_mask = blocks
     if q.requires_grad and q.device.type in ("cpu", "mps"):
         if real is not None:
-            real = F.pad(real, (0, -real.size(1) % BLOCK)).view(len(real), -1, BLOCK)
-            tiles = tiles & real[:, indices].flatten(2)[:, None, :, None]
-        return block_sparse(q, k, v, indices, tiles)
+            real = F.pad(real, (0, -real.size(1) % TILE)).view(len(real), -1, TILE)
+            unseen = ~real[:, indices].flatten(2)[:, :, None]
+            bias = bias.masked_fill(unseen, float("-inf"))
+        return block_sparse(q, k, v, indices, bias.to(q.dtype))
 
     def padding(score, b, h, q_idx, k_idx):
         return torch.where(real[b, k_idx], score, float("-inf"))
@@ -251,17 +272,21 @@ def sparse_attention(q, k, v, blocks, real=None):
         ) from None
 
 
-def block_sparse(q, k, v, indices, tiles):
-    """SDPA on [B, h, n, d_k] tensors by blocks of BLOCK queries, each against only its key blocks
-    (indices [blocks, K]) under their masks tiles [.., blocks, BLOCK, K * BLOCK]."""
+def block_sparse(q, k, v, indices, bias):
+    """SDPA on [B, h, n, d_k] tensors by blocks of TILE queries, each against only its key blocks
+    (indices [blocks, K]) under their masks bias [(B,) blocks, TILE, K * TILE], -inf where a pair
+    is not kept."""
     B, h, n, _ = q.shape
-    q, k, v = (F.pad(t, (0, 0, 0, -n % BLOCK)).unflatten(2, (-1, BLOCK)) for t in (q, k, v))
-    k, v = (t[:, :, indices].flatten(3, 4) for t in (k, v))
-    # heads and blocks on one batch axis: four dimensions take SDPA's fused kernel
-    q, k, v = (t.flatten(1, 2) for t in (q, k, v))
-    mask = tiles.expand(B, h, *tiles.shape[-3:]).flatten(1, 2)
+    q, k, v = (F.pad(t, (0, 0, 0, -n % TILE)).unflatten(2, (-1, TILE)) for t in (q, k, v))
+    # [B, h, blocks, K * TILE, d_k]; index_select's backward sums by index_add, far faster on a
+    # CPU than an indexed gather's index_put
+    k, v = (t.index_select(2, indices.flatten()).unflatten(2, indices.shape) for t in (k, v))
+    k, v = (t.flatten(3, 4) for t in (k, v))
+    # blocks on the batch axis, the mask's on the heads' broadcast: [B * blocks, h, TILE, d_k]
+    q, k, v = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))
+    mask = bias.expand(B, *bias.shape[-3:]).flatten(0, 1)[:, None]  # [B * blocks, 1, TILE, .]
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # no key seen: zeros
-    return y.unflatten(1, (h, -1)).flatten(2, 3)[:, :, :n]
+    return y.unflatten(0, (B, -1)).transpose(1, 2).flatten(2, 3)[:, :, :n]
 
 
 def rotation(positions, d_k):

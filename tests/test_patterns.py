@@ -57,9 +57,10 @@ def test_each_mask_is_its_definition_cell_by_cell(name, causal):
     pattern = Pattern(config, causal)
     expected = definition(40, causal, **PATTERNS[name], links=pattern.links)
     assert torch.equal(pattern.dense(40, "cpu"), expected)
-    indices, tiles, block_mask = pattern.blocks(40, "cpu")
-    assert torch.equal(tiles[0, :40, :40], expected)  # 40 positions: one block
-    assert torch.equal(block_mask.to_dense()[0, 0], torch.ones(1, 1, dtype=torch.int32))
+    indices, bias, block_mask = pattern.blocks(40, "cpu")
+    assert torch.equal(bias[0, :40, :40] == 0, expected)  # 40 positions: one block
+    # the one block is kept if any pair in it is
+    assert block_mask.to_dense()[0, 0].item() == expected.any()
 
 
 def test_random_links_are_fixed_by_the_seed_and_causal_ones_look_back():
@@ -70,6 +71,15 @@ def test_random_links_are_fixed_by_the_seed_and_causal_ones_look_back():
     assert not torch.equal(links, other)
     assert (links <= torch.arange(300)[:, None]).all()  # query q's links: keys 0..q
     assert links[100:].float().mean() > 50  # and spread over them, not at the start
+
+
+def test_a_query_blocks_random_links_fall_in_at_most_r_key_blocks():
+    """Drawn per query block, as BigBird's kernels do: random links keep the pattern block-sparse,
+    where links drawn per query would reach nearly every key block."""
+    config = GPTConfig(**TINY | dict(block_size=1024, random_links=3))
+    for causal in (True, False):
+        indices = Pattern(config, causal).blocks(1024, "cpu")[0]  # [query blocks, K]
+        assert indices.shape[1] <= 3
 
 
 def models(options):
