@@ -321,7 +321,8 @@ class KVCache:
         n = self.lengths[source]
         for layer in self.kv:
             for cache in layer:
-                cache[rows, :, :n] = cache[source, :, :n]
+                # a copy: all of a RollingCache's slots would be read as they are written
+                cache[rows, :, :n] = cache[source, :, :n].clone()
         for row in rows:
             self.lengths[row] = n
 
@@ -366,10 +367,8 @@ class RollingCache(KVCache):
         self.held[row] = self.EMPTY
 
     def copy(self, source, rows):
-        for tensor in [self.held, *(cache for layer in self.kv for cache in layer)]:
-            tensor[rows] = tensor[source].clone()
-        for row in rows:
-            self.lengths[row] = self.lengths[source]
+        super().copy(source, rows)  # the first lengths[source] slots: those written
+        self.held[rows] = self.held[source].clone()
 
 
 class MultiHeadAttention(nn.Module):
@@ -498,12 +497,9 @@ class Transformer(nn.Module):
         self.pattern = None
         if config.window or config.global_tokens or config.random_links:
             self.pattern = Pattern(config, causal)
-
-    @property
-    def endless(self):
-        """Whether a sequence may run past block_size: a window over rotary positions, which see
-        distances only, reads its last window keys (and the global ones) wherever it is."""
-        return self.config.rope and self.config.window > 0 and not self.config.random_links
+        # a sequence may run past block_size: a window over rotary positions, which see distances
+        # only, reads its last window keys (and the global ones) wherever it is
+        self.endless = config.rope and config.window > 0 and not config.random_links
 
     def init_weights(self):
         """nanoGPT's init: N(0, 0.02), the residual projections' std over sqrt(2 n_layer) so that
@@ -527,8 +523,8 @@ class Transformer(nn.Module):
             keys = cache.key_positions
             # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
             mask = keys <= queries
-            if self.pattern is not None:
-                mask = mask & self.pattern(None, None, queries, keys)
+            if self.pattern is not None:  # causal: it keeps keys <= p only
+                mask = self.pattern(None, None, queries, keys)
             elif cache.unmasked:  # each query sees every key read: no mask to build or apply
                 mask = None
         if longest > self.config.block_size and not self.endless:
@@ -550,7 +546,7 @@ class Transformer(nn.Module):
         """The pattern's mask for n positions, and padding's [B, 1, 1, n]: the dense one where
         attention() or dropout reads it, else the fast path."""
         device = self.wte.weight.device
-        dropout = self.training and self.config.dropout > 0
+        dropout = self.training and self.config.dropout
         if need_weights or dropout or self.config.attn_impl == "explicit":
             mask = self.pattern.dense(n, device)
             return mask if padding is None else mask & padding
