@@ -333,7 +333,7 @@ class RollingCache(KVCache):
 
     EMPTY = 2**62  # an empty slot's position: no query sees it
 
-    def __init__(self, config, rows, device, dtype=torch.float32):
+    def __init__(self, config, rows, device, dtype):
         self.sinks = config.global_tokens
         self.ring = config.window
         length = self.sinks + self.ring
