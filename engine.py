@@ -63,13 +63,11 @@ class Engine:
         dtype = cache_dtype(model.wte.weight)
         # one spare position: a slice of the keys is never the whole cache, so a compiled step
         # never specializes on a full window
-        config = model.config
         try:
             if model.endless:  # each row's last window keys and the global ones, rolling
-                slots = config.window + config.global_tokens
-                self.cache = RollingCache(config, rows, slots, self.device, dtype)
+                self.cache = RollingCache(model.config, rows, self.device, dtype)
             else:
-                self.cache = KVCache(config, rows, self.block_size + 1, self.device, dtype)
+                self.cache = KVCache(model.config, rows, self.block_size + 1, self.device, dtype)
         except RuntimeError:  # torch.OutOfMemoryError is one
             raise Error(
                 f"a KV cache of {rows:,} rows does not fit in memory: ask for fewer"

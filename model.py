@@ -153,27 +153,6 @@ def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     return F.dropout(weights, dropout_p) @ v, weights
 
 
-def window(q, k, width):
-    """The notes' window: each query sees the keys less than width positions away, itself too."""
-    return (q - k).abs() < width
-
-
-def global_tokens(q, k, count):
-    """The notes' global tokens: the first count positions see every key, every query sees them."""
-    return (q < count) | (k < count)
-
-
-def random_links(q, k, links):
-    """BigBird's random links: query q sees the keys links[q] (links [positions, R])."""
-    # a kernel's padding rows read the last row's; links[q, r], not links[q][r], which compiled
-    # FlexAttention reads wrongly
-    q = q.clamp(max=len(links) - 1)
-    seen = links[q, 0] == k
-    for r in range(1, links.size(1)):
-        seen = seen | (links[q, r] == k)
-    return seen
-
-
 class Pattern:
     """A config's sparse pattern, its parts or'd, and causal: True where query position q may attend
     key position k, and the masks built from that one function."""
@@ -181,10 +160,8 @@ class Pattern:
     def __init__(self, config, causal):
         self.config = config
         self.causal = causal
-        self.links = None
-        if config.random_links:
-            with torch.device("cpu"):  # a model built on the meta device draws the same
-                self.links = self.draw_links(config.block_size, config.random_links)
+        with torch.device("cpu"):  # a model built on the meta device draws the same
+            self.links = self.draw_links(config.block_size, config.random_links)
         self.built = None  # (n, device) and blocks() of the last length
 
     def draw_links(self, n, R):
@@ -204,15 +181,19 @@ class Pattern:
 
     def __call__(self, b, h, q, k):
         """q, k: broadcasting tensors of positions -> True where q may attend k (in any batch row
-        b and head h: FlexAttention's mask_mod)."""
+        b and head h: FlexAttention's mask_mod): the notes' window and global tokens, BigBird's
+        random links (query q sees the keys links[q])."""
         c = self.config
-        keep = False
-        if c.window:
-            keep = keep | window(q, k, c.window)
-        if c.global_tokens:
-            keep = keep | global_tokens(q, k, c.global_tokens)
+        # a part at 0 keeps no pair
+        keep = (q - k).abs() < c.window
+        keep = keep | (q < c.global_tokens) | (k < c.global_tokens)
         if c.random_links:
-            keep = keep | random_links(q, k, self.links.to(q.device))
+            links = self.links.to(q.device)
+            # a kernel's padding rows read the last row's; links[row, r], not links[row][r], which
+            # compiled FlexAttention reads wrongly
+            row = q.clamp(max=len(links) - 1)
+            for r in range(c.random_links):
+                keep = keep | (links[row, r] == k)
         return keep & (k <= q) if self.causal else keep
 
     def dense(self, n, device):
@@ -364,33 +345,37 @@ class KVCache:
         n = self.lengths[source]
         for layer in self.kv:
             for cache in layer:
-                cache[rows, :, :n] = cache[source, :, :n]
+                # a copy: all of a RollingCache's slots would be read as they are written
+                cache[rows, :, :n] = cache[source, :, :n].clone()
         for row in rows:
             self.lengths[row] = n
 
 
 class RollingCache(KVCache):
     """A window model's cache for rows of any length: a slot for each of the global_tokens first
-    positions, then a ring of the last window ones (length = window + global_tokens slots)."""
+    positions, then a ring of the last window ones."""
 
     EMPTY = 2**62  # an empty slot's position: no query sees it
 
-    def __init__(self, config, rows, length, device, dtype=torch.float32):
-        super().__init__(config, rows, length, device, dtype)
+    def __init__(self, config, rows, device, dtype):
         self.sinks = config.global_tokens
+        self.ring = config.window
+        length = self.sinks + self.ring
+        super().__init__(config, rows, length, device, dtype)
         self.held = torch.full((rows, length), self.EMPTY, device=device)  # each slot's position
 
     def step(self, rows, T):
         super().step(rows, T)
-        ring = self.held.size(1) - self.sinks
         p = self.positions
-        slots = torch.where(p < self.sinks, p, self.sinks + (p - self.sinks) % ring)
+        s = self.sinks
         # the new keys a later query sees: the sinks and the last ring of them
-        self.at = ((p > p[:, -1:] - ring) | (p < self.sinks)).nonzero(as_tuple=True)
-        self.slots = slots[self.at]
+        self.at = ((p < s) | (p > p[:, -1:] - self.ring)).nonzero(as_tuple=True)
+        kept = p[self.at]
+        slots = torch.where(kept < s, kept, s + (kept - s) % self.ring)
+        self.slots = (self.rows[self.at[0]], slots)  # [row, slot] of each kept key
         # the keys read: the slots as they were, then the new ones
         self.key_positions = torch.cat([self.held[self.rows], p], 1)[:, None, None]
-        self.held[self.rows[self.at[0]], self.slots] = p[self.at]
+        self.held[self.slots] = kept
         return self
 
     def update(self, layer, k, v):
@@ -398,7 +383,7 @@ class RollingCache(KVCache):
         for cache, new in zip(self.kv[layer], (k, v)):
             new = new.to(cache.dtype)
             kept.append(torch.cat([cache[self.rows], new], 2))
-            cache[self.rows[self.at[0]], :, self.slots] = new.transpose(1, 2)[self.at]
+            cache.transpose(1, 2)[self.slots] = new.transpose(1, 2)[self.at]
         return kept
 
     def reset(self, row):
@@ -406,10 +391,8 @@ class RollingCache(KVCache):
         self.held[row] = self.EMPTY
 
     def copy(self, source, rows):
-        for tensor in [self.held, *(cache for layer in self.kv for cache in layer)]:
-            tensor[rows] = tensor[source].clone()
-        for row in rows:
-            self.lengths[row] = self.lengths[source]
+        super().copy(source, rows)  # the first lengths[source] slots: those written
+        self.held[rows] = self.held[source].clone()
 
 
 class MultiHeadAttention(nn.Module):
@@ -538,12 +521,9 @@ class Transformer(nn.Module):
         self.pattern = None
         if config.window or config.global_tokens or config.random_links:
             self.pattern = Pattern(config, causal)
-
-    @property
-    def endless(self):
-        """Whether a sequence may run past block_size: a window over rotary positions, which see
-        distances only, reads its last window keys (and the global ones) wherever it is."""
-        return self.config.rope and self.config.window > 0 and not self.config.random_links
+        # a sequence may run past block_size: a window over rotary positions, which see distances
+        # only, reads its last window keys (and the global ones) wherever it is
+        self.endless = config.rope and config.window > 0 and not config.random_links
 
     def init_weights(self):
         """nanoGPT's init: N(0, 0.02), the residual projections' std over sqrt(2 n_layer) so that
@@ -566,8 +546,8 @@ class Transformer(nn.Module):
             queries = positions[:, None, :, None]
             keys = cache.key_positions
             # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
-            if self.pattern is not None:
-                mask = (keys <= queries) & self.pattern(None, None, queries, keys)
+            if self.pattern is not None:  # causal: it keeps keys <= p only
+                mask = self.pattern(None, None, queries, keys)
             elif not cache.unmasked:  # else each query sees every key read: no mask
                 mask = keys <= queries
         if longest > self.config.block_size and not self.endless:
@@ -589,7 +569,7 @@ class Transformer(nn.Module):
         """The pattern's mask for n positions, and padding's [B, 1, 1, n]: the dense one where
         attention() or dropout reads it, else the fast path."""
         device = self.wte.weight.device
-        dropout = self.training and self.config.dropout > 0
+        dropout = self.training and self.config.dropout
         if need_weights or dropout or self.config.attn_impl == "explicit":
             mask = self.pattern.dense(n, device)
             return mask if padding is None else mask & padding
