@@ -202,15 +202,11 @@ class Pattern:
         return self(None, None, positions[:, None], positions)
 
     def blocks(self, n, device):
-        """For n positions, built eagerly once per length, even in a compiled model."""
+        """For n positions: each query tile's key tiles [tiles, K], kept ones first, their masks
+        as the -inf SDPA adds where a pair is not kept [tiles, TILE, K * TILE], and
+        FlexAttention's BlockMask; built eagerly once per length, even in a compiled model."""
         if torch.compiler.is_compiling():
-            return torch.compiler.disable(self.build)(n, device)
-        return self.build(n, device)
-
-    def build(self, n, device):
-        """For n positions: each query block's key blocks [blocks, K], kept ones first, their masks
-        as the -inf SDPA adds where a pair is not kept [blocks, TILE, K * TILE], and
-        FlexAttention's BlockMask of them."""
+            return torch.compiler.disable(self.blocks)(n, device)
         if self.built is None or self.built[0] != (n, device):
             block_mask = create_block_mask(self, None, None, n, n, device=device)
             tiled = create_block_mask(self, None, None, n, n, device=device, BLOCK_SIZE=TILE)
@@ -224,7 +220,7 @@ class Pattern:
             queries = torch.arange(len(kept) * TILE, device=device).clamp(max=n - 1)
             keys = (indices[..., None] * TILE + offsets).flatten(1)[:, None]
             tiles = self(None, None, queries.view(-1, TILE, 1), keys) & (keys < n)
-            bias = torch.zeros(tiles.shape, device=device).masked_fill(~tiles, float("-inf"))
+            bias = torch.where(tiles, 0.0, float("-inf"))
             self.built = ((n, device), (indices, bias, block_mask))
         return self.built[1]
 
@@ -236,8 +232,7 @@ def sparse_attention(q, k, v, blocks, real=None):
     if q.requires_grad and q.device.type in ("cpu", "mps"):
         if real is not None:
             real = F.pad(real, (0, -real.size(1) % TILE)).view(len(real), -1, TILE)
-            unseen = ~real[:, indices].flatten(2)[:, :, None]
-            bias = bias.masked_fill(unseen, float("-inf"))
+            bias = torch.where(real[:, indices].flatten(2)[:, :, None], bias, float("-inf"))
         return block_sparse(q, k, v, indices, bias.to(q.dtype))
 
     def padding(score, b, h, q_idx, k_idx):
