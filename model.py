@@ -253,7 +253,9 @@ def block_sparse(q, k, v, indices, bias):
     (indices [blocks, K]) under their masks bias [(B,) blocks, TILE, K * TILE], -inf where a pair
     is not kept."""
     B, h, n, _ = q.shape
-    q, k, v = (F.pad(t, (0, 0, 0, -n % TILE)).unflatten(2, (-1, TILE)) for t in (q, k, v))
+    if n % TILE:  # padded to whole tiles (a pad of nothing would still copy)
+        q, k, v = (F.pad(t, (0, 0, 0, -n % TILE)) for t in (q, k, v))
+    q, k, v = (t.unflatten(2, (-1, TILE)) for t in (q, k, v))
     # [B, h, blocks, K * TILE, d_k]; index_select's backward sums by index_add, far faster on a
     # CPU than an indexed gather's index_put
     k, v = (t.index_select(2, indices.flatten()).unflatten(2, indices.shape) for t in (k, v))
