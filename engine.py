@@ -165,7 +165,8 @@ class Engine:
         if self.use_cache:
             self.cache.reset(row.slot)
             step = self.cache.step([row.slot], len(window))
-        logits, _ = self.model(idx, cache=step, logits_to_keep=keep)
+        with torch.inference_mode(self.use_cache):  # as decode()'s
+            logits, _ = self.model(idx, cache=step, logits_to_keep=keep)
         return logits[0]
 
     def decode(self, rows):
@@ -180,7 +181,10 @@ class Engine:
         if batched:
             idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)
             step = self.cache.step([row.slot for row in batched], 1)
-            logits, _ = self.one_token(idx, cache=step, logits_to_keep=1)
+            # no version counters or autograd records: a tenth off a small model's token; a
+            # cached forward keeps no tensor that a later training step could meet
+            with torch.inference_mode():
+                logits, _ = self.one_token(idx, cache=step, logits_to_keep=1)
             took += self.take(batched, logits[:, -1])
         return took
 

@@ -65,6 +65,18 @@ def lone(model, prompt, pick, n, use_cache=True):
     return [step[0] for step in generate(model, [prompt], n, [pick], use_cache)]
 
 
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "uncached"])
+def test_a_model_trains_after_it_decoded(use_cache):
+    """The engine's forwards in inference mode leave the model nothing autograd refuses: a
+    pattern's masks, built once per length, are built outside it."""
+    model = tiny_gpt(window=4)
+    lone(model, [1, 2, 3], greedy(), 5, use_cache)
+    idx = torch.randint(0, 50, (2, 7))  # the length of the last forward
+    model.train()
+    model(idx, idx)[1].backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
 @OPTIONS
 def test_cache_steps_give_the_full_forwards_logits(options):
     model = tiny_gpt(**options)
