@@ -17,6 +17,7 @@ Generation speed, side by side in one run, on one device:
      time to first token and tokens/s;
   4. with --val_model, bfloat16's and int8's change in validation loss on a trained checkpoint.
   python bench/generate.py --old /tmp/old --val_model out-shakespeare-char --json gen.json
+  python bench/generate.py --old /tmp/old --sections shakespeare --turns 5    section 2 alone
 Run from anywhere; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE offline.
 """
 
@@ -24,6 +25,7 @@ import functools
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -326,19 +328,25 @@ def shakespeare_checkpoint(out):
     return path
 
 
-def small_shape(out, old, new_tokens):
-    """Section 2: sample.py here against an older checkout's, on one checkpoint."""
+def small_shape(out, old, new_tokens, turns=1):
+    """Section 2: sample.py here against an older checkout's, on one checkpoint, each run in turn
+    (turns rounds): each mode's median tokens/s and its runs."""
     path = shakespeare_checkpoint(out)
     flags = ["--out_dir", path, "--start", "ROMEO:", "--max_new_tokens", str(new_tokens)]
-    results = {}
-    for name, weights, compile in MODES:
-        run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
-        results[name] = run
+    runs = {}
+    for _ in range(turns):
+        if old:
+            # the older sample.py names its autocast dtype: float32, as its default was
+            run = sample_run(old, flags + ["--dtype", "float32"])
+            runs.setdefault("old", []).append(run["tokens_s"])
+        for name, weights, compile in MODES:
+            run = sample_run(ROOT, flags + ["--weights", weights] + ["--compile"] * compile)
+            runs.setdefault(name, []).append(run["tokens_s"])
+    results = {name: statistics.median(rates) for name, rates in runs.items()}
+    results["runs"] = runs
     if old:
-        # the older sample.py names its autocast dtype: float32, as its default was
-        results["old"] = sample_run(old, flags + ["--dtype", "float32"])["tokens_s"]
         for name, _, _ in MODES:
-            results[f"{name}_over_old"] = results[name]["tokens_s"] / results["old"]
+            results[f"{name}_over_old"] = results[name] / results["old"]
     return results
 
 
@@ -418,6 +426,12 @@ def main(argv=None):
     )
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quick", action="store_true", help="fewer tokens: a smoke test")
+    p.add_argument(
+        "--sections",
+        default="products,gpt2,shakespeare,batches",
+        help="which to run: products (0, 0b), gpt2 (1 to 1c), shakespeare (2), batches (3)",
+    )
+    p.add_argument("--turns", type=int, default=1, help="rounds of section 2's runs (medians)")
     args = p.parse_args(argv)
     if args.old and not os.path.isfile(os.path.join(args.old, "sample.py")):
         p.error(f"--old {args.old}: no sample.py there (a checkout of this repository)")
@@ -425,15 +439,20 @@ def main(argv=None):
         p.error(f"--val_model {args.val_model}: no checkpoint there (config.json)")
     scale = 10 if args.quick else 1
     results = dict(machine=machine("cpu"), defaults=resolve_weights("auto", "cpu"))
-    results["products"] = products()
-    results["one_row"] = one_row()
-    results["attention_us"] = attention_dtypes()
+    wanted = args.sections.split(",")
+    if "products" in wanted:
+        results["products"] = products()
+        results["one_row"] = one_row()
+        results["attention_us"] = attention_dtypes()
     with tempfile.TemporaryDirectory() as out:
-        results["gpt2"] = gpt2_shape(out, 200 // scale)
-        results["long_context"] = long_context(out, 60 // scale)
-        results["step_split"] = step_split()
-        results["shakespeare"] = small_shape(out, args.old, 500 // scale)
-        results["batches"] = batches(out, 200 // scale)
+        if "gpt2" in wanted:
+            results["gpt2"] = gpt2_shape(out, 200 // scale)
+            results["long_context"] = long_context(out, 60 // scale)
+            results["step_split"] = step_split()
+        if "shakespeare" in wanted:
+            results["shakespeare"] = small_shape(out, args.old, 500 // scale, args.turns)
+        if "batches" in wanted:
+            results["batches"] = batches(out, 200 // scale)
     if args.val_model:
         results["losses"] = format_losses(args.val_model)
     print(json.dumps(results, indent=2))
