@@ -313,10 +313,11 @@ class KVCache:
         in_order = rows == list(range(len(self.lengths)))
         self.read = slice(None) if in_order else self.rows
         # every row at one length: one new token sees every key read, and in order the new
-        # keys are written as one slice
+        # keys are written as one slice from start (an int: compiled, a slice's bounds are
+        # constants)
         level = len(set(lengths)) == 1
         self.unmasked = level and T == 1
-        self.written = slice(lengths[0], self.keys) if level and in_order else None
+        self.start = lengths[0] if level and in_order else None
         for row in rows:
             self.lengths[row] += T
         return self
@@ -327,8 +328,8 @@ class KVCache:
         kept = []
         for cache, new in zip(self.kv[layer], (k, v)):
             new = new.to(cache.dtype)
-            if self.written is not None:  # a copy into a view, not an indexed write
-                cache[:, :, self.written] = new
+            if self.start is not None:  # a copy into a view, not an indexed write
+                cache[:, :, self.start : self.keys] = new
             else:  # [B, T, h, d_k] places: row b, every head, position positions[b, t]
                 cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2)
             kept.append(cache[self.read, :, : self.keys])

@@ -3,6 +3,8 @@ batch, the window past block_size, the cached path against the uncached one for 
 option, requests joining and leaving a running batch, one prefill for n samples, the weight formats,
 and what serve.py's engine adds: log-probabilities, the prompt scored, turns by client."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn as nn
@@ -220,6 +222,24 @@ def test_the_compiled_step_decodes_as_the_eager_one():
     for eager, compiled in zip(*answers):
         assert compiled.generated == eager.generated
         assert compiled.token_logprobs == pytest.approx(eager.token_logprobs, abs=ATOL)
+
+
+@pytest.mark.slow
+def test_a_compiled_step_is_traced_once_for_every_position(monkeypatch):
+    """Rows in step decode through one graph, not one per position (were the new keys' place in
+    the cache a constant to the compiler, each token would compile anew): the compiler's eager
+    backend, a recompile an error, the tokens the eager engine's."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    model = tiny_gpt(**MODERN)
+    engine = Engine(model, rows=2, compile=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        request = engine.submit([1, 2, 3], [greedy(), greedy()], 30)
+        while engine.busy():
+            engine.step()
+    torch._dynamo.reset()
+    expected = lone(model, [1, 2, 3], greedy(), 30)
+    assert [row.generated for row in request.rows] == [expected, expected]
 
 
 @pytest.mark.slow
