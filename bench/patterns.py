@@ -153,6 +153,8 @@ def endless(out, tokens=4000, chunk=500, prompt=1000, checked=150, rounds=3):
 
 
 def plot(results, png):
+    from matplotlib import ticker
+
     from lib.plots import pyplot
 
     plt = pyplot()
@@ -166,6 +168,10 @@ def plot(results, png):
     for ax, label in ((ax_time, "seconds per step"), (ax_memory, "peak MiB above the model")):
         ax.set(xscale="log", yscale="log", xlabel="tokens n", ylabel=label)
         ax.set_xticks([n for n, _, _ in points], [f"{n:,}" for n, _, _ in points])
+        # plain-text tick labels (lib.plots turns TeX off): the n's alone across, numbers up
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
         ax.legend()
     fig.suptitle("one training step of a 4 x 128 GPT: full causal attention against patterns")
     fig.savefig(png, dpi=110)
