@@ -9,7 +9,7 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from decoding import NextToken, Options, pick_tokens
-from lib.common import Error
+from lib.common import Error, compiling
 from model import VARYING_LENGTHS, KVCache, RollingCache
 
 
@@ -99,17 +99,12 @@ class Engine:
         """Compiles the one-token step by throwaway requests of one row and of all."""
         self.one_token = torch.compile(self.model, dynamic=True)
         greedy = NextToken(Options(), greedy=True)
-        try:
+        with compiling("drop --compile, or install a C++ compiler"):
             for size in (1, rows):
                 # position 0 is prefilled eagerly: compiled, a single key would be a constant
                 self.submit([0], [greedy] * size, 2)
                 while self.busy():
                     self.step()
-        except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, say
-            reason = str(e).strip().splitlines()[0]
-            raise Error(
-                f"torch.compile failed ({reason}): drop --compile, or install a C++ compiler"
-            ) from None
 
     def busy(self):
         return bool(self.waiting or self.active)

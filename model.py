@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from lib.common import Error, native_bf16
+from lib.common import Error, compiling, native_bf16
 from lib.config import setting
 
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
@@ -238,14 +238,8 @@ def sparse_attention(q, k, v, blocks, real=None):
     def padding(score, b, h, q_idx, k_idx):
         return torch.where(real[b, k_idx], score, float("-inf"))
 
-    try:
+    with compiling("set attn_impl=explicit (the dense mask), or install a C++ compiler"):
         return flex()(q, k, v, padding if real is not None else None, block_mask)
-    except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, say
-        reason = str(e).strip().splitlines()[0]
-        raise Error(
-            f"FlexAttention did not compile ({reason}): set attn_impl=explicit (the dense mask), "
-            "or install a C++ compiler"
-        ) from None
 
 
 def block_sparse(q, k, v, indices, bias):

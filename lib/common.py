@@ -51,6 +51,17 @@ def shorten_quote(match):
 
 
 # ------------------------------------------------------------------------------- device, dtype
+@contextmanager
+def compiling(advice):
+    """Work that compiles: torch.compile's failure (no C++ compiler, say) is one line with advice
+    instead of inductor's traceback."""
+    try:
+        yield
+    except torch._dynamo.exc.BackendCompilerFailed as e:
+        reason = str(e).strip().splitlines()[0]
+        raise Error(f"torch.compile failed ({reason}): {advice}") from None
+
+
 def pick_device(name):
     """auto: cuda, then mps, then cpu. A GPU becomes the current one (new tensors go to it)."""
     if name == "auto":

@@ -12,6 +12,7 @@ from conftest import generate
 
 from decoding import NextToken, Options
 from engine import Engine
+from lib.common import Error
 from lib.weights import from_checkpoint, save_pretrained
 from model import (
     GPT,
@@ -124,6 +125,20 @@ def test_flex_attention_is_the_explicit_path():
             explicit = model(idx)[0]
             model.config.attn_impl = "sdpa"
             assert torch.allclose(model(idx)[0], explicit, atol=ATOL)
+
+
+@pytest.mark.slow
+def test_a_flex_attention_that_cannot_compile_is_one_line_naming_the_way_out():
+    """No working C++ compiler: a pattern's forward says so in one line and names the dense
+    mask, instead of inductor's traceback."""
+    torch._dynamo.reset()  # compile afresh: an earlier test's kernel would serve this call
+    settings = dict(fx_graph_cache=False, **{"cpp.cxx": ("/nonexistent/c++",)})
+    model = models(PATTERNS["window"])[0].eval()
+    with torch._inductor.config.patch(settings), torch.no_grad(), pytest.raises(Error) as failed:
+        model(torch.randint(1, 50, (1, 40)))
+    torch._dynamo.reset()
+    message = str(failed.value)
+    assert "\n" not in message and "C++" in message and "attn_impl=explicit" in message
 
 
 def test_a_compiled_model_trains_through_a_pattern():
