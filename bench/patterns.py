@@ -125,7 +125,7 @@ def endless(out, tokens=4000, chunk=500, prompt=1000, checked=150, rounds=3):
     uncached runs agree) from the windowed checkpoint, greedy from a newline; the check continues
     the sample's first prompt tokens by checked more, past block_size."""
     model, _ = from_checkpoint(out)
-    runs = []
+    timed = []  # per round, per chunk: (tokens/s, peak MiB)
     for _ in range(rounds):
         engine = Engine(model, rows=1)
         row = engine.submit([0], [NextToken(Options(), greedy=True)], tokens).rows[0]
@@ -138,8 +138,8 @@ def endless(out, tokens=4000, chunk=500, prompt=1000, checked=150, rounds=3):
                 engine.step()
             rate = (len(row.generated) - done) / (time.perf_counter() - began)
             chunks.append((rate, rss()[1]))
-        runs.append(chunks)
-    chunks = [(max(r for r, _ in c), max(m for _, m in c)) for c in zip(*runs)]
+        timed.append(chunks)
+    chunks = [(max(r for r, _ in c), max(m for _, m in c)) for c in zip(*timed)]
     model.config.attn_impl = "explicit"  # the uncached model on its dense mask
     runs = []
     for use_cache in (True, False):

@@ -50,7 +50,6 @@ def shorten_quote(match):
     return f"'{text[:40]}...' ({len(text):,} characters)"
 
 
-# ------------------------------------------------------------------------------- device, dtype
 @contextmanager
 def compiling(advice):
     """Work that compiles: torch.compile's failure (no C++ compiler, say) is one line with advice
@@ -62,6 +61,7 @@ def compiling(advice):
         raise Error(f"torch.compile failed ({reason}): {advice}") from None
 
 
+# ------------------------------------------------------------------------------- device, dtype
 def pick_device(name):
     """auto: cuda, then mps, then cpu. A GPU becomes the current one (new tensors go to it)."""
     if name == "auto":
