@@ -403,15 +403,19 @@ def test_packed_weights_keep_the_logits_and_the_greedy_tokens():
 def test_int8_weights_stay_within_their_rounding():
     """Per-channel int8: each weight moves by at most half a step, scale / 2 = max|w| / 254, so a
     row's output moves by at most sum |x_j| max|w| / 254 (plus bfloat16's rounding of x and y,
-    2^-8 relative each)."""
+    2^-8 relative each), for any number of inputs and outputs: the kernel reads 16 inputs at a
+    time, and a width of 24 or 40 (n_embd 30 too) reads past its rows."""
     torch.manual_seed(0)
-    linear = nn.Linear(64, 32)
-    x = torch.randn(5, 64)
-    exact = linear(x)
-    bound = x.abs().sum(-1, keepdim=True) * linear.weight.abs().amax(1) / 254
-    bound = bound + 2 * 2**-8 * (x.abs() @ linear.weight.abs().t() + exact.abs())
-    assert ((Int8Linear(linear)(x) - exact).abs() <= bound).all()
-    model = for_decoding(tiny_gpt(), "cpu", "int8")
+    for n_in in range(1, 130):
+        for n_out in (1, 3, 16, 17):
+            linear = nn.Linear(n_in, n_out)
+            x = torch.randn(5, n_in)
+            exact = linear(x)
+            bound = x.abs().sum(-1, keepdim=True) * linear.weight.abs().amax(1) / 254
+            bound = bound + 2 * 2**-8 * (x.abs() @ linear.weight.abs().t() + exact.abs())
+            error = (Int8Linear(linear)(x) - exact).abs()
+            assert (error <= bound).all(), (n_in, n_out)
+    model = for_decoding(tiny_gpt(n_embd=30), "cpu", "int8")
     assert isinstance(model.lm_head, Int8Linear)
     assert len(lone(model, [1, 2], greedy(), 20)) == 20
 
