@@ -13,15 +13,27 @@ expressed in its layout: such a model is refused.
 
 import argparse
 import os
+import shutil
 import sys
+from contextlib import contextmanager
 
 import torch
 from safetensors.torch import save_file
 
 from lib.bpe import bytes_to_unicode, merges, save_ranks
-from lib.common import ArgumentParser, Error, atomic_path, run_script, write_json
+from lib.common import (
+    ArgumentParser,
+    Error,
+    WriteError,
+    atomic_path,
+    fsync,
+    run_script,
+    temporary,
+    write_json,
+    writing,
+)
 from lib.schema import HF_GELU
-from lib.tokenizer import BPETokenizer, TrainedBPE, get_tokenizer
+from lib.tokenizer import RANKS_FILE, BPETokenizer, TrainedBPE, get_tokenizer
 from lib.weights import from_checkpoint
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions
@@ -123,6 +135,16 @@ def model_card(info, config, tokenizer):
 
 # files whose presence makes a folder a model: ours (train.py, export.py) or anyone's
 MODEL_FILES = ("model.safetensors", "config.json")
+# the files an export may write: an earlier export's that the new one lacks are removed
+EXPORT_FILES = (
+    *MODEL_FILES,
+    "generation_config.json",
+    "README.md",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    RANKS_FILE,
+)
 
 
 def check_target(out_dir, hf_dir, overwrite):
@@ -138,6 +160,30 @@ def check_target(out_dir, hf_dir, overwrite):
             f"--hf_dir {hf_dir} already holds a model ({', '.join(held)}): "
             "pass another folder, or --overwrite to replace it"
         )
+
+
+@contextmanager
+def staged(hf_dir):
+    """A new folder beside hf_dir to write the export into, then moved into hf_dir file by file,
+    an earlier export's other files removed: a failed export leaves hf_dir as it was."""
+    hf_dir = os.path.normpath(hf_dir)
+    staging = temporary(hf_dir)
+    with writing(hf_dir):
+        os.makedirs(staging)
+    try:
+        yield staging
+        os.makedirs(hf_dir, exist_ok=True)
+        written = os.listdir(staging)
+        for name in written:
+            os.replace(os.path.join(staging, name), os.path.join(hf_dir, name))
+        for name in set(EXPORT_FILES) - set(written):
+            if os.path.lexists(os.path.join(hf_dir, name)):
+                os.remove(os.path.join(hf_dir, name))
+        fsync(hf_dir)
+    except WriteError as e:  # named by the file it replaces
+        raise WriteError(str(e).replace(staging, hf_dir)) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def export(out_dir, hf_dir, overwrite=False):
@@ -159,71 +205,72 @@ def export(out_dir, hf_dir, overwrite=False):
     check_target(out_dir, hf_dir, overwrite)
     # refused, if at all, before --hf_dir holds a file
     hf_tokenizer = bpe_files(tokenizer.enc) if isinstance(tokenizer, BPETokenizer) else None
-    os.makedirs(hf_dir, exist_ok=True)
-    with atomic_path(os.path.join(hf_dir, "model.safetensors")) as tmp:
-        save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
-    if isinstance(tokenizer, TrainedBPE):
-        # sample.py reads the export with it
-        tokenizer.spec = save_ranks(tokenizer.ranks, hf_dir)
-    eos = tokenizer.eot_token
-    write_json(
-        os.path.join(hf_dir, "config.json"),
-        {
-            "model_type": "gpt2",
-            "architectures": ["GPT2LMHeadModel"],
-            "vocab_size": config.vocab_size,
-            "n_positions": config.block_size,
-            "n_embd": config.n_embd,
-            "n_layer": config.n_layer,
-            "n_head": config.n_head,
-            "activation_function": HF_ACTIVATION[config.gelu],
-            "layer_norm_epsilon": 1e-5,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-            "tie_word_embeddings": True,
-            "bos_token_id": eos,
-            "eos_token_id": eos,
-            "torch_dtype": "float32",
-            # this project's tokenizer (characters or a tiktoken encoding), which sample.py reads
-            "tokenizer": tokenizer.spec,
-        },
-    )
-    write_json(
-        os.path.join(hf_dir, "generation_config.json"), {"bos_token_id": eos, "eos_token_id": eos}
-    )
-    if isinstance(tokenizer, BPETokenizer):
-        vocab, merge_lines = hf_tokenizer
-        write_json(os.path.join(hf_dir, "vocab.json"), vocab)
-        with (
-            atomic_path(os.path.join(hf_dir, "merges.txt")) as tmp,
-            open(tmp, "w", encoding="utf-8") as f,
-        ):
-            f.write("#version: 0.2\n" + "\n".join(merge_lines) + "\n")
+    with staged(hf_dir) as folder:
+        with atomic_path(os.path.join(folder, "model.safetensors")) as tmp:
+            save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
+        if isinstance(tokenizer, TrainedBPE):
+            # sample.py reads the export with it
+            tokenizer.spec = save_ranks(tokenizer.ranks, folder)
+        eos = tokenizer.eot_token
         write_json(
-            os.path.join(hf_dir, "tokenizer_config.json"),
+            os.path.join(folder, "config.json"),
             {
-                "tokenizer_class": "GPT2Tokenizer",
-                "model_max_length": config.block_size,
-                "bos_token": "<|endoftext|>",
-                "eos_token": "<|endoftext|>",
-                "unk_token": "<|endoftext|>",
-                "add_prefix_space": False,
+                "model_type": "gpt2",
+                "architectures": ["GPT2LMHeadModel"],
+                "vocab_size": config.vocab_size,
+                "n_positions": config.block_size,
+                "n_embd": config.n_embd,
+                "n_layer": config.n_layer,
+                "n_head": config.n_head,
+                "activation_function": HF_ACTIVATION[config.gelu],
+                "layer_norm_epsilon": 1e-5,
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0,
+                "tie_word_embeddings": True,
+                "bos_token_id": eos,
+                "eos_token_id": eos,
+                "torch_dtype": "float32",
+                # this project's tokenizer (characters or a tiktoken encoding), for sample.py
+                "tokenizer": tokenizer.spec,
             },
         )
-        described = "vocab.json, merges.txt: AutoTokenizer gives tiktoken's ids"
-    else:
-        described = (
-            f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
-            f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)"
+        write_json(
+            os.path.join(folder, "generation_config.json"),
+            {"bos_token_id": eos, "eos_token_id": eos},
         )
-        if tokenizer.eot_token is not None:
-            described += f", and token {tokenizer.eot_token} is <|endoftext|>"
-    with (
-        atomic_path(os.path.join(hf_dir, "README.md")) as tmp,
-        open(tmp, "w", encoding="utf-8") as f,
-    ):
-        f.write(model_card(info, config, tokenizer))
+        if isinstance(tokenizer, BPETokenizer):
+            vocab, merge_lines = hf_tokenizer
+            write_json(os.path.join(folder, "vocab.json"), vocab)
+            with (
+                atomic_path(os.path.join(folder, "merges.txt")) as tmp,
+                open(tmp, "w", encoding="utf-8") as f,
+            ):
+                f.write("#version: 0.2\n" + "\n".join(merge_lines) + "\n")
+            write_json(
+                os.path.join(folder, "tokenizer_config.json"),
+                {
+                    "tokenizer_class": "GPT2Tokenizer",
+                    "model_max_length": config.block_size,
+                    "bos_token": "<|endoftext|>",
+                    "eos_token": "<|endoftext|>",
+                    "unk_token": "<|endoftext|>",
+                    "add_prefix_space": False,
+                },
+            )
+            described = "vocab.json, merges.txt: AutoTokenizer gives tiktoken's ids"
+        else:
+            described = (
+                f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
+                f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)"
+            )
+            if tokenizer.eot_token is not None:
+                described += f", and token {tokenizer.eot_token} is <|endoftext|>"
+        with (
+            atomic_path(os.path.join(folder, "README.md")) as tmp,
+            open(tmp, "w", encoding="utf-8") as f,
+        ):
+            f.write(model_card(info, config, tokenizer))
     print(
         f"wrote {hf_dir}: GPT2LMHeadModel, {model.num_params() / 1e6:.2f}M parameters; "
         f"tokenizer: {tokenizer.name}, {described}",

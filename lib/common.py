@@ -136,7 +136,7 @@ TEMPORARY = re.compile(r"\.\d+-[0-9a-f]{8}\.tmp$")
 @contextmanager
 def atomic_path(path):
     """A temporary name that replaces path on success, or is deleted: path is always whole."""
-    tmp = f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # TEMPORARY's form
+    tmp = temporary(path)
     try:
         with writing(path):
             yield tmp
@@ -148,6 +148,11 @@ def atomic_path(path):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def temporary(path):
+    """A new name beside path, in TEMPORARY's form, for what is written to replace it."""
+    return f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
 
 
 def umask():

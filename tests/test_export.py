@@ -127,6 +127,29 @@ def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() != b"an earlier export"
 
 
+def test_an_overwritten_export_holds_only_the_new_exports_files(tmp_path):
+    """A trained BPE's export (tokenizer.tiktoken, vocab.json, merges.txt, tokenizer_config.json)
+    replaced by a character model's: none of its tokenizer files stays to be read with the new
+    weights; a file no export writes (a clone's .gitattributes) stays, and nothing is left
+    beside the folder."""
+    from lib.bpe import save_ranks
+
+    ranks = {bytes([b]): b for b in range(256)} | {b"ab": 256}
+    (tmp_path / "data").mkdir()
+    spec = save_ranks(ranks, tmp_path / "data")
+    model = GPT(GPTConfig(vocab_size=258, block_size=8, n_layer=1, n_head=1, n_embd=8))
+    save_pretrained(model, tmp_path / "bpe", tmp_path / "data", task="lm", tokenizer=spec)
+    checkpoint(tmp_path / "char", {"type": "char", "chars": "abcdefgh"})
+    export(str(tmp_path / "bpe"), str(tmp_path / "hf"))
+    assert (tmp_path / "hf" / "merges.txt").read_text().splitlines()[1] == "a b"
+    (tmp_path / "hf" / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    export(str(tmp_path / "char"), str(tmp_path / "hf"), overwrite=True)
+    export(str(tmp_path / "char"), str(tmp_path / "fresh"))
+    fresh = {p.name for p in (tmp_path / "fresh").iterdir()}
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == fresh | {".gitattributes"}
+    assert {p.name for p in tmp_path.iterdir()} == {"data", "bpe", "char", "hf", "fresh"}
+
+
 def test_weights_files_have_the_mode_of_the_files_beside_them(tmp_path):
     """A checkpoint's and an export's model.safetensors are as readable as a plain file."""
     checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
