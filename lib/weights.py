@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 
-from lib.common import Error, atomic_path, read_json
+from lib.common import Error, atomic_path, check_regular, read_json
 from lib.schema import check_card, check_hf
 from lib.tokenizer import get_tokenizer, read_ranks_file
 from model import ARCHITECTURES, GPT
@@ -64,6 +64,7 @@ def from_checkpoint(out_dir, device="cpu", info=None):
             )
         info = read_json(path, "checkpoint config")
     weights = os.path.join(out_dir, "model.safetensors")
+    check_regular(weights)
     metadata, shapes = read_header(weights)
     config = check_card(info, path, shapes)
     # the weights config.json was saved with; a card without an id is unchecked, and a header
@@ -120,8 +121,10 @@ def from_pretrained(name_or_dir):
             ) from None
     config_path = os.path.join(path, "config.json")
     hf = read_json(config_path, "Hugging Face config")
+    weights = os.path.join(path, "model.safetensors")
+    check_regular(weights)
     try:
-        loaded = load_file(os.path.join(path, "model.safetensors"))
+        loaded = load_file(weights)
     except Exception as e:
         raise Error(
             f"{path} is not a GPT-2 checkpoint in the Hugging Face layout ({type(e).__name__}: {e})"

@@ -31,7 +31,7 @@ from lib import checkpoint, common, config
 from lib.common import Error
 from lib.prepare import save_array, write_classification_split, write_meta
 from lib.records import read_metrics
-from lib.weights import save_pretrained
+from lib.weights import load_pretrained, save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefghij"
@@ -1477,3 +1477,16 @@ def test_a_file_that_is_not_a_regular_file_is_refused_not_read_forever(tmp_path,
     }
     with pytest.raises(Error, match=f"{name}: not a regular file"):
         readers[name]()
+
+
+@pytest.mark.parametrize(
+    "card", [{"architecture": "GPT", "model": {}}, {"model_type": "gpt2"}], ids=["ours", "hf"]
+)
+def test_weights_that_are_not_a_regular_file_are_refused_not_read_forever(tmp_path, card):
+    """A model.safetensors that is a named pipe, beside this project's config.json or Hugging
+    Face's (sample.py and export.py read both): config.json's one line, not a read that never
+    ends."""
+    (tmp_path / "config.json").write_text(json.dumps(card))
+    os.mkfifo(tmp_path / "model.safetensors")
+    with pytest.raises(Error, match="model.safetensors: not a regular file"):
+        load_pretrained(str(tmp_path))
