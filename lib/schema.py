@@ -99,6 +99,7 @@ def check_meta(meta, path):
         if meta["task"] == "classify":
             pad = Key(0, ge=0, lt=meta["vocab_size"])
             check_keys(meta, {**CLASSIFY_META, "pad_token_id": pad})
+            check_label_names(meta["label_names"])
     return meta
 
 
@@ -119,11 +120,24 @@ def check_card(info, path, shapes):
         if config.rope:
             Key(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
         names = info.get("label_names")
+        check_label_names(names)
         if names is not None and len(names) != getattr(config, "n_classes", len(names)):
             raise Error(
                 f"'label_names' names {len(names)} classes, the model has {config.n_classes}"
             )
         return config
+
+
+def check_label_names(names):
+    """Label names (None: none), each a string that names one class only: a prediction's name
+    says which class it is."""
+    seen = set()
+    for name in names or []:
+        if not isinstance(name, str):
+            raise Error(f"'label_names' holds {name!r:.40}, not a string")
+        if name in seen:
+            raise Error(f"'label_names' names {name!r:.40} twice")
+        seen.add(name)
 
 
 def check_hf(hf, path, shapes):

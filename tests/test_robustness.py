@@ -1062,6 +1062,9 @@ DAMAGED_FILES = [
     ),
     ("clf", "config.json", "max_length", "128", "max_length='128': must be int"),
     ("clf", "config.json", "label_names", ["a"], "'label_names' names 1 classes, the model has 2"),
+    ("clf", "config.json", "label_names", ["a", "a"], "'label_names' names 'a' twice"),
+    ("clf", "config.json", "label_names", ["a", ["b"]], "holds ['b'], not a string"),
+    ("cls", "meta.json", "label_names", ["a", "a"], "'label_names' names 'a' twice"),
     ("clf", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
     ("gpt", "config.json", "tokenizer", DELETE, "no tokenizer this project knows"),
     # shape keys that do not fit the weights: refused before a model of that shape is built
