@@ -91,7 +91,7 @@ class GPTConfig:
         0, "> 0: each query sees this many keys drawn at random (BigBird's), from random_seed", ge=0
     )
     random_seed: int = setting(
-        0, "the seed of random_links: every run of the model sees one draw", ge=0
+        0, "the seed of random_links: every run of the model sees one draw", ge=0, lt=2**64
     )
 
     def __post_init__(self):

@@ -486,6 +486,16 @@ def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
     assert (tmp_path / "model.safetensors").read_bytes() != saved["model.safetensors"]
 
 
+def test_a_random_seed_past_torchs_range_is_refused_before_out_dir_is_made(files, tmp_path):
+    """torch.Generator takes seeds below 2**64: random_seed is checked with the other settings."""
+    seed = f"--random_seed={2**64}"
+    out_dir = tmp_path / "out"
+    common = TINY + [f"--dataset={files}/lm", f"--out_dir={out_dir}", "--random_links=1"]
+    with pytest.raises(Error, match=rf"^random_seed={2**64}: must be < {2**64} \(in {seed}\)$"):
+        run(common + [seed])
+    assert not out_dir.exists()
+
+
 # what a run leaves in out_dir: its checkpoint, settings and records
 RUN_FILES = (
     "model.safetensors",
