@@ -164,15 +164,15 @@ def check_target(out_dir, hf_dir, overwrite):
 
 @contextmanager
 def staged(hf_dir):
-    """A new folder beside hf_dir to write the export into, then moved into hf_dir file by file,
-    an earlier export's other files removed: a failed export leaves hf_dir as it was."""
+    """A new folder in hf_dir (one filesystem: each move a rename) to write the export into, then
+    moved out file by file, an earlier export's other files removed: a failed export leaves what
+    hf_dir held as it was."""
     hf_dir = os.path.normpath(hf_dir)
-    staging = temporary(hf_dir)
+    staging = temporary(os.path.join(hf_dir, ".export"))
     with writing(hf_dir):
         os.makedirs(staging)
     try:
         yield staging
-        os.makedirs(hf_dir, exist_ok=True)
         written = os.listdir(staging)
         for name in written:
             os.replace(os.path.join(staging, name), os.path.join(hf_dir, name))

@@ -130,8 +130,8 @@ def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
 def test_an_overwritten_export_holds_only_the_new_exports_files(tmp_path):
     """A trained BPE's export (tokenizer.tiktoken, vocab.json, merges.txt, tokenizer_config.json)
     replaced by a character model's: none of its tokenizer files stays to be read with the new
-    weights; a file no export writes (a clone's .gitattributes) stays, and nothing is left
-    beside the folder."""
+    weights; a file no export writes (a clone's .gitattributes) stays, and no staging folder is
+    left, in it or beside it."""
     from lib.bpe import save_ranks
 
     ranks = {bytes([b]): b for b in range(256)} | {b"ab": 256}
