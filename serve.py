@@ -80,6 +80,9 @@ from model import VARYING_LENGTHS
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
 MAX_TEXTS = 64  # texts in one classify request, prompts in one completion request
 MAX_TRACE = 20  # candidates per filter in a trace, alternatives per token in logprobs
+# the log-probabilities one completion may send: each a line of JSON in its answer and held in
+# memory until it is sent (about 20 bytes each, some 5 MB in all)
+MAX_CANDIDATES = 2**18
 MAX_ROWS = 32  # a GPT's KV cache rows: the most choices decoding at once (more wait their turn)
 SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -374,6 +377,7 @@ class Playground:
             options = decoding.Options(**{name: getattr(req, name) for name in names})
         except Error as e:
             raise RequestError(400, str(e), option_named(str(e))) from None
+        check_candidates(req, prompts, options)
         return Completion(self, name, m, req, prompts, options, seed, stops)
 
     def prompts(self, prompt, m):
@@ -471,6 +475,26 @@ class Playground:
                 for layer in maps
             ]
         return {"object": "list", "model": name, "data": data}
+
+
+def check_candidates(req, prompts, options):
+    """A 400 for a completion whose logprobs and trace come to more than MAX_CANDIDATES
+    log-probabilities: per token, logprobs' top and the chosen one, and trace's top at each
+    stage (the raw logits and each option on); with echo, per prompt token too."""
+    per_token = 0 if req.logprobs is None else req.logprobs + 1
+    stages = 1 + len(list(decoding.NextToken(options).on()))
+    generated = len(prompts) * req.n * req.max_tokens
+    candidates = generated * (per_token + req.trace * stages)
+    if req.echo:
+        candidates += req.n * sum(len(ids) for _, ids in prompts) * per_token
+    if candidates > MAX_CANDIDATES:
+        raise RequestError(
+            400,
+            f"logprobs and trace come to {candidates:,} log-probabilities (prompts x n x "
+            f"max_tokens x (logprobs + 1 + trace x stages)), more than {MAX_CANDIDATES:,}: ask "
+            "for fewer of these",
+            "trace" if req.trace else "logprobs",
+        )
 
 
 # -------------------------------------------------------------------------------- one completion

@@ -1072,6 +1072,23 @@ def test_logprobs_past_the_vocabulary_is_a_400_and_takes_no_slot(server):
     assert free_slots(playground) == before
 
 
+def test_logprobs_and_trace_past_their_budget_are_a_400_before_any_step(server):
+    """8 prompts x 8 choices x 256 tokens, each with 10 alternatives and the chosen one, and a
+    trace of 20 at each of 8 stages (the raw logits and 7 options): 2,801,664 log-probabilities,
+    past serve.MAX_CANDIDATES, refused before decoding; one choice of it is well within."""
+    address, playground = server
+    decoder = playground.models["gpt"]["decoder"]
+    big = dict(prompt=["ab"] * 8, n=8, max_tokens=256, trace=20, logprobs=10, **SAMPLING)
+    before = decoder.steps
+    status, answer = request(address, "POST", "/v1/completions", big)
+    assert status == 400 and answer["error"]["param"] == "trace", answer
+    assert "2,801,664 log-probabilities" in answer["error"]["message"], answer
+    assert f"{serve.MAX_CANDIDATES:,}" in answer["error"]["message"], answer
+    assert decoder.steps == before
+    small = {**big, "prompt": "ab", "n": 1, "max_tokens": 2}
+    assert len(post(server, "/v1/completions", small)["choices"][0]["trace"]) == 2
+
+
 def test_a_failure_inside_the_engine_ends_its_own_request_and_gives_back_its_slots(
     server, monkeypatch
 ):
