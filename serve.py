@@ -27,6 +27,7 @@ Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import math
@@ -508,6 +509,8 @@ class Choice:
         self.prompt_text = prompt_text
         self.trace = trace
         self.count = 0  # generated tokens turned into text
+        self.starts = []  # where each of them begins in text
+        self.kept = 0  # tokens counted in usage and sent with logprobs: none cut by a stop
         self.text = ""
         self.sent = 0  # characters of text sent
         self.finished = False
@@ -584,7 +587,7 @@ class Completion:
 
     def usage(self):
         prompt_tokens = sum(len(ids) for _, ids in self.prompts)
-        generated = sum(choice.count for choice in self.choices)
+        generated = sum(choice.kept for choice in self.choices)
         return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": generated,
@@ -607,7 +610,8 @@ class Completion:
         for c in self.choices:
             if not c.finished:  # at the end of a document, or of max_tokens
                 reason = "stop" if c.row.ended else "length"
-                ends.append((c.index, c.text[c.sent :], reason, [], None))
+                logprobs = self.keep(c, c.count)
+                ends.append((c.index, c.text[c.sent :], reason, [], logprobs))
         yield ends
 
     def step(self):
@@ -627,6 +631,7 @@ class Completion:
         """The event of choice c's next generated token."""
         c.count += 1
         self.playground.tokens_generated += 1
+        c.starts.append(len(c.text.rstrip("\ufffd")))
         c.text = self.tokenizer.decode(c.row.generated[: c.count])
         cut = first_stop(c.text, self.stops)
         if cut >= 0:
@@ -638,13 +643,21 @@ class Completion:
         reason = "stop" if c.finished else None
         new = out[c.sent :]
         c.sent = max(c.sent, len(out))
-        logprobs = None
-        if self.req.logprobs is not None:
-            i = c.count - 1
-            token = c.row.generated[i]
-            top = c.row.top_logprobs[i] if self.req.logprobs else []
-            logprobs = self.logprobs(c, [token], [c.row.token_logprobs[i]], [top])
+        # the tokens that begin in the text sent: none that a stop string cuts off
+        logprobs = self.keep(c, bisect.bisect_left(c.starts, len(out)))
         return (c.index, new, reason, trace, logprobs)
+
+    def keep(self, c, end):
+        """Choice c's generated tokens up to end counted -> the logprobs of those not yet
+        sent, or None (none asked for, or none new)."""
+        first = c.kept
+        c.kept = max(first, end)
+        if self.req.logprobs is None or c.kept == first:
+            return None
+        tokens = c.row.generated[first : c.kept]
+        chosen = c.row.token_logprobs[first : c.kept]
+        tops = c.row.top_logprobs[first : c.kept] if self.req.logprobs else [[]] * len(tokens)
+        return self.logprobs(c, tokens, chosen, tops)
 
     def echo_logprobs(self, c, request):
         """The logprobs of choice c's prompt, or None where none are asked for."""

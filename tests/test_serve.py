@@ -1089,6 +1089,31 @@ def test_logprobs_and_trace_past_their_budget_are_a_400_before_any_step(server):
     assert len(post(server, "/v1/completions", small)["choices"][0]["trace"]) == 2
 
 
+@pytest.mark.parametrize("stream_it", [False, True])
+def test_logprobs_and_usage_leave_out_the_tokens_a_stop_string_cuts(server, stream_it):
+    """A text cut before a stop string of two characters: its logprobs are its own tokens (one a
+    character), none of the stop string's, and its usage counts those alone."""
+    body = dict(prompt="ab", max_tokens=30, seed=5, logprobs=1, **SAMPLING)
+    whole = post(server, "/v1/completions", body)["choices"][0]["text"]
+    stop = whole[12:14]
+    cut = whole.index(stop)
+    body = {**body, "stop": stop, "stream_options": {"include_usage": True}}
+    if stream_it:
+        chunks = [json.loads(e) for e in stream(server, body)[:-1]]
+        usage = chunks[-1]["usage"]
+        choices = [c for chunk in chunks for c in chunk["choices"]]
+        logprobs = [c["logprobs"] for c in choices if c["logprobs"]]
+        text = "".join(c["text"] for c in choices)
+    else:
+        answer = post(server, "/v1/completions", {**body, "stream_options": None})
+        usage, choice = answer["usage"], answer["choices"][0]
+        logprobs, text = [choice["logprobs"]], choice["text"]
+    assert text == whole[:cut]
+    assert "".join(t for lp in logprobs for t in lp["tokens"]) == whole[:cut]
+    assert sum(len(lp["token_logprobs"]) for lp in logprobs) == cut
+    assert usage["completion_tokens"] == cut
+
+
 def test_a_failure_inside_the_engine_ends_its_own_request_and_gives_back_its_slots(
     server, monkeypatch
 ):
