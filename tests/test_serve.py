@@ -1114,6 +1114,19 @@ def test_logprobs_and_usage_leave_out_the_tokens_a_stop_string_cuts(server, stre
     assert usage["completion_tokens"] == cut
 
 
+def test_a_body_in_a_charset_other_than_utf_8_is_a_415_naming_it(server):
+    body = {"prompt": "ab", "max_tokens": 2}
+    for charset in ("utf-16", "latin-1"):
+        kind = {"Content-Type": f"application/json; charset={charset}"}
+        raw = json.dumps(body).encode(charset)
+        status, answer = request(server[0], "POST", "/v1/completions", raw=raw, headers=kind)
+        assert status == 415 and charset in answer["error"]["message"], answer
+    for charset in ("UTF-8", '"utf-8"'):
+        kind = {"Content-Type": f"application/json; charset={charset}"}
+        raw = json.dumps(body).encode()
+        assert request(server[0], "POST", "/v1/completions", raw=raw, headers=kind)[0] == 200
+
+
 def test_a_failure_inside_the_engine_ends_its_own_request_and_gives_back_its_slots(
     server, monkeypatch
 ):
