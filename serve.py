@@ -318,11 +318,14 @@ class Playground:
         """The checkpoint a request names (or the only one of its task),
         checked to be of that task."""
         of_task = [n for n, m in self.models.items() if m["task"] == task]
+        if not of_task:
+            what = "GPT" if task == "lm" else "classifier"
+            raise RequestError(
+                400, f"no {what} is loaded; start serve.py with one (--out_dir)", "model"
+            )
         if name is None:
             if len(of_task) != 1:
-                raise RequestError(
-                    400, f"name the model: one of {', '.join(of_task) or 'none loaded'}", "model"
-                )
+                raise RequestError(400, f"name the model: one of {', '.join(of_task)}", "model")
             name = of_task[0]
         if name not in self.models:
             raise RequestError(

@@ -1127,6 +1127,15 @@ def test_a_body_in_a_charset_other_than_utf_8_is_a_415_naming_it(server):
         assert request(server[0], "POST", "/v1/completions", raw=raw, headers=kind)[0] == 200
 
 
+def test_a_task_with_no_model_loaded_says_to_start_the_server_with_one(checkpoints):
+    for served, task, what in [("gpt", "classify", "classifier"), ("clf", "lm", "GPT")]:
+        playground = serve.Playground([checkpoints / served], "cpu", "float32", rows=1)
+        with pytest.raises(transport.RequestError) as refused:
+            playground.pick_model(None, task)
+        message = f"no {what} is loaded; start serve.py with one (--out_dir)"
+        assert refused.value.status == 400 and str(refused.value) == message
+
+
 def test_a_failure_inside_the_engine_ends_its_own_request_and_gives_back_its_slots(
     server, monkeypatch
 ):
