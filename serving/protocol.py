@@ -108,6 +108,7 @@ class DetokenizeRequest(Body):
     tokens: list[int]
 
 
+# ---------------------------------------------------------------------------------------- errors
 def invalid(request, e):
     """pydantic's first complaint about a body as one RequestError naming the field."""
     first = e.errors()[0]

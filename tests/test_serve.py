@@ -24,12 +24,14 @@ from conftest import ROOT, eot_checkpoint
 import classify
 import decoding
 import sample
-import serve
 from lib import transport
 from lib.tokenizer import EOT
 from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 from serving import completions
+from serving.app import Server
+from serving.playground import Playground
+from serving.scheduler import MAX_ROWS
 
 CHARS = "abcdefgh .\n"
 LABELS = ["alpha", "beta", "gamma"]
@@ -85,14 +87,14 @@ def checkpoints(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serving(checkpoints, host="127.0.0.1", send_buffer=None, rows=serve.MAX_ROWS, **options):
+def serving(checkpoints, host="127.0.0.1", send_buffer=None, rows=MAX_ROWS, **options):
     """The playground on a free port of host, in a thread of this process: (its address, the
     Playground), until the block ends. send_buffer: the bytes of each connection's kernel send
     buffer (the listening socket's, which connections inherit); rows: the GPT's KV cache rows."""
-    playground = serve.Playground(
+    playground = Playground(
         [checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256, rows=rows
     )
-    httpd = serve.Server(playground, host, 0, quiet=True, **options)
+    httpd = Server(playground, host, 0, quiet=True, **options)
     if send_buffer:
         httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -1033,7 +1035,7 @@ def test_a_number_that_is_not_finite_is_a_400(server, option, raw):
 @pytest.mark.parametrize("weights", ["float32", "int8"])
 def test_the_parameter_count_is_the_models_in_any_weight_format(checkpoints, weights):
     """Packed and int8 formats hold the weights as buffers: the count is taken before."""
-    playground = serve.Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", weights)
+    playground = Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", weights)
     loaded = playground.models["gpt"]
     assert loaded["parameters"] == GPT(loaded["model"].config).num_params()
 
@@ -1167,8 +1169,8 @@ def padded(checkpoints, tmp_path_factory):
 
 
 def test_logprobs_and_trace_of_a_padded_vocabulary_are_the_tokenizers_tokens(padded):
-    playground = serve.Playground([padded / "gpt"], "cpu", "float32")
-    httpd = serve.Server(playground, "127.0.0.1", 0, quiet=True)
+    playground = Playground([padded / "gpt"], "cpu", "float32")
+    httpd = Server(playground, "127.0.0.1", 0, quiet=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     while not httpd.started:
@@ -1256,7 +1258,7 @@ def test_a_body_in_a_charset_other_than_utf_8_is_a_415_naming_it(server):
 
 def test_a_task_with_no_model_loaded_says_to_start_the_server_with_one(checkpoints):
     for served, task, what in [("gpt", "classify", "classifier"), ("clf", "lm", "GPT")]:
-        playground = serve.Playground([checkpoints / served], "cpu", "float32", rows=1)
+        playground = Playground([checkpoints / served], "cpu", "float32", rows=1)
         with pytest.raises(transport.RequestError) as refused:
             playground.pick_model(None, task)
         message = f"no {what} is loaded; start serve.py with one (--out_dir)"
