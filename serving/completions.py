@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 import decoding
 from engine import Engine
 from lib.common import Error
-from lib.text import first_stop, printable
+from lib.text import continuation
 from lib.transport import RequestError
 from serving.protocol import error_response, option_named
 
@@ -176,13 +176,7 @@ class Completion:
         c.count += 1
         self.playground.tokens_generated += 1
         c.starts.append(len(c.text.rstrip("\ufffd")))
-        c.text = self.tokenizer.decode(c.row.generated[: c.count])
-        cut = first_stop(c.text, self.stops)
-        if cut >= 0:
-            c.text = c.text[:cut]
-            c.finished = True
-            c.row.finish()
-        out = c.text if c.finished else printable(c.text, self.stops)
+        c.text, out, c.finished = continuation(self.tokenizer, c.row, self.stops, c.count)
         trace = [c.trace[c.count - 1]] if c.trace else []
         reason = "stop" if c.finished else None
         new = out[c.sent :]
