@@ -38,7 +38,7 @@ def check_candidates(req, prompts, options):
             400,
             f"logprobs and trace come to {candidates:,} log-probabilities (prompts x n x "
             f"max_tokens x (logprobs + 1 + trace x stages)), more than {MAX_CANDIDATES:,}: ask "
-            "for fewer of these",
+            "for a smaller trace or logprobs, or fewer max_tokens, choices (n) or prompts",
             "trace" if req.trace else "logprobs",
         )
 
@@ -141,7 +141,8 @@ class Completion:
     async def events(self):
         """After each engine step, what it added: [(choice index, new text, finish reason or
         None, [trace entries], logprobs or None)], one entry per token taken (the echoed prompt
-        first). New text is never half a character nor a tail that may start a stop string."""
+        first). New text is never half a character nor a tail that may start a stop string; the
+        logprobs are those of the tokens that begin in the text sent."""
         for request in self.requests:
             async for _ in self.decoder.progress(request):
                 yield self.step()
@@ -175,6 +176,7 @@ class Completion:
         """The event of choice c's next generated token."""
         c.count += 1
         self.playground.tokens_generated += 1
+        # where the token begins: after the text before it, less a half character it completes
         c.starts.append(len(c.text.rstrip("\ufffd")))
         c.text, out, c.finished = continuation(self.tokenizer, c.row, self.stops, c.count)
         trace = [c.trace[c.count - 1]] if c.trace else []

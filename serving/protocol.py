@@ -74,7 +74,7 @@ def decoding_fields():
     made = {}
     for f in dataclasses.fields(decoding.Options):
         help = f.metadata["help"]
-        # shown in the schema, checked by decoding.Options (completion())
+        # shown in the schema, checked by decoding.Options (Playground.completion)
         bounds = {SCHEMA_BOUNDS[k]: v for k, v in f.metadata.items() if k in SCHEMA_BOUNDS}
         bounds = {k: v for k, v in bounds.items() if v is not None}
         field = Field(f.default, description=help, json_schema_extra=bounds)
