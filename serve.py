@@ -19,9 +19,10 @@ probabilities and every attention head.
 Checkpoints load and decode through the library sample.py and classify.py use; a GPT's requests
 share its engine's batch, step by step. Safe by default: only Host headers that name this server
 (a page that rebinds its domain to this address sends its own), POST bodies of application/json
-only (what a page of another site cannot send without asking), no Origin but the server's own
-unless --allow_origin names it. Bounded: every request has a deadline, connections and requests in
-flight have a limit (a 503 past it), a client that leaves stops its decoding.
+in UTF-8 only (what a page of another site cannot send without asking), no Origin but the server's
+own unless --allow_origin names it. Bounded: every request has a deadline, connections and requests
+in flight have a limit (a 503 past it), a completion's logprobs and trace a budget, a client that
+leaves stops its decoding.
 Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "type", "param"}}.
 """
 
