@@ -140,7 +140,7 @@ class Engine:
             self.active.extend(rows)
             if rows[0].remaining:
                 took += self.take(rows, logits.expand(len(rows), -1))
-            else:  # no token asked: the prompt only (serve.py's echo scores it)
+            else:  # no token asked: the prompt only (a prompt_logits hook may score it)
                 request.finish()
         return took
 
@@ -149,7 +149,8 @@ class Engine:
         return self.waiting[0]
 
     def prompt_logits(self, request, row):
-        """The logits [1, vocab] after the request's prompt, prefilled into row."""
+        """The logits [1, vocab] after the request's prompt, prefilled into row (a hook: the
+        server's echo scores the prompt here)."""
         return self.prefill(row)
 
     def prefill(self, row, keep=1):
@@ -215,7 +216,8 @@ class Engine:
         return took
 
     def score(self, row, logits, token):
-        """A hook before row takes token, whose readers then see both (serve.py's logprobs)."""
+        """A hook before row takes token, whose readers then see both (the server's logprobs,
+        serving/completions.py)."""
 
     def release(self):
         for row in [row for row in self.active if row.done]:

@@ -15,7 +15,7 @@ from engine import Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.config import at_least
 from lib.formats import WEIGHTS, for_decoding, resolve_weights
-from lib.text import first_stop, printable
+from lib.text import continuation
 from lib.weights import GPT2_NAMES, load_gpt
 
 SEPARATOR = "-" * 40
@@ -187,6 +187,7 @@ def print_samples(engine, request, tokenizer, args):
     continuation, not the prompt) where its row stops; --stream prints the first as it grows."""
     rows = request.rows
     texts = [""] * len(rows)
+    ready = [""] * len(rows)  # what of each text can be printed now
     stops = [args.stop] if args.stop else []
     steps = 0
     shown = 0  # characters of sample 0 already streamed
@@ -197,16 +198,11 @@ def print_samples(engine, request, tokenizer, args):
     try:
         while not request.done:
             for row in engine.step():  # the rows that took a token
-                # the whole continuation decoded: bytes split over tokens join up
-                text = tokenizer.decode(row.generated)
-                cut = first_stop(text, stops)
-                if cut >= 0:
-                    text = text[:cut]
-                    row.finish()
-                texts[rows.index(row)] = text
+                i = rows.index(row)
+                texts[i], ready[i], _ = continuation(tokenizer, row, stops)
             steps += 1
             if args.stream:
-                out = texts[0] if rows[0].done else printable(texts[0], stops)
+                out = texts[0] if rows[0].done else ready[0]
                 print(out[shown:], end="", flush=True)
                 shown = max(shown, len(out))
     except KeyboardInterrupt:  # Ctrl-C: print what was generated

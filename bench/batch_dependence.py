@@ -20,7 +20,7 @@ from lib.common import ArgumentParser, run_script  # noqa: E402
 from lib.config import at_least  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
 from lib.weights import load_gpt  # noqa: E402
-from serve import ServingEngine  # noqa: E402
+from serving.scheduler import ServingEngine  # noqa: E402
 
 PROMPTS = ["ROMEO:", "KING HENRY:", "First Citizen:", "JULIET:"]
 OPTIONS = Options(temperature=0.9, top_k=40)

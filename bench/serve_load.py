@@ -44,7 +44,8 @@ HEADLINES = [
 
 
 # refused before decoding: JSON that is not, wrong types, past the limits, more logprobs than a
-# small vocabulary has (the served model's may take 20), a prompt past block_size
+# small vocabulary has (the served model's may take 20), logprobs and trace past their budget
+# (some 60 MB of answer), a prompt past block_size
 BAD = [
     b"{",
     {"prompt": 3},
@@ -52,6 +53,20 @@ BAD = [
     {"prompt": "ROMEO:", "temperature": "hot"},
     {"prompt": ["ROMEO:"] * 64, "n": 8, "max_tokens": 10**6},
     {"prompt": "ROMEO:", "max_tokens": 5, "logprobs": 21, "n": 8},
+    {
+        "prompt": ["ROMEO:"] * 8,
+        "n": 8,
+        "max_tokens": 256,
+        "trace": 20,
+        "logprobs": 20,
+        "temperature": 0.9,
+        "top_k": 40,
+        "top_p": 0.9,
+        "frequency_penalty": 0.3,
+        "presence_penalty": 0.2,
+        "repetition_penalty": 1.3,
+        "no_repeat_ngram_size": 3,
+    },
     {"prompt": "ROMEO: " * 10**5, "max_tokens": 5},
 ]
 

@@ -15,3 +15,15 @@ def printable(text, stops=()):
             if stop.startswith(text[-n:]):
                 held = max(held, n)
     return text[: len(text) - held]
+
+
+def continuation(tokenizer, row, stops, count=None):
+    """The text of an engine row's generated tokens (its first count), cut before the first of
+    stops, where the row finishes -> (that text, what of it can be shown now, whether a stop cut
+    it). The whole is decoded each time: bytes split over tokens join up."""
+    text = tokenizer.decode(row.generated[:count])
+    cut = first_stop(text, stops)
+    if cut >= 0:
+        row.finish()
+        return text[:cut], text[:cut], True
+    return text, printable(text, stops), False

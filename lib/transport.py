@@ -132,9 +132,15 @@ class Guard:
                 )
         if scope["method"] != "POST":
             return None
-        kind = headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind != "application/json":
+        kind, *parameters = headers.get("content-type", "").lower().split(";")
+        if kind.strip() != "application/json":
             return RequestError(415, "POST a JSON body with Content-Type: application/json")
+        for parameter in parameters:  # JSON is UTF-8 (RFC 8259): any other charset is refused
+            name, _, value = parameter.strip().partition("=")
+            if name == "charset" and value.strip('"') not in ("utf-8", "utf8"):
+                return RequestError(
+                    415, f"charset {value[:20]!r}: POST JSON in UTF-8 (charset=utf-8, or none)"
+                )
         length = headers.get("content-length")
         if length is None:
             return RequestError(411, "send a Content-Length header with the JSON body")

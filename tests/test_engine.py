@@ -1,7 +1,7 @@
 """The generation engine: the KV cache against full forwards, rows at their own positions in one
 batch, the window past block_size, the cached path against the uncached one for every decoding
 option, requests joining and leaving a running batch, one prefill for n samples, the weight formats,
-and what serve.py's engine adds: log-probabilities, the prompt scored, turns by client."""
+and what the server's engine adds: log-probabilities, the prompt scored, turns by client."""
 
 import functools
 
@@ -16,7 +16,7 @@ from lib import formats
 from lib.common import Error
 from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights
 from model import GPT, GPTConfig, KVCache
-from serve import ServingEngine
+from serving.scheduler import ServingEngine
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
@@ -281,7 +281,7 @@ def test_a_row_whose_decoding_fails_ends_alone_with_its_error():
 
 
 def test_a_failed_step_ends_the_rows_decoding_and_the_waiting_wait_on():
-    """serve.py's engine after a bug in a step past admitting (no request to blame): the rows
+    """The server's engine after a bug in a step past admitting (no request to blame): the rows
     decoding end with the message and give back their slots; a waiting request decodes after."""
     engine = ServingEngine(tiny_gpt(), rows=1)
     running = engine.submit([1, 2], [greedy()], 5)

@@ -11,9 +11,10 @@ import torch
 from conftest import ROOT, eot_checkpoint, generate, needs_shared
 
 from decoding import NextToken, Options
+from engine import Row
 from lib.common import run_script
-from lib.text import printable
-from lib.tokenizer import EOT
+from lib.text import continuation, printable
+from lib.tokenizer import EOT, CharTokenizer
 from lib.weights import from_checkpoint, save_pretrained
 from model import GPT, GPTConfig
 from sample import SEPARATOR, main
@@ -272,6 +273,17 @@ def test_printable_holds_back_half_characters_and_a_possible_stop():
     assert (
         printable("hello wor", ["or!", "world"]) == "hello "
     )  # the longest tail any stop string may start with
+
+
+def test_a_continuation_is_cut_before_the_first_stop_string_where_its_row_finishes():
+    """sample.py's and serve's one reading of a row: its text, what may be shown, and the stop."""
+    tokenizer = CharTokenizer("ab\n")
+    row = Row([0], pick=None, max_new_tokens=8, block_size=8)
+    row.tokens += tokenizer.encode("ab\nab\n\nb")
+    assert continuation(tokenizer, row, ["\n\n"], 5) == ("ab\nab", "ab\nab", False)
+    assert continuation(tokenizer, row, ["\n\n"], 6) == ("ab\nab\n", "ab\nab", False)
+    assert not row.done
+    assert continuation(tokenizer, row, ["\n\n", "b\n"]) == ("a", "a", True) and row.done
 
 
 @pytest.mark.parametrize(

@@ -24,11 +24,14 @@ from conftest import ROOT, eot_checkpoint
 import classify
 import decoding
 import sample
-import serve
 from lib import transport
 from lib.tokenizer import EOT
 from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
+from serving import completions
+from serving.app import Server
+from serving.playground import Playground
+from serving.scheduler import MAX_ROWS
 
 CHARS = "abcdefgh .\n"
 LABELS = ["alpha", "beta", "gamma"]
@@ -84,14 +87,14 @@ def checkpoints(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serving(checkpoints, host="127.0.0.1", send_buffer=None, rows=serve.MAX_ROWS, **options):
+def serving(checkpoints, host="127.0.0.1", send_buffer=None, rows=MAX_ROWS, **options):
     """The playground on a free port of host, in a thread of this process: (its address, the
     Playground), until the block ends. send_buffer: the bytes of each connection's kernel send
     buffer (the listening socket's, which connections inherit); rows: the GPT's KV cache rows."""
-    playground = serve.Playground(
+    playground = Playground(
         [checkpoints / "gpt", checkpoints / "clf"], "cpu", "float32", max_tokens=256, rows=rows
     )
-    httpd = serve.Server(playground, host, 0, quiet=True, **options)
+    httpd = Server(playground, host, 0, quiet=True, **options)
     if send_buffer:
         httpd.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -1032,7 +1035,7 @@ def test_a_number_that_is_not_finite_is_a_400(server, option, raw):
 @pytest.mark.parametrize("weights", ["float32", "int8"])
 def test_the_parameter_count_is_the_models_in_any_weight_format(checkpoints, weights):
     """Packed and int8 formats hold the weights as buffers: the count is taken before."""
-    playground = serve.Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", weights)
+    playground = Playground([checkpoints / "gpt", checkpoints / "clf"], "cpu", weights)
     loaded = playground.models["gpt"]
     assert loaded["parameters"] == GPT(loaded["model"].config).num_params()
 
@@ -1081,14 +1084,14 @@ def test_a_failure_inside_the_engine_ends_its_own_request_and_gives_back_its_slo
     before = free_slots(playground)
     alongside = {"prompt": "ab", "max_tokens": 60, "seed": 3, "n": 2}
     alone = post(server, "/v1/completions", alongside)["choices"]
-    real = serve.log_probabilities
+    real = completions.log_probabilities
 
     def failing(logits, tokens, top):
         if top == 7:
             raise RuntimeError("selected index k out of range")
         return real(logits, tokens, top)
 
-    monkeypatch.setattr(serve, "log_probabilities", failing)
+    monkeypatch.setattr(completions, "log_probabilities", failing)
     with ThreadPoolExecutor(2) as pool:
         beside = pool.submit(request, address, "POST", "/v1/completions", alongside)
         time.sleep(0.05)
@@ -1166,8 +1169,8 @@ def padded(checkpoints, tmp_path_factory):
 
 
 def test_logprobs_and_trace_of_a_padded_vocabulary_are_the_tokenizers_tokens(padded):
-    playground = serve.Playground([padded / "gpt"], "cpu", "float32")
-    httpd = serve.Server(playground, "127.0.0.1", 0, quiet=True)
+    playground = Playground([padded / "gpt"], "cpu", "float32")
+    httpd = Server(playground, "127.0.0.1", 0, quiet=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     while not httpd.started:
@@ -1196,3 +1199,67 @@ def test_a_port_past_65535_and_a_cache_past_memory_are_one_line(checkpoints, fla
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert flag.split("=")[0] in result.stderr.splitlines()[-1], result.stderr
+
+
+def test_logprobs_and_trace_past_their_budget_are_a_400_before_any_step(server):
+    """8 prompts x 8 choices x 256 tokens, each with 10 alternatives and the chosen one, and a
+    trace of 20 at each of 8 stages (the raw logits and 7 options): 2,801,664 log-probabilities,
+    past completions.MAX_CANDIDATES, refused before decoding; one choice of it is well within."""
+    address, playground = server
+    decoder = playground.models["gpt"]["decoder"]
+    big = dict(prompt=["ab"] * 8, n=8, max_tokens=256, trace=20, logprobs=10, **SAMPLING)
+    before = decoder.steps
+    status, answer = request(address, "POST", "/v1/completions", big)
+    assert status == 400 and answer["error"]["param"] == "trace", answer
+    assert "2,801,664 log-probabilities" in answer["error"]["message"], answer
+    assert f"{completions.MAX_CANDIDATES:,}" in answer["error"]["message"], answer
+    assert decoder.steps == before
+    small = {**big, "prompt": "ab", "n": 1, "max_tokens": 2}
+    assert len(post(server, "/v1/completions", small)["choices"][0]["trace"]) == 2
+
+
+@pytest.mark.parametrize("stream_it", [False, True])
+def test_logprobs_and_usage_leave_out_the_tokens_a_stop_string_cuts(server, stream_it):
+    """A text cut before a stop string of two characters: its logprobs are its own tokens (one a
+    character), none of the stop string's, and its usage counts those alone."""
+    body = dict(prompt="ab", max_tokens=30, seed=5, logprobs=1, **SAMPLING)
+    whole = post(server, "/v1/completions", body)["choices"][0]["text"]
+    stop = whole[12:14]
+    cut = whole.index(stop)
+    body = {**body, "stop": stop, "stream_options": {"include_usage": True}}
+    if stream_it:
+        chunks = [json.loads(e) for e in stream(server, body)[:-1]]
+        usage = chunks[-1]["usage"]
+        choices = [c for chunk in chunks for c in chunk["choices"]]
+        logprobs = [c["logprobs"] for c in choices if c["logprobs"]]
+        text = "".join(c["text"] for c in choices)
+    else:
+        answer = post(server, "/v1/completions", {**body, "stream_options": None})
+        usage, choice = answer["usage"], answer["choices"][0]
+        logprobs, text = [choice["logprobs"]], choice["text"]
+    assert text == whole[:cut]
+    assert "".join(t for lp in logprobs for t in lp["tokens"]) == whole[:cut]
+    assert sum(len(lp["token_logprobs"]) for lp in logprobs) == cut
+    assert usage["completion_tokens"] == cut
+
+
+def test_a_body_in_a_charset_other_than_utf_8_is_a_415_naming_it(server):
+    body = {"prompt": "ab", "max_tokens": 2}
+    for charset in ("utf-16", "latin-1"):
+        kind = {"Content-Type": f"application/json; charset={charset}"}
+        raw = json.dumps(body).encode(charset)
+        status, answer = request(server[0], "POST", "/v1/completions", raw=raw, headers=kind)
+        assert status == 415 and charset in answer["error"]["message"], answer
+    for charset in ("UTF-8", '"utf-8"'):
+        kind = {"Content-Type": f"application/json; charset={charset}"}
+        raw = json.dumps(body).encode()
+        assert request(server[0], "POST", "/v1/completions", raw=raw, headers=kind)[0] == 200
+
+
+def test_a_task_with_no_model_loaded_says_to_start_the_server_with_one(checkpoints):
+    for served, task, what in [("gpt", "classify", "classifier"), ("clf", "lm", "GPT")]:
+        playground = Playground([checkpoints / served], "cpu", "float32", rows=1)
+        with pytest.raises(transport.RequestError) as refused:
+            playground.pick_model(None, task)
+        message = f"no {what} is loaded; start serve.py with one (--out_dir)"
+        assert refused.value.status == 400 and str(refused.value) == message

@@ -19,13 +19,14 @@ import pytest
 from conftest import ROOT, SHARED, TINY, needs_shared
 
 import sample
-import serve
 import train
 from export import export
 from lib.batches import read_meta
 from lib.common import Error
 from lib.tokenizer import get_tokenizer
 from lib.weights import load_gpt
+from serving.app import Server
+from serving.playground import Playground
 
 SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
 # sentences written for these tests: Russian, with a Greek and a Ukrainian one
@@ -250,9 +251,9 @@ def request(address, path, body):
 
 
 def test_the_playground_tokenizes_with_the_trained_bpe(prepared, trained):
-    playground = serve.Playground([trained], "cpu", "float32", max_tokens=16)
+    playground = Playground([trained], "cpu", "float32", max_tokens=16)
     tokenizer = data_tokenizer(prepared)
-    httpd = serve.Server(playground, quiet=True, port=0)
+    httpd = Server(playground, quiet=True, port=0)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     while not httpd.started:
