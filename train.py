@@ -173,6 +173,7 @@ def main(argv):
     settings, user_keys = config.parse(argv, KEYS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
+        settings = checkpoint.kept_pattern(settings, user_keys, KEYS)
         check_rules(settings, resuming)
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
