@@ -226,19 +226,25 @@ class Pattern:
 
 
 def sparse_attention(q, k, v, blocks, real=None):
-    """A pattern's fast path: FlexAttention on its BlockMask, or block_sparse() on the same blocks
-    where FlexAttention has no backward pass (a CPU, MPS). real [B, n]: the keys not padding."""
+    """A pattern's fast path: block_sparse() on a CPU or MPS, where FlexAttention has no backward
+    pass and its compiled forward fails at some lengths; FlexAttention on its BlockMask elsewhere.
+    real [B, n]: the keys not padding."""
     indices, bias, block_mask = blocks
-    if q.requires_grad and q.device.type in ("cpu", "mps"):
+    if q.device.type in ("cpu", "mps"):
         if real is not None:
             real = F.pad(real, (0, -real.size(1) % TILE)).view(len(real), -1, TILE)
             bias = torch.where(real[:, indices].flatten(2)[:, :, None], bias, float("-inf"))
         return block_sparse(q, k, v, indices, bias.to(q.dtype))
+    return flex_sparse(q, k, v, block_mask, real)
+
+
+def flex_sparse(q, k, v, block_mask, real=None):
+    """FlexAttention on the pattern's BlockMask, padding keys (real [B, n] False) masked."""
 
     def padding(score, b, h, q_idx, k_idx):
         return torch.where(real[b, k_idx], score, float("-inf"))
 
-    with compiling("set attn_impl=explicit (the dense mask), or install a C++ compiler"):
+    with compiling("set attn_impl=explicit (the dense mask)"):
         return flex()(q, k, v, padding if real is not None else None, block_mask)
 
 

@@ -21,6 +21,8 @@ from model import (
     GPTConfig,
     Pattern,
     RollingCache,
+    attention,
+    flex_sparse,
     sparse_attention,
 )
 
@@ -115,27 +117,33 @@ def test_the_block_sparse_path_trains_as_the_explicit_one(name):
             assert torch.allclose(a, b, atol=ATOL * b.abs().max())
 
 
-@pytest.mark.slow  # compiles FlexAttention (a C++ build) per model
-def test_flex_attention_is_the_explicit_path():
-    for model in models(PATTERNS["bigbird"]):
-        idx = torch.randint(1, 50, (2, 260))
-        idx[1, 150:] = 0
-        with torch.no_grad():
-            model.config.attn_impl = "explicit"
-            explicit = model(idx)[0]
-            model.config.attn_impl = "sdpa"
-            assert torch.allclose(model(idx)[0], explicit, atol=ATOL)
+@pytest.mark.slow  # compiles FlexAttention (a C++ build) per pattern
+@pytest.mark.parametrize("causal", [True, False], ids=["gpt", "encoder"])
+def test_flex_attention_is_the_explicit_path(causal):
+    """FlexAttention, a GPU's fast path, on the pattern's BlockMask: attention() under its dense
+    mask, padding included."""
+    torch.manual_seed(0)
+    pattern = Pattern(GPTConfig(**TINY | PATTERNS["bigbird"]), causal)
+    q, k, v = torch.randn(3, 2, 2, 260, 8).unbind(0)
+    real = torch.ones(2, 260, dtype=torch.bool)
+    real[1, 150:] = False
+    mask = pattern.dense(260, "cpu") & real[:, None, None, :]
+    expected = attention(q, k, v, mask)[0]
+    block_mask = pattern.blocks(260, "cpu")[2]
+    assert torch.allclose(flex_sparse(q, k, v, block_mask, real), expected, atol=ATOL)
 
 
 @pytest.mark.slow
 def test_a_flex_attention_that_cannot_compile_is_one_line_naming_the_way_out():
-    """No working C++ compiler: a pattern's forward says so in one line and names the dense
-    mask, instead of inductor's traceback."""
+    """No working compiler: FlexAttention says so in one line and names the dense mask, instead
+    of inductor's traceback."""
     torch._dynamo.reset()  # compile afresh: an earlier test's kernel would serve this call
     settings = dict(fx_graph_cache=False, **{"cpp.cxx": ("/nonexistent/c++",)})
-    model = models(PATTERNS["window"])[0].eval()
-    with torch._inductor.config.patch(settings), torch.no_grad(), pytest.raises(Error) as failed:
-        model(torch.randint(1, 50, (1, 40)))
+    pattern = Pattern(GPTConfig(**TINY | PATTERNS["window"]), causal=True)
+    q = torch.randn(1, 2, 40, 8)
+    block_mask = pattern.blocks(40, "cpu")[2]
+    with torch._inductor.config.patch(settings), pytest.raises(Error) as failed:
+        flex_sparse(q, q, q, block_mask)
     torch._dynamo.reset()
     message = str(failed.value)
     assert "\n" not in message and "C++" in message and "attn_impl=explicit" in message
@@ -188,9 +196,9 @@ def test_the_pairs_a_window_keeps_grow_linearly():
     assert tiles[1] == 2 * tiles[0] and tiles[2] == 2 * tiles[1]
 
 
-def test_without_gradients_a_cpu_takes_flex_attention(monkeypatch):
-    """FlexAttention has no backward pass on a CPU: there, only a forward without gradients
-    runs it."""
+def test_a_cpu_never_takes_flex_attention(monkeypatch):
+    """FlexAttention has no backward pass on a CPU, and its compiled forward fails at some
+    lengths: there, every forward takes block_sparse(), with gradients or without."""
     called = []
 
     def flex(q, *args):
@@ -201,9 +209,23 @@ def test_without_gradients_a_cpu_takes_flex_attention(monkeypatch):
     pattern = Pattern(GPTConfig(block_size=16, window=4), causal=True)
     q = torch.randn(1, 1, 16, 8, requires_grad=True)
     sparse_attention(q, q, q, pattern.blocks(16, "cpu"))
-    assert not called
     sparse_attention(q.detach(), q.detach(), q.detach(), pattern.blocks(16, "cpu"))
-    assert len(called) == 1
+    assert not called
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_an_encoder_evaluates_any_length_on_a_cpu_as_the_explicit_path(name):
+    """Evaluation (no gradients) of an encoder with a pattern, at three lengths, padding
+    included: the explicit path's logits (FlexAttention's compiled CPU kernel fails at some)."""
+    model = models(PATTERNS[name])[1].eval()
+    for n in (17, 40, 64):
+        idx = torch.randint(1, 50, (2, n))
+        idx[1, n // 2 :] = 0
+        with torch.no_grad():
+            model.config.attn_impl = "explicit"
+            explicit = model(idx)[0]
+            model.config.attn_impl = "sdpa"
+            assert torch.allclose(model(idx)[0], explicit, atol=ATOL)
 
 
 def endless_model(**options):
