@@ -255,6 +255,26 @@ def test_a_window_generates_past_block_size_as_the_uncached_model(options):
     assert engine.cache.kv[0][0].shape[2] == options["window"] + options.get("global_tokens", 0)
 
 
+def test_a_prompt_past_block_size_is_read_whole_by_a_rolling_cache():
+    """A prompt of 3 x block_size: its first tokens stay the global ones, and the prefill (in
+    chunks through the rolling cache) and the greedy tokens after it are what the model computes
+    from scratch on the whole sequence."""
+    model = endless_model(window=6, global_tokens=2)
+    prompt = torch.randint(1, 50, (48,), generator=torch.Generator().manual_seed(1)).tolist()
+    engine = Engine(model, rows=1)
+    row = engine.make_request(prompt, [greedy()], 1).rows[0]
+    row.slot = 0
+    with torch.no_grad():
+        whole = model(torch.tensor([prompt]))[0][0]
+        assert torch.allclose(engine.prefill(row, keep=48), whole, atol=ATOL)
+        expected = list(prompt)
+        for _ in range(20):
+            logits = model(torch.tensor([expected]))[0][0, -1]
+            expected.append(int(logits.argmax()))
+    cached = [step[0] for step in generate(model, [prompt], 20, [greedy()])]
+    assert cached == expected[48:]
+
+
 def greedy():
     return NextToken(Options(), greedy=True)
 
