@@ -6,11 +6,11 @@ generator (never depending on the batch).
 """
 
 import torch
-from torch.nn.attention import sdpa_kernel
 
+from cache import KVCache, RollingCache
 from decoding import NextToken, Options, pick_tokens
 from lib.common import Error, compiling
-from model import VARYING_LENGTHS, KVCache, RollingCache
+from model import varying_lengths
 
 
 class Row:
@@ -114,7 +114,7 @@ class Engine:
     def step(self):
         """A token for every active row, then requests that fit join -> the rows taking one."""
         self.release()
-        with sdpa_kernel(VARYING_LENGTHS):
+        with varying_lengths():
             took = self.decode(self.active)
         took += self.admit()
         self.release()

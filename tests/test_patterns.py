@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import generate
 
+from cache import RollingCache
 from decoding import NextToken, Options
 from engine import Engine
 from lib.common import Error
@@ -20,7 +21,6 @@ from model import (
     EncoderConfig,
     GPTConfig,
     Pattern,
-    RollingCache,
     attention,
     flex_sparse,
     sparse_attention,
