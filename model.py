@@ -2,10 +2,11 @@
 The models, in one file: attention written once, one Block built on it, two models sharing it:
   GPT                a causal decoder LM (GPT-2's layout by default, head tied to the token table)
   EncoderClassifier  a bidirectional encoder: padding mask, the mean over real tokens, a class head
-To try an idea in attention, edit attention() and train with attn_impl="explicit".
+A sparse pattern (patterns.py) enters attention as its mask, a KV cache (cache.py) as an object
+whose update() gives the keys and values so far. To try an idea in attention, edit attention() and
+run with attn_impl="explicit": every path, the patterns' and the caches' too, then goes through it.
 """
 
-import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -13,9 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from lib.common import Error, compiling
+from lib.common import Error
 from lib.config import setting
 
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
@@ -26,19 +26,6 @@ VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, S
 def varying_lengths():
     """SDPA restricted to VARYING_LENGTHS' kernels, for a stretch of calls at changing lengths."""
     return sdpa_kernel(VARYING_LENGTHS)
-
-
-BLOCK = 128  # FlexAttention's tile: a sparse kernel skips a block x block tile with no pair kept
-# block_sparse()'s: smaller, it computes fewer pairs that are masked; random links are drawn per
-# TILE queries
-TILE = 64
-
-
-@functools.cache
-def flex():
-    """FlexAttention compiled on first use (eager it computes every score, n x n): importing the
-    compiler takes seconds that a model without a pattern never pays."""
-    return torch.compile(flex_attention)
 
 
 def init_module(module):
@@ -160,120 +147,6 @@ def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     return F.dropout(weights, dropout_p) @ v, weights
 
 
-class Pattern:
-    """A config's sparse pattern, its parts or'd, and causal: True where query position q may attend
-    key position k, and the masks built from that one function."""
-
-    def __init__(self, config, causal):
-        self.config = config
-        self.causal = causal
-        with torch.device("cpu"):  # a model built on the meta device draws the same
-            self.links = self.draw_links(config.block_size, config.random_links)
-        self.built = None  # (n, device) and blocks() of the last length
-
-    def draw_links(self, n, R):
-        """links [n, R]: each query block draws R key blocks (causal: from those before it, the
-        first from itself), as BigBird's kernels do, and each query a key in each of them (causal:
-        one it may see), so a query block reads at most R key blocks for them."""
-        generator = torch.Generator().manual_seed(self.config.random_seed)
-        count = -(-n // TILE)  # query blocks
-        reach = torch.arange(count).clamp(min=1) if self.causal else torch.tensor(count)
-        key_blocks = (torch.rand(count, R, generator=generator) * reach[..., None]).long()
-        q = torch.arange(n)[:, None]
-        start = key_blocks[q[:, 0] // TILE] * TILE  # [n, R]
-        width = (n - start).clamp(max=TILE)
-        if self.causal:
-            width = width.minimum(q - start + 1)
-        return start + (torch.rand(n, R, generator=generator) * width).long()
-
-    def __call__(self, b, h, q, k):
-        """q, k: broadcasting tensors of positions -> True where q may attend k (in any batch row
-        b and head h: FlexAttention's mask_mod): the notes' window and global tokens, BigBird's
-        random links (query q sees the keys links[q])."""
-        c = self.config
-        # a part at 0 keeps no pair
-        keep = (q - k).abs() < c.window
-        keep = keep | (q < c.global_tokens) | (k < c.global_tokens)
-        if c.random_links:
-            links = self.links.to(q.device)
-            # a kernel's padding rows read the last row's; links[row, r], not links[row][r], which
-            # compiled FlexAttention reads wrongly
-            row = q.clamp(max=len(links) - 1)
-            for r in range(c.random_links):
-                keep = keep | (links[row, r] == k)
-        return keep & (k <= q) if self.causal else keep
-
-    def dense(self, n, device):
-        """The [n, n] mask of n positions: model.attention()'s, the reference."""
-        positions = torch.arange(n, device=device)
-        return self(None, None, positions[:, None], positions)
-
-    def blocks(self, n, device):
-        """For n positions: each query tile's key tiles [tiles, K], kept ones first, their masks
-        as the -inf SDPA adds where a pair is not kept [tiles, TILE, K * TILE], and
-        FlexAttention's BlockMask; built eagerly once per length, even in a compiled model."""
-        if torch.compiler.is_compiling():
-            return torch.compiler.disable(self.blocks)(n, device)
-        if self.built is None or self.built[0] != (n, device):
-            block_mask = create_block_mask(self, None, None, n, n, device=device)
-            tiled = create_block_mask(self, None, None, n, n, device=device, BLOCK_SIZE=TILE)
-            kept = tiled.to_dense()[0, 0]
-            # K: the most any query block keeps (one at least); a block past a row's own is masked
-            # throughout
-            K = kept.sum(1).max().clamp(min=1)
-            indices = kept.argsort(dim=1, descending=True, stable=True)[:, :K]
-            offsets = torch.arange(TILE, device=device)
-            # padding rows copy the last query's row; padding keys are never seen
-            queries = torch.arange(len(kept) * TILE, device=device).clamp(max=n - 1)
-            keys = (indices[..., None] * TILE + offsets).flatten(1)[:, None]
-            tiles = self(None, None, queries.view(-1, TILE, 1), keys) & (keys < n)
-            bias = torch.where(tiles, 0.0, float("-inf"))
-            self.built = ((n, device), (indices, bias, block_mask))
-        return self.built[1]
-
-
-def sparse_attention(q, k, v, blocks, real=None):
-    """A pattern's fast path: block_sparse() on a CPU or MPS, where FlexAttention has no backward
-    pass and its compiled forward fails at some lengths; FlexAttention on its BlockMask elsewhere.
-    real [B, n]: the keys not padding."""
-    indices, bias, block_mask = blocks
-    if q.device.type in ("cpu", "mps"):
-        if real is not None:
-            real = F.pad(real, (0, -real.size(1) % TILE)).view(len(real), -1, TILE)
-            bias = torch.where(real[:, indices].flatten(2)[:, :, None], bias, float("-inf"))
-        return block_sparse(q, k, v, indices, bias.to(q.dtype))
-    return flex_sparse(q, k, v, block_mask, real)
-
-
-def flex_sparse(q, k, v, block_mask, real=None):
-    """FlexAttention on the pattern's BlockMask, padding keys (real [B, n] False) masked."""
-
-    def padding(score, b, h, q_idx, k_idx):
-        return torch.where(real[b, k_idx], score, float("-inf"))
-
-    with compiling("set attn_impl=explicit (the dense mask)"):
-        return flex()(q, k, v, padding if real is not None else None, block_mask)
-
-
-def block_sparse(q, k, v, indices, bias):
-    """SDPA on [B, h, n, d_k] tensors by blocks of TILE queries, each against only its key blocks
-    (indices [blocks, K]) under their masks bias [(B,) blocks, TILE, K * TILE], -inf where a pair
-    is not kept."""
-    B, h, n, _ = q.shape
-    if n % TILE:  # padded to whole tiles (a pad of nothing would still copy)
-        q, k, v = (F.pad(t, (0, 0, 0, -n % TILE)) for t in (q, k, v))
-    q, k, v = (t.unflatten(2, (-1, TILE)) for t in (q, k, v))
-    # [B, h, blocks, K * TILE, d_k]; index_select's backward sums by index_add, far faster on a
-    # CPU than an indexed gather's index_put
-    k, v = (t.index_select(2, indices.flatten()).unflatten(2, indices.shape) for t in (k, v))
-    k, v = (t.flatten(3, 4) for t in (k, v))
-    # blocks on the batch axis, the mask's on the heads' broadcast: [B * blocks, h, TILE, d_k]
-    q, k, v = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))
-    mask = bias.expand(B, *bias.shape[-3:]).flatten(0, 1)[:, None]  # [B * blocks, 1, TILE, .]
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # no key seen: zeros
-    return y.unflatten(0, (B, -1)).transpose(1, 2).flatten(2, 3)[:, :, :n]
-
-
 def rotation(positions, d_k):
     """(cos, sin) of rotary embeddings at positions [T] -> [T, d_k/2], or [B, T] -> [B, 1, T,
     d_k/2]: channel pair (i, i + d_k/2) turns by position * 10000^(-2i/d_k)."""
@@ -381,6 +254,8 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.pattern = None
         if config.window or config.global_tokens or config.random_links:
+            from patterns import Pattern  # FlexAttention's import: only a model with a pattern
+
             self.pattern = Pattern(config, causal)
         # a sequence may run past block_size: a window over rotary positions, which see distances
         # only, reads its last window keys (and the global ones) wherever it is
@@ -400,7 +275,10 @@ class Transformer(nn.Module):
             longest = idx.size(1)
             positions = torch.arange(longest, device=idx.device)
             if self.pattern is not None:
-                mask = self.pattern_mask(longest, mask, need_weights)
+                # the dense mask where attention() or dropout reads it, else the fast path
+                dense = need_weights or self.config.attn_impl == "explicit"
+                dense = dense or (self.training and self.config.dropout > 0)
+                mask = self.pattern.mask(longest, idx.device, mask, dense)
         else:
             longest = cache.keys  # known on the host: no device sync
             positions = cache.positions
@@ -419,18 +297,6 @@ class Transformer(nn.Module):
             x, weights = block(x, mask, rope, cache, need_weights)
             maps.append(weights)
         return self.ln_f(x), maps
-
-    def pattern_mask(self, n, padding, need_weights):
-        """The pattern's mask for n positions, and padding's [B, 1, 1, n]: the dense one where
-        attention() or dropout reads it, else the fast path."""
-        device = self.wte.weight.device
-        dropout = self.training and self.config.dropout
-        if need_weights or dropout or self.config.attn_impl == "explicit":
-            mask = self.pattern.dense(n, device)
-            return mask if padding is None else mask & padding
-        real = None if padding is None else padding[:, 0, 0]
-        blocks = self.pattern.blocks(n, device)
-        return functools.partial(sparse_attention, blocks=blocks, real=real)
 
     def num_params(self, non_embedding=True):
         """Parameters, shared ones counted once; by default without the position table."""
@@ -571,7 +437,7 @@ class EncoderClassifier(Transformer):
         if self.bow is not None:
             # an ensemble: each classifier trained by its own loss; the mean of their
             # log-probabilities (the normalised geometric mean of their probabilities) has the
-            # product's argmax without its overconfidence (BENCHMARKS.md, calibration)
+            # product's argmax without its overconfidence
             bow = self.bow_logits(idx, real)
             if labels is not None:
                 loss = (loss + F.cross_entropy(bow, labels)) / 2

@@ -15,16 +15,8 @@ from decoding import NextToken, Options
 from engine import Engine
 from lib.common import Error
 from lib.weights import from_checkpoint, save_pretrained
-from model import (
-    GPT,
-    EncoderClassifier,
-    EncoderConfig,
-    GPTConfig,
-    Pattern,
-    attention,
-    flex_sparse,
-    sparse_attention,
-)
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention
+from patterns import Pattern, flex_sparse, sparse_attention
 
 TINY = dict(vocab_size=50, block_size=300, n_layer=2, n_head=2, n_embd=16)
 PATTERNS = {
@@ -164,12 +156,17 @@ def test_a_compiled_model_trains_through_a_pattern():
         assert torch.allclose(p.grad, grad, atol=ATOL * grad.abs().max())
 
 
-def test_importing_the_model_loads_no_compiler():
+def test_importing_the_model_loads_no_compiler_and_no_option():
     """Dynamo's import costs seconds of every script's start that a model without a pattern never
-    needs."""
-    code = "import sys, model; print('torch._dynamo' in sys.modules)"
+    needs; FlexAttention, the patterns, the optimizers and the caches load where they are used,
+    and the model imports on a torch without torch.optim.Muon."""
+    code = (
+        "import sys, torch; del torch.optim.Muon; import model; "
+        "print([m for m in sys.modules if m in ('torch._dynamo', "
+        "'torch.nn.attention.flex_attention', 'patterns', 'optim', 'cache')])"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.stdout.strip() == "False", result.stderr
+    assert result.stdout.strip() == "[]", result.stderr
 
 
 def test_a_window_of_block_size_is_full_causal_attention():
@@ -205,7 +202,7 @@ def test_a_cpu_never_takes_flex_attention(monkeypatch):
         called.append(q)
         return q
 
-    monkeypatch.setattr("model.flex", lambda: flex)
+    monkeypatch.setattr("patterns.flex", lambda: flex)
     pattern = Pattern(GPTConfig(block_size=16, window=4), causal=True)
     q = torch.randn(1, 1, 16, 8, requires_grad=True)
     sparse_attention(q, q, q, pattern.blocks(16, "cpu"))
