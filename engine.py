@@ -6,11 +6,11 @@ generator (never depending on the batch).
 """
 
 import torch
-from torch.nn.attention import sdpa_kernel
 
+from cache import KVCache, RollingCache
 from decoding import NextToken, Options, pick_tokens
 from lib.common import Error, compiling
-from model import VARYING_LENGTHS, KVCache, RollingCache
+from model import varying_lengths
 
 
 class Row:
@@ -23,7 +23,8 @@ class Row:
         self.remaining = max_new_tokens
         self.end_token = end_token  # drawn, it ends the row unseen (None: no such token)
         self.ended = False  # whether the row drew end_token (a document's end)
-        self.start = max(0, len(prompt) - block_size)  # the window: tokens[start:]
+        # the window: tokens[start:] (block_size None: every token, a rolling cache's)
+        self.start = max(0, len(prompt) - block_size) if block_size else 0
         self.slot = None
         self.done = False
         self.error = None  # why its decoding stopped short (decoding's Error), or None
@@ -92,7 +93,7 @@ class Engine:
         slots = len(self.cache.lengths)
         if len(picks) > slots:
             raise Error(f"{len(picks)} rows asked of an engine of {slots}")
-        size = self.block_size
+        size = None if self.model.endless else self.block_size
         return Request([Row(prompt, pick, max_new_tokens, size, end_token) for pick in picks])
 
     def warm_up(self, rows):
@@ -113,7 +114,7 @@ class Engine:
     def step(self):
         """A token for every active row, then requests that fit join -> the rows taking one."""
         self.release()
-        with sdpa_kernel(VARYING_LENGTHS):
+        with varying_lengths():
             took = self.decode(self.active)
         took += self.admit()
         self.release()
@@ -154,16 +155,25 @@ class Engine:
         return self.prefill(row)
 
     def prefill(self, row, keep=1):
-        """The row's window through the model, into its slot afresh -> its last keep logits."""
+        """The row's window through the model, into its slot afresh -> its last keep logits. A
+        rolling cache takes it in chunks of block_size, each query reading the slots the chunks
+        before it left: what the model computes on the whole sequence, at a bounded cost."""
         window = row.tokens[row.start :]
-        idx = torch.tensor([window], device=self.device)
-        step = None
+        n = len(window)
+        chunk = self.block_size if self.use_cache and self.model.endless else n
         if self.use_cache:
             self.cache.reset(row.slot)
-            step = self.cache.step([row.slot], len(window))
-        with torch.inference_mode(self.use_cache):  # as decode()'s
-            logits, _ = self.model(idx, cache=step, logits_to_keep=keep)
-        return logits[0]
+        kept = []
+        for start in range(0, n, chunk):
+            end = min(n, start + chunk)
+            idx = torch.tensor([window[start:end]], device=self.device)
+            step = self.cache.step([row.slot], end - start) if self.use_cache else None
+            wanted = end - max(start, n - keep)  # this chunk's share of the last keep
+            with torch.inference_mode(self.use_cache):  # as decode()'s
+                logits, _ = self.model(idx, cache=step, logits_to_keep=max(1, wanted))
+            if wanted > 0:
+                kept.append(logits[0])
+        return torch.cat(kept)
 
     def decode(self, rows):
         """The rows' last tokens through the model in one forward -> the rows that took one."""

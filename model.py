@@ -2,10 +2,11 @@
 The models, in one file: attention written once, one Block built on it, two models sharing it:
   GPT                a causal decoder LM (GPT-2's layout by default, head tied to the token table)
   EncoderClassifier  a bidirectional encoder: padding mask, the mean over real tokens, a class head
-To try an idea in attention, edit attention() and train with attn_impl="explicit".
+A sparse pattern (patterns.py) enters attention as its mask, a KV cache (cache.py) as an object
+whose update() gives the keys and values so far. To try an idea in attention, edit attention() and
+run with attn_impl="explicit": every path, the patterns' and the caches' too, then goes through it.
 """
 
-import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -13,25 +14,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from lib.common import Error, compiling, native_bf16
+from lib.common import Error
 from lib.config import setting
 
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
 # cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-BLOCK = 128  # FlexAttention's tile: a sparse kernel skips a block x block tile with no pair kept
-# block_sparse()'s: smaller, it computes fewer pairs that are masked; random links are drawn per
-# TILE queries
-TILE = 64
 
 
-@functools.cache
-def flex():
-    """FlexAttention compiled on first use (eager it computes every score, n x n): importing the
-    compiler takes seconds that a model without a pattern never pays."""
-    return torch.compile(flex_attention)
+def varying_lengths():
+    """SDPA restricted to VARYING_LENGTHS' kernels, for a stretch of calls at changing lengths."""
+    return sdpa_kernel(VARYING_LENGTHS)
 
 
 def init_module(module):
@@ -153,114 +147,6 @@ def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     return F.dropout(weights, dropout_p) @ v, weights
 
 
-class Pattern:
-    """A config's sparse pattern, its parts or'd, and causal: True where query position q may attend
-    key position k, and the masks built from that one function."""
-
-    def __init__(self, config, causal):
-        self.config = config
-        self.causal = causal
-        with torch.device("cpu"):  # a model built on the meta device draws the same
-            self.links = self.draw_links(config.block_size, config.random_links)
-        self.built = None  # (n, device) and blocks() of the last length
-
-    def draw_links(self, n, R):
-        """links [n, R]: each query block draws R key blocks (causal: from those before it, the
-        first from itself), as BigBird's kernels do, and each query a key in each of them (causal:
-        one it may see), so a query block reads at most R key blocks for them."""
-        generator = torch.Generator().manual_seed(self.config.random_seed)
-        count = -(-n // TILE)  # query blocks
-        reach = torch.arange(count).clamp(min=1) if self.causal else torch.tensor(count)
-        key_blocks = (torch.rand(count, R, generator=generator) * reach[..., None]).long()
-        q = torch.arange(n)[:, None]
-        start = key_blocks[q[:, 0] // TILE] * TILE  # [n, R]
-        width = (n - start).clamp(max=TILE)
-        if self.causal:
-            width = width.minimum(q - start + 1)
-        return start + (torch.rand(n, R, generator=generator) * width).long()
-
-    def __call__(self, b, h, q, k):
-        """q, k: broadcasting tensors of positions -> True where q may attend k (in any batch row
-        b and head h: FlexAttention's mask_mod): the notes' window and global tokens, BigBird's
-        random links (query q sees the keys links[q])."""
-        c = self.config
-        # a part at 0 keeps no pair
-        keep = (q - k).abs() < c.window
-        keep = keep | (q < c.global_tokens) | (k < c.global_tokens)
-        if c.random_links:
-            links = self.links.to(q.device)
-            # a kernel's padding rows read the last row's; links[row, r], not links[row][r], which
-            # compiled FlexAttention reads wrongly
-            row = q.clamp(max=len(links) - 1)
-            for r in range(c.random_links):
-                keep = keep | (links[row, r] == k)
-        return keep & (k <= q) if self.causal else keep
-
-    def dense(self, n, device):
-        """The [n, n] mask of n positions: model.attention()'s, the reference."""
-        positions = torch.arange(n, device=device)
-        return self(None, None, positions[:, None], positions)
-
-    def blocks(self, n, device):
-        """For n positions: each query tile's key tiles [tiles, K], kept ones first, their masks
-        as the -inf SDPA adds where a pair is not kept [tiles, TILE, K * TILE], and
-        FlexAttention's BlockMask; built eagerly once per length, even in a compiled model."""
-        if torch.compiler.is_compiling():
-            return torch.compiler.disable(self.blocks)(n, device)
-        if self.built is None or self.built[0] != (n, device):
-            block_mask = create_block_mask(self, None, None, n, n, device=device)
-            tiled = create_block_mask(self, None, None, n, n, device=device, BLOCK_SIZE=TILE)
-            kept = tiled.to_dense()[0, 0]
-            # K: the most any query block keeps (one at least); a block past a row's own is masked
-            # throughout
-            K = kept.sum(1).max().clamp(min=1)
-            indices = kept.argsort(dim=1, descending=True, stable=True)[:, :K]
-            offsets = torch.arange(TILE, device=device)
-            # padding rows copy the last query's row; padding keys are never seen
-            queries = torch.arange(len(kept) * TILE, device=device).clamp(max=n - 1)
-            keys = (indices[..., None] * TILE + offsets).flatten(1)[:, None]
-            tiles = self(None, None, queries.view(-1, TILE, 1), keys) & (keys < n)
-            bias = torch.where(tiles, 0.0, float("-inf"))
-            self.built = ((n, device), (indices, bias, block_mask))
-        return self.built[1]
-
-
-def sparse_attention(q, k, v, blocks, real=None):
-    """A pattern's fast path: FlexAttention on its BlockMask, or block_sparse() on the same blocks
-    where FlexAttention has no backward pass (a CPU, MPS). real [B, n]: the keys not padding."""
-    indices, bias, block_mask = blocks
-    if q.requires_grad and q.device.type in ("cpu", "mps"):
-        if real is not None:
-            real = F.pad(real, (0, -real.size(1) % TILE)).view(len(real), -1, TILE)
-            bias = torch.where(real[:, indices].flatten(2)[:, :, None], bias, float("-inf"))
-        return block_sparse(q, k, v, indices, bias.to(q.dtype))
-
-    def padding(score, b, h, q_idx, k_idx):
-        return torch.where(real[b, k_idx], score, float("-inf"))
-
-    with compiling("set attn_impl=explicit (the dense mask), or install a C++ compiler"):
-        return flex()(q, k, v, padding if real is not None else None, block_mask)
-
-
-def block_sparse(q, k, v, indices, bias):
-    """SDPA on [B, h, n, d_k] tensors by blocks of TILE queries, each against only its key blocks
-    (indices [blocks, K]) under their masks bias [(B,) blocks, TILE, K * TILE], -inf where a pair
-    is not kept."""
-    B, h, n, _ = q.shape
-    if n % TILE:  # padded to whole tiles (a pad of nothing would still copy)
-        q, k, v = (F.pad(t, (0, 0, 0, -n % TILE)) for t in (q, k, v))
-    q, k, v = (t.unflatten(2, (-1, TILE)) for t in (q, k, v))
-    # [B, h, blocks, K * TILE, d_k]; index_select's backward sums by index_add, far faster on a
-    # CPU than an indexed gather's index_put
-    k, v = (t.index_select(2, indices.flatten()).unflatten(2, indices.shape) for t in (k, v))
-    k, v = (t.flatten(3, 4) for t in (k, v))
-    # blocks on the batch axis, the mask's on the heads' broadcast: [B * blocks, h, TILE, d_k]
-    q, k, v = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))
-    mask = bias.expand(B, *bias.shape[-3:]).flatten(0, 1)[:, None]  # [B * blocks, 1, TILE, .]
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # no key seen: zeros
-    return y.unflatten(0, (B, -1)).transpose(1, 2).flatten(2, 3)[:, :, :n]
-
-
 def rotation(positions, d_k):
     """(cos, sin) of rotary embeddings at positions [T] -> [T, d_k/2], or [B, T] -> [B, 1, T,
     d_k/2]: channel pair (i, i + d_k/2) turns by position * 10000^(-2i/d_k)."""
@@ -281,112 +167,6 @@ def rotary(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-class KVCache:
-    """Every layer's keys and values, preallocated and written in place (gpt-fast's static
-    cache), and each row's length."""
-
-    def __init__(self, config, rows, length, device, dtype=torch.float32):
-        shape = (rows, config.n_head, length, config.n_embd // config.n_head)
-        # (keys, values) per layer, written in place: a compiled step mutates no views
-        self.kv = [
-            [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
-            for _ in range(config.n_layer)
-        ]
-        self.lengths = [0] * rows  # on the host: reading them costs no device sync
-
-    def step(self, rows, T):
-        """Readies the cache for T new tokens of rows (row indices), each at its next positions."""
-        device = self.kv[0][0].device
-        lengths = [self.lengths[row] for row in rows]
-        start = torch.tensor(lengths)
-        self.rows = torch.tensor(rows, device=device)
-        self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
-        self.keys = max(lengths) + T  # how many keys the queries may read
-        self.key_positions = torch.arange(self.keys, device=device)  # those update() returns
-        # every row in order: the cache's own views are read, no copies
-        in_order = rows == list(range(len(self.lengths)))
-        self.read = slice(None) if in_order else self.rows
-        # every row at one length: one new token sees every key read, and in order the new
-        # keys are written as one slice from start (an int: compiled, a slice's bounds are
-        # constants)
-        level = len(set(lengths)) == 1
-        self.unmasked = level and T == 1
-        self.start = lengths[0] if level and in_order else None
-        for row in rows:
-            self.lengths[row] += T
-        return self
-
-    def update(self, layer, k, v):
-        """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
-        [B, h, keys, d_k]."""
-        kept = []
-        for cache, new in zip(self.kv[layer], (k, v)):
-            new = new.to(cache.dtype)
-            if self.start is not None:  # a copy into a view, not an indexed write
-                cache[:, :, self.start : self.keys] = new
-            else:  # [B, T, h, d_k] places: row b, every head, position positions[b, t]
-                cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2)
-            kept.append(cache[self.read, :, : self.keys])
-        return kept
-
-    def reset(self, row):
-        self.lengths[row] = 0
-
-    def copy(self, source, rows):
-        """Row source's keys, values and length into each of rows (a prompt prefilled once)."""
-        n = self.lengths[source]
-        for layer in self.kv:
-            for cache in layer:
-                # a copy: all of a RollingCache's slots would be read as they are written
-                cache[rows, :, :n] = cache[source, :, :n].clone()
-        for row in rows:
-            self.lengths[row] = n
-
-
-class RollingCache(KVCache):
-    """A window model's cache for rows of any length: a slot for each of the global_tokens first
-    positions, then a ring of the last window ones."""
-
-    EMPTY = 2**62  # an empty slot's position: no query sees it
-
-    def __init__(self, config, rows, device, dtype):
-        self.sinks = config.global_tokens
-        self.ring = config.window
-        length = self.sinks + self.ring
-        super().__init__(config, rows, length, device, dtype)
-        self.held = torch.full((rows, length), self.EMPTY, device=device)  # each slot's position
-
-    def step(self, rows, T):
-        super().step(rows, T)
-        p = self.positions
-        s = self.sinks
-        # the new keys a later query sees: the sinks and the last ring of them
-        self.at = ((p < s) | (p > p[:, -1:] - self.ring)).nonzero(as_tuple=True)
-        kept = p[self.at]
-        slots = torch.where(kept < s, kept, s + (kept - s) % self.ring)
-        self.slots = (self.rows[self.at[0]], slots)  # [row, slot] of each kept key
-        # the keys read: the slots as they were, then the new ones
-        self.key_positions = torch.cat([self.held[self.rows], p], 1)[:, None, None]
-        self.held[self.slots] = kept
-        return self
-
-    def update(self, layer, k, v):
-        kept = []
-        for cache, new in zip(self.kv[layer], (k, v)):
-            new = new.to(cache.dtype)
-            kept.append(torch.cat([cache[self.rows], new], 2))
-            cache.transpose(1, 2)[self.slots] = new.transpose(1, 2)[self.at]
-        return kept
-
-    def reset(self, row):
-        super().reset(row)
-        self.held[row] = self.EMPTY
-
-    def copy(self, source, rows):
-        super().copy(source, rows)  # the first lengths[source] slots: those written
-        self.held[rows] = self.held[source].clone()
-
-
 class MultiHeadAttention(nn.Module):
     """h heads of size d_k = d/h from one fused Q/K/V projection (3d x d) plus W_O (d x d):
     4 d^2 weights for any h."""
@@ -403,7 +183,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
         """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend, the whole mask
         (None on a causal model: the causal kernel), or a pattern's fast path attend(q, k, v);
-        rope: rotation()'s; cache: a KVCache."""
+        rope: rotation()'s; cache: cache.py's, its update() the keys and values so far."""
         B, T, C = x.shape
         # 3 x [B, h, T, d_k]
         q, k, v = self.qkv(x).view(B, T, 3, self.config.n_head, -1).permute(2, 0, 3, 1, 4)
@@ -416,7 +196,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
             q = q.to(k.dtype)  # attention in the cache's dtype
-        # a cache without a mask: each query sees every key read (KVCache.unmasked)
+        # a cache without a mask: each query sees every key read
         causal = self.causal and mask is None and cache is None
         dropout_p = self.config.dropout if self.training else 0.0
         weights = None
@@ -459,44 +239,6 @@ class Block(nn.Module):
         return x + self.mlp_dropout(self.mlp.proj(hidden)), weights
 
 
-def orthogonalize(g, dtype, coefficients, steps, eps):
-    """Muon's Newton-Schulz iterations: g's nearest semi-orthogonal matrix, roughly."""
-    a, b, c = coefficients
-    tall = g.size(0) > g.size(1)
-    x = g.to(dtype).mT if tall else g.to(dtype)
-    x = x / x.norm().clamp(min=eps)  # spectral norm <= 1
-    for _ in range(steps):
-        gram = x @ x.mT
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, poly, x, beta=a)
-    return x.mT if tall else x
-
-
-class Muon(torch.optim.Muon):
-    """torch's Muon (Nesterov, AdamW's update size) orthogonalising in dtype: its bfloat16 where
-    the device multiplies it natively, float32 where bfloat16 is emulated (BENCHMARKS.md)."""
-
-    def __init__(self, params, lr, weight_decay, dtype):
-        super().__init__(params, lr, weight_decay, adjust_lr_fn="match_rms_adamw")
-        self.dtype = dtype
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            lr = group["lr"]
-            momentum = group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum)
-                ns = (group["ns_coefficients"], group["ns_steps"], group["eps"])
-                update = orthogonalize(update, self.dtype, *ns)
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update, alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
-
-
 class Transformer(nn.Module):
     """The body both models share: embeddings, n_layer Blocks, a final norm."""
 
@@ -512,6 +254,8 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.pattern = None
         if config.window or config.global_tokens or config.random_links:
+            from patterns import Pattern  # FlexAttention's import: only a model with a pattern
+
             self.pattern = Pattern(config, causal)
         # a sequence may run past block_size: a window over rotary positions, which see distances
         # only, reads its last window keys (and the global ones) wherever it is
@@ -531,17 +275,14 @@ class Transformer(nn.Module):
             longest = idx.size(1)
             positions = torch.arange(longest, device=idx.device)
             if self.pattern is not None:
-                mask = self.pattern_mask(longest, mask, need_weights)
+                # the dense mask where attention() or dropout reads it, else the fast path
+                dense = need_weights or self.config.attn_impl == "explicit"
+                dense = dense or (self.training and self.config.dropout > 0)
+                mask = self.pattern.mask(longest, idx.device, mask, dense)
         else:
             longest = cache.keys  # known on the host: no device sync
             positions = cache.positions
-            queries = positions[:, None, :, None]
-            keys = cache.key_positions
-            # the query at position p sees its row's keys at positions <= p: [B, 1, T, keys]
-            if self.pattern is not None:  # causal: it keeps keys <= p only
-                mask = self.pattern(None, None, queries, keys)
-            elif not cache.unmasked:  # else each query sees every key read: no mask
-                mask = keys <= queries
+            mask = cache.mask(self.pattern)
         if longest > self.config.block_size and not self.endless:
             raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
         x = self.wte(idx)
@@ -557,18 +298,6 @@ class Transformer(nn.Module):
             maps.append(weights)
         return self.ln_f(x), maps
 
-    def pattern_mask(self, n, padding, need_weights):
-        """The pattern's mask for n positions, and padding's [B, 1, 1, n]: the dense one where
-        attention() or dropout reads it, else the fast path."""
-        device = self.wte.weight.device
-        dropout = self.training and self.config.dropout
-        if need_weights or dropout or self.config.attn_impl == "explicit":
-            mask = self.pattern.dense(n, device)
-            return mask if padding is None else mask & padding
-        real = None if padding is None else padding[:, 0, 0]
-        blocks = self.pattern.blocks(n, device)
-        return functools.partial(sparse_attention, blocks=blocks, real=real)
-
     def num_params(self, non_embedding=True):
         """Parameters, shared ones counted once; by default without the position table."""
         n = sum(p.numel() for p in self.parameters())
@@ -577,32 +306,8 @@ class Transformer(nn.Module):
         return n
 
     def optimizer_groups(self):
-        """AdamW groups with settings of their own, beside configure_optimizers' two."""
+        """AdamW groups with settings of their own, beside optim.configure_optimizers' two."""
         return []
-
-    def configure_optimizers(
-        self, weight_decay, learning_rate, betas, device_type, optimizer="adamw"
-    ):
-        """adamw: AdamW, matrices and embeddings decayed, biases and gains not, plus
-        optimizer_groups(); muon: Muon at AdamW's update size for the blocks' 2-D weights."""
-        muon = optimizer == "muon"
-        hidden = [p for p in self.blocks.parameters() if muon and p.requires_grad and p.dim() == 2]
-        own = self.optimizer_groups()
-        taken = {*hidden, *(p for group in own for p in group["params"])}
-        rest = [p for p in self.parameters() if p.requires_grad and p not in taken]
-        groups = [
-            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-            *own,
-        ]
-        # fused: each tensor's whole update in one kernel, one pass over its memory
-        # (timings: BENCHMARKS.md)
-        fused = device_type in ("cuda", "cpu")
-        optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
-        if hidden:
-            dtype = torch.bfloat16 if native_bf16(device_type) else torch.float32
-            optimizers.append(Muon(hidden, learning_rate, weight_decay, dtype))
-        return optimizers
 
     def load_weights(self, state):
         """Load a state dict in place of the current tensors: one copy in memory."""
@@ -721,7 +426,7 @@ class EncoderClassifier(Transformer):
             # such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
         # padded lengths change from batch to batch: no cuDNN attention
-        with sdpa_kernel(VARYING_LENGTHS):
+        with varying_lengths():
             # padding keys hidden
             x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
         weights = real.unsqueeze(-1).to(x.dtype)
@@ -732,7 +437,7 @@ class EncoderClassifier(Transformer):
         if self.bow is not None:
             # an ensemble: each classifier trained by its own loss; the mean of their
             # log-probabilities (the normalised geometric mean of their probabilities) has the
-            # product's argmax without its overconfidence (BENCHMARKS.md, calibration)
+            # product's argmax without its overconfidence
             bow = self.bow_logits(idx, real)
             if labels is not None:
                 loss = (loss + F.cross_entropy(bow, labels)) / 2

@@ -34,6 +34,7 @@ from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
 from lib.weights import GPT2_NAMES, load_pretrained
 from model import EncoderConfig, model_config
+from optim import configure_optimizers
 
 KEYS = dict(
     # run
@@ -173,6 +174,7 @@ def main(argv):
     settings, user_keys = config.parse(argv, KEYS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
+        settings = checkpoint.kept_pattern(settings, user_keys, KEYS)
         check_rules(settings, resuming)
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
@@ -211,8 +213,13 @@ def train(cfg, run, guard, state):
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
     if cfg.compile:
         model = torch.compile(model)
-    optimizers = raw_model.configure_optimizers(
-        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type, cfg.optimizer
+    optimizers = configure_optimizers(
+        raw_model,
+        cfg.weight_decay,
+        cfg.learning_rate,
+        (cfg.beta1, cfg.beta2),
+        run.device_type,
+        cfg.optimizer,
     )
     scaler = grad_scaler(run)
     step, best, seconds = checkpoint.restore(

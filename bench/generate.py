@@ -39,6 +39,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.speed import machine  # noqa: E402
+from cache import KVCache  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
 from lib.batches import load_split  # noqa: E402
@@ -51,7 +52,7 @@ from lib.formats import (  # noqa: E402
     resolve_weights,
 )
 from lib.weights import from_checkpoint, from_pretrained, save_pretrained  # noqa: E402
-from model import GPT, GPTConfig, KVCache  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 PROMPT = "The meaning of life is"
 # sample.py's modes: (name, --weights, --compile); its defaults are the mode of

@@ -57,6 +57,7 @@ from lib.common import (
 from lib.mfu import flops_per_token
 from lib.plots import pyplot, read_metrics
 from model import GPT, GPTConfig, MultiHeadAttention, model_config
+from optim import configure_optimizers
 
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
 META_FALLBACK = {
@@ -267,7 +268,8 @@ def train_step(c, meta, mode, device, rows):
     """(step, model, batch): one training step as train.py takes it, forward under autocast,
     backward, clip, the config's optimizer, zero_grad, on random tokens of the config's shape."""
     model = new_model(c, meta).to(device)
-    optimizers = model.configure_optimizers(
+    optimizers = configure_optimizers(
+        model,
         c["weight_decay"],
         c["learning_rate"],
         (c["beta1"], c["beta2"]),
@@ -315,7 +317,7 @@ def bench_train(c, meta, mode, device, repeats, max_rows=None):
 def bench_optimizer(c, meta, kind, device, repeats):
     """One AdamW step over the config's parameters (random gradients): the per-tensor loop
     (PyTorch's default on CPU), foreach (the default on CUDA) or fused (what
-    model.configure_optimizers picks on CPU and CUDA)."""
+    optim.configure_optimizers picks on CPU and CUDA)."""
     model = new_model(c, meta).to(device)
     for p in model.parameters():
         p.grad = torch.randn_like(p)

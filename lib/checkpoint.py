@@ -27,6 +27,8 @@ SHAPE = (
     "bow_head",
     "bow_buckets",
 )
+# the attention pattern: no tensors of its own, but what the weights learnt to read through
+PATTERN = ("window", "global_tokens", "random_links", "random_seed")
 
 
 @contextmanager
@@ -142,12 +144,12 @@ def resume(settings, user_keys, keys):
     current = asdict(settings)
     changed = [
         f"{k}={saved[k]!r} there, {current[k]!r} here"
-        for k in SHAPE + ("task", "optimizer")
+        for k in SHAPE + PATTERN + ("task", "optimizer")
         if k in user_keys and saved[k] != current[k]
     ]
     if changed:
         changes = "; ".join(changed)
-        raise Error(f"cannot resume {path} with a different model or optimizer: {changes}")
+        raise Error(f"cannot resume {path} with a different model, pattern or optimizer: {changes}")
     # the device is where this command's processes joined their group
     given = (user_keys | {"device"}) - {"init_from"}
     try:  # a damaged state's, or another version's
@@ -155,6 +157,38 @@ def resume(settings, user_keys, keys):
     except Error as e:
         raise Error(f"{path}: its {e}: give that key a value on this command") from None
     return state, replace(settings, **kept)
+
+
+def kept_pattern(settings, user_keys, keys):
+    """A fine-tune's settings: init_from's pattern where the command names none, as its weights
+    learnt to read; one line says what the run takes."""
+    path = os.path.join(settings.init_from, "config.json")
+    if settings.init_from in ("scratch", "resume") or not os.path.isfile(path):
+        return settings  # no card of ours: GPT-2's weights, which have no pattern
+    card = read_json(path, "checkpoint config")
+    source = card.get("model") if isinstance(card, dict) else None
+    if not isinstance(source, dict):  # a Hugging Face config
+        return settings
+    saved = {k: source[k] for k in PATTERN if k in source}
+    try:  # a damaged card's
+        kept = {k: keys[k].check(k, v) for k, v in saved.items() if k not in user_keys}
+    except Error as e:
+        raise Error(f"{path}: its {e}: give that key a value on this command") from None
+    settings = replace(settings, **kept)
+    named = [
+        f"{k}={getattr(settings, k)!r} (its {saved[k]!r})"
+        for k in PATTERN
+        if k in user_keys and k in saved and saved[k] != getattr(settings, k)
+    ]
+    if int(os.environ.get("RANK", 0)) == 0 and (any(kept.values()) or named):
+        pattern = ", ".join(f"{k}={getattr(settings, k)!r}" for k in PATTERN)
+        line = f"init_from={settings.init_from}: the pattern {pattern}"
+        if named:
+            line += f"; the command names {', '.join(named)}"
+        else:
+            line += ", its own (name another on the command to change it)"
+        print(line, file=sys.stderr)
+    return settings
 
 
 def check_tokenizer_kept(state, out_dir, meta, data_dir):

@@ -10,9 +10,8 @@ import traceback
 from collections import Counter
 
 import torch
-from torch.nn.attention import sdpa_kernel
 
-from model import VARYING_LENGTHS
+from model import varying_lengths
 from serving.completions import ScoringEngine
 
 MAX_ROWS = 32  # a GPT's KV cache rows: the most choices decoding at once (more wait their turn)
@@ -52,7 +51,7 @@ class ServingEngine(ScoringEngine):
         idx = torch.zeros(len(slots), 1, dtype=torch.long, device=self.device)
         took = 0.0
         for _ in range(2):
-            with sdpa_kernel(VARYING_LENGTHS):
+            with varying_lengths():
                 # position 0 eager, as Engine.warm_up: a compiled step never sees a single key
                 self.model(idx, cache=self.cache.step(slots, 1), logits_to_keep=1)
                 started = time.perf_counter()

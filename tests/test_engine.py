@@ -10,12 +10,13 @@ import torch
 import torch.nn as nn
 from conftest import generate
 
+from cache import KVCache
 from decoding import NextToken, Options
 from engine import Engine
 from lib import formats
 from lib.common import Error
 from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig
 from serving.scheduler import ServingEngine
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)

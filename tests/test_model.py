@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import model as model_module
+import optim
 from lib.common import Error
 from lib.mfu import flops_per_token
 from lib.weights import from_checkpoint, from_pretrained, save_pretrained
@@ -17,12 +17,11 @@ from model import (
     EncoderClassifier,
     EncoderConfig,
     GPTConfig,
-    Muon,
     attention,
-    orthogonalize,
     rotary,
     rotation,
 )
+from optim import Muon, configure_optimizers, orthogonalize
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
@@ -127,7 +126,7 @@ def test_tied_head_parameter_count_and_decay_groups():
     expected = c.vocab_size * c.n_embd + c.n_layer * per_layer + 2 * c.n_embd
     assert model.num_params() == expected
     assert model.num_params(non_embedding=False) == expected + c.block_size * c.n_embd
-    (adamw,) = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    (adamw,) = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = adamw.param_groups
     assert all(p.dim() == 2 for p in decay["params"]) and all(
         p.dim() == 1 for p in no_decay["params"]
@@ -377,7 +376,7 @@ def test_bow_head_is_a_linear_model_over_tokens_and_hashed_bigrams_averaged_in()
     assert torch.equal(probs.argmax(-1), product.argmax(-1))
     encoder_loss = F.cross_entropy(encoder, labels)
     assert torch.allclose(loss, (encoder_loss + F.cross_entropy(bow, labels)) / 2, atol=1e-5)
-    *_, table = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")[0].param_groups
+    *_, table = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")[0].param_groups
     assert table["params"] == [model.bow.weight] and table["weight_decay"] == 0.0
     assert table["lr_scale"] == model.BOW_LR_SCALE > 1
 
@@ -401,7 +400,7 @@ def test_flops_per_token_counts_the_weight_matrices_a_token_meets():
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_every_parameter_is_in_one_optimizer_group(optimizer):
     for model in (tiny_gpt(), tiny_classifier(bow_head=True)):
-        optimizers = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", optimizer)
+        optimizers = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu", optimizer)
         grouped = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
         assert sorted(map(id, grouped)) == sorted(map(id, model.parameters()))
         if optimizer == "muon":  # the blocks' matrices, and only they
@@ -452,8 +451,8 @@ def test_muon_in_float32_is_the_same_iteration_to_bfloat16s_rounding():
 @pytest.mark.parametrize("native", [True, False])
 def test_muon_orthogonalises_in_the_dtype_the_device_multiplies_fast(monkeypatch, native):
     """bfloat16 where native_bf16 (dtype=auto's rule), float32 where bfloat16 is emulated."""
-    monkeypatch.setattr(model_module, "native_bf16", lambda device: native)
-    optimizers = tiny_gpt().configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", "muon")
+    monkeypatch.setattr(optim, "native_bf16", lambda device: native)
+    optimizers = configure_optimizers(tiny_gpt(), 0.1, 1e-3, (0.9, 0.95), "cpu", "muon")
     assert optimizers[1].dtype == (torch.bfloat16 if native else torch.float32)
 
 

@@ -10,19 +10,13 @@ import pytest
 import torch
 from conftest import generate
 
+from cache import RollingCache
 from decoding import NextToken, Options
 from engine import Engine
 from lib.common import Error
 from lib.weights import from_checkpoint, save_pretrained
-from model import (
-    GPT,
-    EncoderClassifier,
-    EncoderConfig,
-    GPTConfig,
-    Pattern,
-    RollingCache,
-    sparse_attention,
-)
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention
+from patterns import Pattern, flex_sparse, sparse_attention
 
 TINY = dict(vocab_size=50, block_size=300, n_layer=2, n_head=2, n_embd=16)
 PATTERNS = {
@@ -115,27 +109,33 @@ def test_the_block_sparse_path_trains_as_the_explicit_one(name):
             assert torch.allclose(a, b, atol=ATOL * b.abs().max())
 
 
-@pytest.mark.slow  # compiles FlexAttention (a C++ build) per model
-def test_flex_attention_is_the_explicit_path():
-    for model in models(PATTERNS["bigbird"]):
-        idx = torch.randint(1, 50, (2, 260))
-        idx[1, 150:] = 0
-        with torch.no_grad():
-            model.config.attn_impl = "explicit"
-            explicit = model(idx)[0]
-            model.config.attn_impl = "sdpa"
-            assert torch.allclose(model(idx)[0], explicit, atol=ATOL)
+@pytest.mark.slow  # compiles FlexAttention (a C++ build) per pattern
+@pytest.mark.parametrize("causal", [True, False], ids=["gpt", "encoder"])
+def test_flex_attention_is_the_explicit_path(causal):
+    """FlexAttention, a GPU's fast path, on the pattern's BlockMask: attention() under its dense
+    mask, padding included."""
+    torch.manual_seed(0)
+    pattern = Pattern(GPTConfig(**TINY | PATTERNS["bigbird"]), causal)
+    q, k, v = torch.randn(3, 2, 2, 260, 8).unbind(0)
+    real = torch.ones(2, 260, dtype=torch.bool)
+    real[1, 150:] = False
+    mask = pattern.dense(260, "cpu") & real[:, None, None, :]
+    expected = attention(q, k, v, mask)[0]
+    block_mask = pattern.blocks(260, "cpu")[2]
+    assert torch.allclose(flex_sparse(q, k, v, block_mask, real), expected, atol=ATOL)
 
 
 @pytest.mark.slow
 def test_a_flex_attention_that_cannot_compile_is_one_line_naming_the_way_out():
-    """No working C++ compiler: a pattern's forward says so in one line and names the dense
-    mask, instead of inductor's traceback."""
+    """No working compiler: FlexAttention says so in one line and names the dense mask, instead
+    of inductor's traceback."""
     torch._dynamo.reset()  # compile afresh: an earlier test's kernel would serve this call
     settings = dict(fx_graph_cache=False, **{"cpp.cxx": ("/nonexistent/c++",)})
-    model = models(PATTERNS["window"])[0].eval()
-    with torch._inductor.config.patch(settings), torch.no_grad(), pytest.raises(Error) as failed:
-        model(torch.randint(1, 50, (1, 40)))
+    pattern = Pattern(GPTConfig(**TINY | PATTERNS["window"]), causal=True)
+    q = torch.randn(1, 2, 40, 8)
+    block_mask = pattern.blocks(40, "cpu")[2]
+    with torch._inductor.config.patch(settings), pytest.raises(Error) as failed:
+        flex_sparse(q, q, q, block_mask)
     torch._dynamo.reset()
     message = str(failed.value)
     assert "\n" not in message and "C++" in message and "attn_impl=explicit" in message
@@ -156,12 +156,17 @@ def test_a_compiled_model_trains_through_a_pattern():
         assert torch.allclose(p.grad, grad, atol=ATOL * grad.abs().max())
 
 
-def test_importing_the_model_loads_no_compiler():
+def test_importing_the_model_loads_no_compiler_and_no_option():
     """Dynamo's import costs seconds of every script's start that a model without a pattern never
-    needs."""
-    code = "import sys, model; print('torch._dynamo' in sys.modules)"
+    needs; FlexAttention, the patterns, the optimizers and the caches load where they are used,
+    and the model imports on a torch without torch.optim.Muon."""
+    code = (
+        "import sys, torch; del torch.optim.Muon; import model; "
+        "print([m for m in sys.modules if m in ('torch._dynamo', "
+        "'torch.nn.attention.flex_attention', 'patterns', 'optim', 'cache')])"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.stdout.strip() == "False", result.stderr
+    assert result.stdout.strip() == "[]", result.stderr
 
 
 def test_a_window_of_block_size_is_full_causal_attention():
@@ -188,22 +193,36 @@ def test_the_pairs_a_window_keeps_grow_linearly():
     assert tiles[1] == 2 * tiles[0] and tiles[2] == 2 * tiles[1]
 
 
-def test_without_gradients_a_cpu_takes_flex_attention(monkeypatch):
-    """FlexAttention has no backward pass on a CPU: there, only a forward without gradients
-    runs it."""
+def test_a_cpu_never_takes_flex_attention(monkeypatch):
+    """FlexAttention has no backward pass on a CPU, and its compiled forward fails at some
+    lengths: there, every forward takes block_sparse(), with gradients or without."""
     called = []
 
     def flex(q, *args):
         called.append(q)
         return q
 
-    monkeypatch.setattr("model.flex", lambda: flex)
+    monkeypatch.setattr("patterns.flex", lambda: flex)
     pattern = Pattern(GPTConfig(block_size=16, window=4), causal=True)
     q = torch.randn(1, 1, 16, 8, requires_grad=True)
     sparse_attention(q, q, q, pattern.blocks(16, "cpu"))
-    assert not called
     sparse_attention(q.detach(), q.detach(), q.detach(), pattern.blocks(16, "cpu"))
-    assert len(called) == 1
+    assert not called
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_an_encoder_evaluates_any_length_on_a_cpu_as_the_explicit_path(name):
+    """Evaluation (no gradients) of an encoder with a pattern, at three lengths, padding
+    included: the explicit path's logits (FlexAttention's compiled CPU kernel fails at some)."""
+    model = models(PATTERNS[name])[1].eval()
+    for n in (17, 40, 64):
+        idx = torch.randint(1, 50, (2, n))
+        idx[1, n // 2 :] = 0
+        with torch.no_grad():
+            model.config.attn_impl = "explicit"
+            explicit = model(idx)[0]
+            model.config.attn_impl = "sdpa"
+            assert torch.allclose(model(idx)[0], explicit, atol=ATOL)
 
 
 def endless_model(**options):
@@ -231,6 +250,26 @@ def test_a_window_generates_past_block_size_as_the_uncached_model(options):
     engine = Engine(model, rows=2)
     assert isinstance(engine.cache, RollingCache)
     assert engine.cache.kv[0][0].shape[2] == options["window"] + options.get("global_tokens", 0)
+
+
+def test_a_prompt_past_block_size_is_read_whole_by_a_rolling_cache():
+    """A prompt of 3 x block_size: its first tokens stay the global ones, and the prefill (in
+    chunks through the rolling cache) and the greedy tokens after it are what the model computes
+    from scratch on the whole sequence."""
+    model = endless_model(window=6, global_tokens=2)
+    prompt = torch.randint(1, 50, (48,), generator=torch.Generator().manual_seed(1)).tolist()
+    engine = Engine(model, rows=1)
+    row = engine.make_request(prompt, [greedy()], 1).rows[0]
+    row.slot = 0
+    with torch.no_grad():
+        whole = model(torch.tensor([prompt]))[0][0]
+        assert torch.allclose(engine.prefill(row, keep=48), whole, atol=ATOL)
+        expected = list(prompt)
+        for _ in range(20):
+            logits = model(torch.tensor([expected]))[0][0, -1]
+            expected.append(int(logits.argmax()))
+    cached = [step[0] for step in generate(model, [prompt], 20, [greedy()])]
+    assert cached == expected[48:]
 
 
 def greedy():

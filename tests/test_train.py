@@ -293,6 +293,37 @@ def test_resume_with_another_shape_fails(lm_dir, tmp_path):
         )
 
 
+def test_resume_with_another_pattern_fails_and_writes_nothing(lm_dir, tmp_path):
+    """A pattern has no tensors of its own, but the weights learnt to read through it: a resume
+    that changes it is refused as a changed shape is, its checkpoint untouched."""
+    common = [f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--window=8"]
+    run(common + ["--max_iters=1", "--global_tokens=2"])
+    card = (tmp_path / "config.json").read_bytes()
+    for change, message in (
+        ("--window=4", "window=8 there, 4 here"),
+        ("--random_seed=1", "random_seed=0 there, 1 here"),
+    ):
+        with pytest.raises(Error, match=f"cannot resume .* {message}"):
+            run(common + ["--max_iters=2", "--init_from=resume", change])
+    assert (tmp_path / "config.json").read_bytes() == card
+    assert state(tmp_path)["step"] == 1
+
+
+def test_a_fine_tune_keeps_its_sources_pattern_unless_named(lm_dir, tmp_path, capsys):
+    base = tmp_path / "base"
+    pattern = ["--window=8", "--global_tokens=2", "--rope=True"]
+    run([f"--dataset={lm_dir}", f"--out_dir={base}", "--max_iters=1"] + pattern)
+    tuned = [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'tuned'}", f"--init_from={base}"]
+    capsys.readouterr()
+    model, _ = run(tuned + ["--max_iters=1"])
+    assert (model.config.rope, model.config.window, model.config.global_tokens) == (True, 8, 2)
+    said = capsys.readouterr().err
+    assert f"init_from={base}: the pattern window=8, global_tokens=2" in said
+    model, _ = run(tuned + ["--max_iters=1", "--window=4"])
+    assert (model.config.window, model.config.global_tokens) == (4, 2)
+    assert "the command names window=4 (its 8)" in capsys.readouterr().err
+
+
 def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
     common = [f"--dataset={lm_dir}", "--max_iters=4"]
     big, _ = run(common + [f"--out_dir={tmp_path / 'a'}", "--batch_size=8"])

@@ -1,0 +1,121 @@
+"""The KV caches decoding reads and writes: a row's keys and values preallocated and written in
+place (gpt-fast's static cache), and a window model's rolling one. A step's cache enters the model
+as positions, keys (how many it reads), mask(pattern) and update(layer, k, v)."""
+
+import torch
+
+
+class KVCache:
+    """Every layer's keys and values, preallocated and written in place (gpt-fast's static
+    cache), and each row's length."""
+
+    def __init__(self, config, rows, length, device, dtype=torch.float32):
+        shape = (rows, config.n_head, length, config.n_embd // config.n_head)
+        # (keys, values) per layer, written in place: a compiled step mutates no views
+        self.kv = [
+            [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
+            for _ in range(config.n_layer)
+        ]
+        self.lengths = [0] * rows  # on the host: reading them costs no device sync
+
+    def step(self, rows, T):
+        """Readies the cache for T new tokens of rows (row indices), each at its next positions."""
+        device = self.kv[0][0].device
+        lengths = [self.lengths[row] for row in rows]
+        start = torch.tensor(lengths)
+        self.rows = torch.tensor(rows, device=device)
+        self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
+        self.keys = max(lengths) + T  # how many keys the queries may read
+        self.key_positions = torch.arange(self.keys, device=device)  # those update() returns
+        # every row in order: the cache's own views are read, no copies
+        in_order = rows == list(range(len(self.lengths)))
+        self.read = slice(None) if in_order else self.rows
+        # every row at one length: one new token sees every key read, and in order the new
+        # keys are written as one slice from start (an int: compiled, a slice's bounds are
+        # constants)
+        level = len(set(lengths)) == 1
+        self.unmasked = level and T == 1
+        self.start = lengths[0] if level and in_order else None
+        for row in rows:
+            self.lengths[row] += T
+        return self
+
+    def mask(self, pattern=None):
+        """[B, 1, T, keys]: the query at position p sees its row's keys read at positions <= p
+        (and, with a pattern, those it keeps); None where each query sees every key read."""
+        queries = self.positions[:, None, :, None]
+        if pattern is not None:  # causal: it keeps keys <= p only
+            return pattern(None, None, queries, self.key_positions)
+        if self.unmasked:
+            return None
+        return self.key_positions <= queries
+
+    def update(self, layer, k, v):
+        """k, v [B, h, T, d_k] written at the rows' positions -> the rows' keys and values so far
+        [B, h, keys, d_k]."""
+        kept = []
+        for cache, new in zip(self.kv[layer], (k, v)):
+            new = new.to(cache.dtype)
+            if self.start is not None:  # a copy into a view, not an indexed write
+                cache[:, :, self.start : self.keys] = new
+            else:  # [B, T, h, d_k] places: row b, every head, position positions[b, t]
+                cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2)
+            kept.append(cache[self.read, :, : self.keys])
+        return kept
+
+    def reset(self, row):
+        self.lengths[row] = 0
+
+    def copy(self, source, rows):
+        """Row source's keys, values and length into each of rows (a prompt prefilled once)."""
+        n = self.lengths[source]
+        for layer in self.kv:
+            for cache in layer:
+                # a copy: all of a RollingCache's slots would be read as they are written
+                cache[rows, :, :n] = cache[source, :, :n].clone()
+        for row in rows:
+            self.lengths[row] = n
+
+
+class RollingCache(KVCache):
+    """A window model's cache for rows of any length: a slot for each of the global_tokens first
+    positions, then a ring of the last window ones."""
+
+    EMPTY = 2**62  # an empty slot's position: no query sees it
+
+    def __init__(self, config, rows, device, dtype):
+        self.sinks = config.global_tokens
+        self.ring = config.window
+        length = self.sinks + self.ring
+        super().__init__(config, rows, length, device, dtype)
+        self.held = torch.full((rows, length), self.EMPTY, device=device)  # each slot's position
+
+    def step(self, rows, T):
+        super().step(rows, T)
+        p = self.positions
+        s = self.sinks
+        # the new keys a later query sees: the sinks and the last ring of them
+        self.at = ((p < s) | (p > p[:, -1:] - self.ring)).nonzero(as_tuple=True)
+        kept = p[self.at]
+        slots = torch.where(kept < s, kept, s + (kept - s) % self.ring)
+        self.slots = (self.rows[self.at[0]], slots)  # [row, slot] of each kept key
+        # the keys read: the slots as they were, then the new ones
+        self.key_positions = torch.cat([self.held[self.rows], p], 1)[:, None, None]
+        self.held[self.slots] = kept
+        return self
+
+    def update(self, layer, k, v):
+        kept = []
+        for cache, new in zip(self.kv[layer], (k, v)):
+            new = new.to(cache.dtype)
+            kept.append(torch.cat([cache[self.rows], new], 2))
+            cache.transpose(1, 2)[self.slots] = new.transpose(1, 2)[self.at]
+        return kept
+
+    def reset(self, row):
+        super().reset(row)
+        self.held[row] = self.EMPTY
+
+    def copy(self, source, rows):
+        super().copy(source, rows)  # the first lengths[source] slots: those written
+        self.held[rows] = self.held[source].clone()
