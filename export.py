@@ -142,6 +142,7 @@ EXPORT_FILES = (
     "README.md",
     "vocab.json",
     "merges.txt",
+    "tokenizer.json",
     "tokenizer_config.json",
     RANKS_FILE,
 )
@@ -239,33 +240,7 @@ def export(out_dir, hf_dir, overwrite=False):
             os.path.join(folder, "generation_config.json"),
             {"bos_token_id": eos, "eos_token_id": eos},
         )
-        if isinstance(tokenizer, BPETokenizer):
-            vocab, merge_lines = hf_tokenizer
-            write_json(os.path.join(folder, "vocab.json"), vocab)
-            with (
-                atomic_path(os.path.join(folder, "merges.txt")) as tmp,
-                open(tmp, "w", encoding="utf-8") as f,
-            ):
-                f.write("#version: 0.2\n" + "\n".join(merge_lines) + "\n")
-            write_json(
-                os.path.join(folder, "tokenizer_config.json"),
-                {
-                    "tokenizer_class": "GPT2Tokenizer",
-                    "model_max_length": config.block_size,
-                    "bos_token": "<|endoftext|>",
-                    "eos_token": "<|endoftext|>",
-                    "unk_token": "<|endoftext|>",
-                    "add_prefix_space": False,
-                },
-            )
-            described = "vocab.json, merges.txt: AutoTokenizer gives tiktoken's ids"
-        else:
-            described = (
-                f"characters, not a Hugging Face tokenizer: token i is the i-th character of "
-                f"{info['tokenizer']['chars']!r} (this project's lib.tokenizer.CharTokenizer)"
-            )
-            if tokenizer.eot_token is not None:
-                described += f", and token {tokenizer.eot_token} is <|endoftext|>"
+        described = write_tokenizer(folder, tokenizer, hf_tokenizer, config.block_size)
         with (
             atomic_path(os.path.join(folder, "README.md")) as tmp,
             open(tmp, "w", encoding="utf-8") as f,
@@ -276,6 +251,50 @@ def export(out_dir, hf_dir, overwrite=False):
         f"tokenizer: {tokenizer.name}, {described}",
         file=sys.stderr,
     )
+
+
+def write_tokenizer(folder, tokenizer, bpe, block_size):
+    """The tokenizer's files for AutoTokenizer -> what they are. bpe: bpe_files()' (vocab,
+    merges) of a BPE; characters get a tokenizer.json of their own."""
+    eot = "<|endoftext|>"
+    settings = {"model_max_length": block_size}
+    if tokenizer.eot_token is not None:
+        settings |= {"bos_token": eot, "eos_token": eot}
+    if bpe is None:
+        char_tokenizer(tokenizer).save(os.path.join(folder, "tokenizer.json"))
+        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+        write_json(os.path.join(folder, "tokenizer_config.json"), settings)
+        return "tokenizer.json: AutoTokenizer gives a character's id"
+    vocab, merge_lines = bpe
+    write_json(os.path.join(folder, "vocab.json"), vocab)
+    with (
+        atomic_path(os.path.join(folder, "merges.txt")) as tmp,
+        open(tmp, "w", encoding="utf-8") as f,
+    ):
+        f.write("#version: 0.2\n" + "\n".join(merge_lines) + "\n")
+    settings |= {
+        "tokenizer_class": "GPT2Tokenizer",
+        "unk_token": eot,
+        "add_prefix_space": False,
+    }
+    write_json(os.path.join(folder, "tokenizer_config.json"), settings)
+    return "vocab.json, merges.txt: AutoTokenizer gives tiktoken's ids"
+
+
+def char_tokenizer(tokenizer):
+    """A character vocabulary as Hugging Face's tokenizers holds it: each character a word of
+    its own, decoded by joining them; the end of text a special token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = dict(tokenizer.stoi)
+    if tokenizer.eot_token is not None:
+        vocab["<|endoftext|>"] = tokenizer.eot_token
+    hf = Tokenizer(models.WordLevel(vocab, unk_token=None))
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    hf.decoder = decoders.Fuse()
+    if tokenizer.eot_token is not None:
+        hf.add_special_tokens(["<|endoftext|>"])
+    return hf
 
 
 def main(argv=None):

@@ -43,7 +43,7 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
 
 
 class CharTokenizer:
-    name = "characters (not a Hugging Face tokenizer)"
+    name = "characters"
 
     def __init__(self, chars, eot=False):
         """eot: one more id, after the characters', ends a document."""

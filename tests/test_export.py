@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import generate, needs_shared
+from conftest import SHARED, generate, needs_shared
 
 from decoding import NextToken, Options
 from export import export
@@ -22,7 +22,9 @@ transformers = pytest.importorskip(
 
 def checkpoint(path, tokenizer, **options):
     torch.manual_seed(0)
-    vocab = 50304 if tokenizer["type"] == "bpe" else len(tokenizer["chars"])
+    vocab = 50304
+    if tokenizer["type"] == "char":
+        vocab = len(tokenizer["chars"]) + tokenizer.get("eot", False)
     model = GPT(
         GPTConfig(
             vocab_size=vocab,
@@ -74,7 +76,27 @@ def test_transformers_loads_the_same_logits(tmp_path, options, activation):
     )
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "python train.py config/toy.py" in card and "val/loss | 1.5000" in card
-    assert not (tmp_path / "hf" / "vocab.json").exists()  # characters: no Hugging Face tokenizer
+    assert not (tmp_path / "hf" / "vocab.json").exists()  # characters: no BPE files
+
+
+@needs_shared
+@pytest.mark.parametrize("eot", [False, True])
+def test_autotokenizer_gives_a_character_models_ids(tmp_path, eot):
+    """A character model's export carries a tokenizer.json: AutoTokenizer gives our ids on a line
+    of Shakespeare and decodes them back; the end of text is its special token."""
+    from lib.tokenizer import CharTokenizer
+
+    path = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
+    text = open(path, encoding="utf-8").read()
+    ours = CharTokenizer("".join(sorted(set(text))), eot=eot)
+    checkpoint(tmp_path / "ckpt", ours.spec)
+    export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    line = text[:200]  # "First Citizen:\nBefore we proceed any further, hear me speak.\n..."
+    ids = tokenizer.encode(line)
+    assert ids == ours.encode(line)
+    assert tokenizer.decode(ids) == line
+    assert tokenizer.eos_token_id == ours.eot_token
 
 
 @needs_shared
