@@ -1,9 +1,14 @@
 """bench/speed.py: the notebook-style per-head loop computes what the fused projection computes;
-measurements run."""
+measurements run. bench/core_tokens.py: a run's walk."""
+
+import os
+import subprocess
+import sys
 
 import torch
 
 from bench import speed as bench
+from bench.core_tokens import tokens
 from bench.speed import ATTENTION_PATHS, LoopAttention, bench_attention
 
 
@@ -52,3 +57,17 @@ def test_profile_prints_each_dtypes_operators(capsys, monkeypatch):
         table = out.split(f"config/shakespeare_char_cpu.py, {mode}, batch (12, 64)")[1]
         # the projections' matmuls, in this dtype's own table
         assert "aten::mm" in table.split("###")[0]
+
+
+def test_walk_lists_the_files_a_run_imports_with_their_tokens():
+    tool = [sys.executable, "bench/core_tokens.py", "--"]
+    command = tool + [sys.executable, "-c", "import decoding"]
+    out = subprocess.run(command, cwd=bench.ROOT, capture_output=True, text=True, check=True).stdout
+    *lines, last = out.splitlines()
+    rows = {line[:22].strip(): int(line[22:].split()[0].replace(",", "")) for line in lines}
+    with open(os.path.join(bench.ROOT, "decoding.py")) as f:
+        assert rows["decoding.py"] == tokens(f.read())
+    assert "lib/common.py" in rows  # decoding imports it
+    assert "model.py" not in rows  # nor does anything decoding imports
+    assert last.split()[:4] == ["the", "walk,", str(len(rows)), "files"]
+    assert last.split()[4] == f"{sum(rows.values()):,d}"
