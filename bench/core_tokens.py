@@ -31,13 +31,19 @@ LAYOUT = {
 }
 
 # every Python process of the run loads it at start (site imports sitecustomize from PYTHONPATH);
-# at exit it appends the files of the modules the process holds to the file WALK_RECORD names
+# at exit it appends the files of the modules the process holds to the files WALK_RECORD names
 RECORDER = """import atexit, os, sys
 
+def path(module):
+    # __main__ has lost its __file__ by now; its loader keeps the script's path
+    loader = getattr(module, "__loader__", None)
+    return getattr(module, "__file__", None) or getattr(loader, "path", None)
+
 def record():
-    files = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
-    with open(os.environ["WALK_RECORD"], "a") as f:
-        f.write("".join(f"{os.path.abspath(p)}\\n" for p in files if p))
+    files = [path(m) for m in list(sys.modules.values())]
+    for record in os.environ["WALK_RECORD"].split(os.pathsep):
+        with open(record, "a") as f:
+            f.write("".join(f"{os.path.abspath(p)}\\n" for p in files if p))
 
 atexit.register(record)
 """
@@ -61,7 +67,9 @@ def walk(command):
             f.write(RECORDER)
         record = os.path.join(folder, "walk.txt")
         path = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": path, "WALK_RECORD": record}
+        # a walk within a walk: its processes' files count in both
+        records = os.pathsep.join(r for r in (record, os.environ.get("WALK_RECORD")) if r)
+        env = {**os.environ, "PYTHONPATH": path, "WALK_RECORD": records}
         status = subprocess.run(command, env=env).returncode
         if status:
             raise Error(f"{shlex.join(command)} exited with status {status}: no walk to count")

@@ -61,13 +61,28 @@ def test_profile_prints_each_dtypes_operators(capsys, monkeypatch):
 
 def test_walk_lists_the_files_a_run_imports_with_their_tokens():
     tool = [sys.executable, "bench/core_tokens.py", "--"]
-    command = tool + [sys.executable, "-c", "import decoding"]
+    # the tool walking itself: the outer walk holds the script run as __main__ and the files of
+    # the process it starts
+    command = tool + tool + [sys.executable, "-c", "import decoding"]
     out = subprocess.run(command, cwd=bench.ROOT, capture_output=True, text=True, check=True).stdout
-    *lines, last = out.splitlines()
-    rows = {line[:22].strip(): int(line[22:].split()[0].replace(",", "")) for line in lines}
+    inner, outer = walk_tables(out)
     with open(os.path.join(bench.ROOT, "decoding.py")) as f:
-        assert rows["decoding.py"] == tokens(f.read())
-    assert "lib/common.py" in rows  # decoding imports it
-    assert "model.py" not in rows  # nor does anything decoding imports
-    assert last.split()[:4] == ["the", "walk,", str(len(rows)), "files"]
-    assert last.split()[4] == f"{sum(rows.values()):,d}"
+        assert inner["decoding.py"] == tokens(f.read())
+    assert "lib/common.py" in inner  # decoding imports it
+    assert "model.py" not in inner  # nor does anything decoding imports
+    assert "bench/core_tokens.py" not in inner
+    assert outer == {"bench/core_tokens.py": outer["bench/core_tokens.py"], **inner}
+
+
+def walk_tables(out):
+    """Each table the tool printed: {file: tokens}, its total line checked against its rows."""
+    tables, rows = [], {}
+    for line in out.splitlines():
+        name, count = line[:22].strip(), int(line[22:].split()[0].replace(",", ""))
+        if name.startswith("the walk"):
+            assert name == f"the walk, {len(rows)} files" and count == sum(rows.values())
+            tables.append(rows)
+            rows = {}
+        else:
+            rows[name] = count
+    return tables
