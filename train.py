@@ -11,13 +11,14 @@ import math
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import torch
 from tqdm import tqdm
 
 from lib import checkpoint, config
 from lib.batches import load_data, to_device
+from lib.build import make_model
 from lib.common import Error, autocast, run_script
 from lib.distributed import (
     StepGuard,
@@ -31,8 +32,6 @@ from lib.distributed import (
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
 from lib.settings import KEYS, check_rules
-from lib.weights import load_pretrained
-from model import model_config
 
 
 def main(argv):
@@ -194,45 +193,6 @@ def train(cfg, run, guard, state):
 
 
 # ---------------------------------------------------------------------- the pieces, in order used
-
-
-def make_model(cfg, meta, state):
-    """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
-    (its context cut to block_size), or a resumed state's weights (taken over, not copied)."""
-    source = None
-    if state is None and cfg.init_from != "scratch":
-        source, info = load_pretrained(cfg.init_from)
-        if info["architecture"] != "GPT":
-            raise Error(
-                f"init_from={cfg.init_from!r} holds an {info['architecture']}, "
-                "not a GPT to start from"
-            )
-    vocab_size = cfg.vocab_size or meta["vocab_size"]
-    if meta["vocab_size"] > vocab_size:
-        raise Error(
-            f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
-        )
-    shape = {"vocab_size": vocab_size}
-    if source is not None:  # the pretrained shape, its vocabulary included
-        shape = {
-            k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)
-        }
-        shape["block_size"] = min(cfg.block_size, source.config.block_size)
-    cfg = replace(cfg, **shape)
-    torch.manual_seed(cfg.seed)
-    settings = {
-        **asdict(cfg),
-        "n_classes": len(meta.get("label_names", [])),
-        "pad_token_id": meta.get("pad_token_id", 0),
-    }
-    cls, model_cfg = model_config(cfg.task, settings)
-    if state is None and source is None:
-        return cfg, cls(model_cfg)
-    with torch.device("meta"):
-        model = cls(model_cfg)
-    if state is not None:
-        return cfg, model.load_weights(state["model"])
-    return cfg, model.load_body(source.state_dict())
 
 
 def start_records(cfg, run, model, seconds, resumed_step):

@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
 from lib.batches import read_meta
+from lib.build import new_model
 from lib.common import (
     ArgumentParser,
     Error,
@@ -56,7 +57,7 @@ from lib.common import (
 )
 from lib.mfu import flops_per_token
 from lib.plots import pyplot, read_metrics
-from model import GPT, GPTConfig, MultiHeadAttention, model_config
+from model import GPT, GPTConfig, MultiHeadAttention
 
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
 META_FALLBACK = {
@@ -229,16 +230,6 @@ def load_shape(config_file):
     )
     c["vocab_size"] = c["vocab_size"] or meta["vocab_size"]
     return c, meta
-
-
-def new_model(c, meta):
-    """The model train.py builds for config c, with its seed."""
-    torch.manual_seed(c["seed"])
-    n_classes = len(meta.get("label_names", []))
-    pad_token_id = meta.get("pad_token_id", 0)
-    settings = {**c, "n_classes": n_classes, "pad_token_id": pad_token_id}
-    cls, config = model_config(c["task"], settings)
-    return cls(config)
 
 
 def make_batch(c, meta, rows, device, seed):
