@@ -20,18 +20,11 @@ from lib import checkpoint, config
 from lib.batches import load_data, to_device
 from lib.build import make_model
 from lib.common import Error, autocast, run_script
-from lib.distributed import (
-    StepGuard,
-    agreed,
-    clip_gradients,
-    grad_scaler,
-    micro_step,
-    parallel,
-    started,
-)
+from lib.distributed import StepGuard, agreed, parallel, started
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
 from lib.settings import KEYS, check_rules
+from lib.step import TrainStep
 
 
 def main(argv):
@@ -80,11 +73,12 @@ def train(cfg, run, guard, state):
     optimizers = raw_model.configure_optimizers(
         cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), run.device_type, cfg.optimizer
     )
-    scaler = grad_scaler(run)
+    train_step = TrainStep(model, raw_model, optimizers, run, cfg.grad_clip)
     step, best, seconds = checkpoint.restore(
-        state, optimizers, scaler, raw_model if run.sharded else None
+        state, optimizers, train_step.scaler, raw_model if run.sharded else None
     )
-    record, speed = start_records(cfg, run, raw_model, seconds, None if state is None else step)
+    resumed_step = None if state is None else step
+    record, speed, bar = start_records(cfg, run, raw_model, seconds, resumed_step)
     ctx = autocast(run.device, run.dtype)
     metric, goal = train_data.best
 
@@ -93,16 +87,9 @@ def train(cfg, run, guard, state):
         seconds = record.seconds() if run.master else None
         progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
         progress["tokenizer"] = train_data.meta["tokenizer"]  # what a resume checks the data by
+        scaler = train_step.scaler
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
 
-    micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
-    bar = tqdm(
-        total=cfg.max_iters,
-        initial=step,
-        disable=not run.master,
-        dynamic_ncols=True,
-        file=sys.stderr,
-    )
     first_step = step
     best_step = None
     metrics = {}
@@ -118,11 +105,7 @@ def train(cfg, run, guard, state):
                 group["lr"] = lr * group.get("lr_scale", 1.0)
         if step % cfg.eval_interval == 0 or step == cfg.max_iters or cfg.eval_only:
             eval_start = time.perf_counter()
-            metrics = {
-                f"{split}/{k}": v
-                for split, data in (("train", train_data), ("val", val_data))
-                for k, v in evaluate(raw_model, data, cfg, run, ctx).items()
-            }
+            metrics = evaluate_splits(raw_model, (train_data, val_data), cfg, run, ctx)
             if run.master:
                 line = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
                 bar.write(f"step {step}: {line}", file=sys.stderr)
@@ -133,11 +116,7 @@ def train(cfg, run, guard, state):
                 if improves(metrics[metric], best, goal):
                     best = metrics[metric]
                     best_step = step
-                    card = checkpoint.model_card(cfg, train_data.meta)
-                    scores = {"step": step, **metrics}
-                    checkpoint.save_model(
-                        raw_model, cfg.out_dir, run, train_data.folder, **card, metrics=scores
-                    )
+                    save_model(raw_model, cfg, run, train_data, {"step": step, **metrics})
                 if best_step == step or cfg.always_save_checkpoint:
                     save()
             # the bar's rate and the logged speed count training steps, not evaluations
@@ -150,45 +129,22 @@ def train(cfg, run, guard, state):
         # resume is exact
         rows = train_data.rows(cfg.seed, step, cfg.batch_size * cfg.gradient_accumulation_steps)
         torch.manual_seed(hash((cfg.seed, run.rank, step)))
-        loss_sum = torch.zeros((), device=run.device)
-        for micro in range(micro_steps):
-            first = (run.rank * micro_steps + micro) * cfg.batch_size
-            batch = to_device(train_data.batch(rows[first : first + cfg.batch_size]), run.device)
-            # the gradients reduced over the processes once, in the step's last micro-step
-            last = micro == micro_steps - 1
-            with micro_step(model, run, last):
-                with ctx:
-                    _, loss = model(**batch)
-                    loss = loss / micro_steps
-                scaler.scale(loss).backward()
-            loss_sum += loss.detach()
+        batches = micro_batches(train_data, rows, cfg.batch_size, run)
+        for batch in batches:
             speed.add(train_data.count(batch), batch["idx"])
-        for optimizer in optimizers:
-            scaler.unscale_(optimizer)
-        norm = clip_gradients(raw_model, cfg.grad_clip or float("inf"), run)
+        loss_sum, norm = train_step.gradients(batches)
         loss_value, norm_value = guard.gather(loss_sum, norm)  # the step's one sync
-        check_finite(loss_value, norm_value, step, scaler, cfg.out_dir)
-        for optimizer in optimizers:
-            scaler.step(optimizer)
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        scaler.update()
+        check_finite(loss_value, norm_value, step, train_step.scaler, cfg.out_dir)
+        train_step.update()
         step += 1
         bar.update(1)
         if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
-            rate, mfu = speed.read(run.world_size)
-            unit = train_data.unit
-            line = f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s"
-            logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate}
-            if mfu is not None:
-                line += f", mfu {100 * mfu:.1f}%"
-                logged["mfu"] = mfu
-            bar.set_postfix_str(line)
-            record.log(step, **logged, grad_norm=norm_value)
+            logged = {"train/step_loss": loss_value, "lr": lr, "grad_norm": norm_value}
+            log_step(record, bar, step, logged, speed.read(run.world_size), train_data.unit)
     bar.close()
     if run.master:
         done = (first_step, step, record.seconds() - seconds)  # this run's
-        finish(cfg.out_dir, record, metric, best, best_step, done, metrics)
+        finish(cfg.out_dir, record, (metric, best, best_step), done, metrics)
     return raw_model, metrics
 
 
@@ -196,11 +152,19 @@ def train(cfg, run, guard, state):
 
 
 def start_records(cfg, run, model, seconds, resumed_step):
-    """(metrics.jsonl's writer on rank 0, else None; the speed meter)."""
+    """(metrics.jsonl's writer on rank 0, else None; the speed meter; the progress bar)."""
     peak = peak_flops(run.device, run.dtype)
     speed = Speed(model, peak)
+    # the steps and their rate on stderr, from rank 0
+    bar = tqdm(
+        total=cfg.max_iters,
+        initial=resumed_step or 0,
+        disable=not run.master,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     if not run.master:
-        return None, speed
+        return None, speed, bar
     against = f"; MFU against {peak / 1e12:.3g} TFLOP/s" if peak else ""
     print(
         f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on "
@@ -209,7 +173,7 @@ def start_records(cfg, run, model, seconds, resumed_step):
     )
     wandb_run = start_wandb(cfg, model.num_params()) if cfg.wandb_log else None
     record = RunRecord(cfg.out_dir, asdict(cfg), wandb_run, seconds, resumed_step)
-    return record, speed
+    return record, speed, bar
 
 
 def get_lr(step, cfg):
@@ -224,6 +188,29 @@ def get_lr(step, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
+def micro_batches(data, rows, batch_size, run):
+    """This process's share of a step's rows, in batches of batch_size on its device."""
+    share = len(rows) // run.world_size
+    mine = rows[run.rank * share : (run.rank + 1) * share]
+    return [
+        to_device(data.batch(mine[i : i + batch_size]), run.device)
+        for i in range(0, share, batch_size)
+    ]
+
+
+def log_step(record, bar, step, logged, reading, unit):
+    """A step's line on the bar and in the records: logged (loss, lr, gradient norm), then the
+    speed's reading (rate in units per second; MFU, None on unknown devices)."""
+    rate, mfu = reading
+    line = f"loss {logged['train/step_loss']:.4f}, lr {logged['lr']:.2e}, {rate:,.0f} {unit}/s"
+    logged[f"{unit}/s"] = rate
+    if mfu is not None:
+        line += f", mfu {100 * mfu:.1f}%"
+        logged["mfu"] = mfu
+    bar.set_postfix_str(line)
+    record.log(step, **logged)
+
+
 def improves(value, best, goal):
     """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
     return best is None or (value > best if goal == "max" else value < best)
@@ -236,6 +223,15 @@ def check_finite(loss, norm, step, scaler, out_dir):
             f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
             f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
         )
+
+
+def evaluate_splits(model, splits, cfg, run, ctx):
+    """evaluate on the train and val splits: {"train/loss": ..., "val/loss": ..., ...}."""
+    metrics = {}
+    for name, data in zip(("train", "val"), splits):
+        for k, v in evaluate(model, data, cfg, run, ctx).items():
+            metrics[f"{name}/{k}"] = v
+    return metrics
 
 
 @torch.no_grad()
@@ -275,9 +271,17 @@ def evaluate(model, data, cfg, run, ctx):
     return metrics
 
 
-def finish(out_dir, record, metric, best, best_step, done, metrics):
-    """The run's summary on stderr and in wandb; done: (first step, last step, seconds) of this
-    run."""
+def save_model(model, cfg, run, data, scores):
+    """model.safetensors + config.json (its card and scores); every rank takes part, rank 0
+    writes."""
+    card = checkpoint.model_card(cfg, data.meta)
+    checkpoint.save_model(model, cfg.out_dir, run, data.folder, **card, metrics=scores)
+
+
+def finish(out_dir, record, best, done, metrics):
+    """The run's summary on stderr and in wandb; best: (its metric, value, step in this run);
+    done: (first step, last step, seconds) of this run."""
+    metric, best, best_step = best
     first_step, step, seconds = done
     line = f"done: {step - first_step} steps in {seconds:.1f} s"
     if first_step:  # resumed
