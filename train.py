@@ -188,43 +188,6 @@ def get_lr(step, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def micro_batches(data, rows, batch_size, run):
-    """This process's share of a step's rows, in batches of batch_size on its device."""
-    share = len(rows) // run.world_size
-    mine = rows[run.rank * share : (run.rank + 1) * share]
-    return [
-        to_device(data.batch(mine[i : i + batch_size]), run.device)
-        for i in range(0, share, batch_size)
-    ]
-
-
-def log_step(record, bar, step, logged, reading, unit):
-    """A step's line on the bar and in the records: logged (loss, lr, gradient norm), then the
-    speed's reading (rate in units per second; MFU, None on unknown devices)."""
-    rate, mfu = reading
-    line = f"loss {logged['train/step_loss']:.4f}, lr {logged['lr']:.2e}, {rate:,.0f} {unit}/s"
-    logged[f"{unit}/s"] = rate
-    if mfu is not None:
-        line += f", mfu {100 * mfu:.1f}%"
-        logged["mfu"] = mfu
-    bar.set_postfix_str(line)
-    record.log(step, **logged)
-
-
-def improves(value, best, goal):
-    """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
-    return best is None or (value > best if goal == "max" else value < best)
-
-
-def check_finite(loss, norm, step, scaler, out_dir):
-    """Error on a NaN or inf loss or gradient norm (fp16's scaler skips such steps itself)."""
-    if not math.isfinite(loss) or not (scaler.is_enabled() or math.isfinite(norm)):
-        raise Error(
-            f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
-            f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
-        )
-
-
 def evaluate_splits(model, splits, cfg, run, ctx):
     """evaluate on the train and val splits: {"train/loss": ..., "val/loss": ..., ...}."""
     metrics = {}
@@ -271,11 +234,48 @@ def evaluate(model, data, cfg, run, ctx):
     return metrics
 
 
+def improves(value, best, goal):
+    """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
+    return best is None or (value > best if goal == "max" else value < best)
+
+
 def save_model(model, cfg, run, data, scores):
     """model.safetensors + config.json (its card and scores); every rank takes part, rank 0
     writes."""
     card = checkpoint.model_card(cfg, data.meta)
     checkpoint.save_model(model, cfg.out_dir, run, data.folder, **card, metrics=scores)
+
+
+def micro_batches(data, rows, batch_size, run):
+    """This process's share of a step's rows, in batches of batch_size on its device."""
+    share = len(rows) // run.world_size
+    mine = rows[run.rank * share : (run.rank + 1) * share]
+    return [
+        to_device(data.batch(mine[i : i + batch_size]), run.device)
+        for i in range(0, share, batch_size)
+    ]
+
+
+def check_finite(loss, norm, step, scaler, out_dir):
+    """Error on a NaN or inf loss or gradient norm (fp16's scaler skips such steps itself)."""
+    if not math.isfinite(loss) or not (scaler.is_enabled() or math.isfinite(norm)):
+        raise Error(
+            f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
+            f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
+        )
+
+
+def log_step(record, bar, step, logged, reading, unit):
+    """A step's line on the bar and in the records: logged (loss, lr, gradient norm), then the
+    speed's reading (rate in units per second; MFU, None on unknown devices)."""
+    rate, mfu = reading
+    line = f"loss {logged['train/step_loss']:.4f}, lr {logged['lr']:.2e}, {rate:,.0f} {unit}/s"
+    logged[f"{unit}/s"] = rate
+    if mfu is not None:
+        line += f", mfu {100 * mfu:.1f}%"
+        logged["mfu"] = mfu
+    bar.set_postfix_str(line)
+    record.log(step, **logged)
 
 
 def finish(out_dir, record, best, done, metrics):
