@@ -1,5 +1,5 @@
-"""How bench/speed.py takes its figures: calls timed after a warm-up, rates at the best and the
-median time, the machine they ran on and its matmul peak; markdown tables."""
+"""How the benchmarks take their figures: calls timed after a warm-up, rates at the best and the
+median time, the machine they ran on, its matmul peak and memory bandwidth; markdown tables."""
 
 import os
 import platform
@@ -106,6 +106,29 @@ def bench_matmul(device, dtype, n, repeats):
     """matmul_flops once per repeat (each call warms up, then times one n x n product):
     FLOP/s samples."""
     return [matmul_flops(device, dtype, n=n, repeats=1) for _ in range(repeats)]
+
+
+@torch.no_grad()
+def median_pass(x, layers, repeats):
+    """The median seconds of repeats passes of x through every layer (after one untimed)."""
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        for layer in layers:
+            layer(x)
+        times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[repeats // 2]
+
+
+def bandwidth(megabytes=256, repeats=5):
+    """Bytes per second a sum reads: the best of repeats sums over megabytes of float32."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
 
 
 def two(r, unit, fmt="{:,.0f}", scale=1):
