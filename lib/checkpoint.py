@@ -11,16 +11,8 @@ from pathlib import Path
 
 import torch
 
-from lib.common import (
-    TEMPORARY,
-    Error,
-    WriteError,
-    atomic_path,
-    check_regular,
-    fsync,
-    read_json,
-    try_lock,
-)
+from lib.common import TEMPORARY, Error, WriteError, atomic_path, check_regular, fsync, read_json
+from lib.locks import try_lock
 from lib.weights import save_pretrained
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit

@@ -150,26 +150,6 @@ def atomic_path(path):
             os.remove(tmp)
 
 
-def try_lock(fd, name):
-    """flock fd, exclusively and without waiting (the OS releases it when the process dies): False
-    if another process holds it; True once held, or where there is no flock (not POSIX: nothing is
-    locked). name: what holds fd, for the error of a filesystem that cannot lock."""
-    try:
-        import fcntl  # POSIX
-    except ImportError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # held: the one failure that means another process
-        return False
-    except OSError as e:
-        raise Error(
-            f"{name} cannot be locked ({e.strerror}: a filesystem without flock, such as some "
-            "network mounts?): pick an --out_dir on a local disk"
-        ) from None
-    return True
-
-
 def umask():
     """The process's umask, which only setting it reads."""
     mask = os.umask(0o022)
