@@ -9,11 +9,16 @@ from lib.distributed import clip_gradients, grad_scaler, micro_step
 
 
 class TrainStep:
+    """One run's step: its model, optimizers, processes (a lib.distributed.Run) and clipping."""
+
     def __init__(self, model, raw_model, optimizers, run, grad_clip):
         """model: what the forward runs through (the model, DDP's wrapper or torch.compile's);
         raw_model: the model itself (under FSDP this process's shards); grad_clip 0: no clipping."""
-        self.model, self.raw_model, self.optimizers = model, raw_model, optimizers
-        self.run, self.grad_clip = run, grad_clip
+        self.model = model
+        self.raw_model = raw_model
+        self.optimizers = optimizers
+        self.run = run
+        self.grad_clip = grad_clip
         self.ctx = autocast(run.device, run.dtype)
         self.scaler = grad_scaler(run)  # float16's loss scaler; disabled otherwise
 
