@@ -8,165 +8,24 @@ out_dir gets the best model (model.safetensors + config.json), trainer_state.pt 
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import torch
 from tqdm import tqdm
 
 from lib import checkpoint, config
 from lib.batches import load_data, to_device
+from lib.build import make_model
 from lib.common import Error, autocast, run_script
-from lib.config import Key
-from lib.distributed import (
-    StepGuard,
-    agreed,
-    clip_gradients,
-    grad_scaler,
-    micro_step,
-    parallel,
-    started,
-)
+from lib.distributed import StepGuard, agreed, parallel, started
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
-from lib.weights import GPT2_NAMES, load_pretrained
-from model import EncoderConfig, model_config
+from lib.settings import KEYS, check_rules
+from lib.step import TrainStep
 from optim import configure_optimizers
-
-KEYS = dict(
-    # run
-    out_dir=Key("out", "where the checkpoints and metrics.jsonl go"),
-    task=Key(
-        "lm",
-        "lm: next-token prediction with GPT; classify: EncoderClassifier on labelled rows",
-        choices=("lm", "classify"),
-    ),
-    dataset=Key(
-        "shakespeare_char",
-        "a folder under data/ made by its prepare.py, or a path to a prepared folder",
-    ),
-    init_from=Key(
-        "scratch",
-        "scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)",
-    ),
-    overwrite_out_dir=Key(
-        False,
-        "let a new run start in an out_dir that holds a checkpoint (without it, it refuses): "
-        "the old run's files move into out_dir/previous",
-    ),
-    # torch.manual_seed's range, and numpy's seeds are >= 0
-    seed=Key(1337, "batches, initial weights and dropout all follow from it", ge=0, lt=2**64),
-    device=Key(
-        "auto",
-        "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps "
-        "(a resume runs where it is told)",
-    ),
-    dtype=Key(
-        "auto",
-        "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, "
-        "else float32",
-        choices=("auto", "float32", "bfloat16", "float16"),
-    ),
-    compile=Key(False, "torch.compile the model: a slower start, faster steps on GPUs"),
-    deterministic=Key(
-        False,
-        "deterministic GPU kernels (slower): identical reruns, resumes and DDP on GPUs as well",
-    ),
-    strategy=Key(
-        "ddp",
-        "under torchrun: ddp, a whole copy of the model on each process; fsdp, parameters, "
-        "gradients and AdamW's moments sharded over the processes (one process: no difference)",
-        choices=("ddp", "fsdp"),
-    ),
-    activation_checkpointing=Key(
-        False,
-        "recompute each Block's activations in the backward pass: only the Blocks' inputs are "
-        "kept, for a second forward pass (about a third more compute)",
-    ),
-    # evaluation, logging, checkpoints
-    eval_interval=Key(250, "steps between evaluations (and checkpoints)", ge=1),
-    eval_iters=Key(100, "batches per evaluation, the same ones every time", ge=1),
-    log_interval=Key(
-        10,
-        "steps between log lines (loss, lr, speed, gradient norm; MFU on known GPUs)",
-        ge=1,
-    ),
-    eval_only=Key(False, "evaluate once and exit"),
-    always_save_checkpoint=Key(
-        True, "save trainer_state.pt at every evaluation, not only when validation improves"
-    ),
-    wandb_log=Key(False, "log to wandb as well (WANDB_MODE=offline works without an account)"),
-    wandb_project=Key("gpt-starter", "the wandb project"),
-    wandb_run_name=Key("", "the wandb run's name; empty: out_dir and the start time"),
-    # data and model
-    batch_size=Key(12, "rows per micro-step per process", ge=1),
-    gradient_accumulation_steps=Key(
-        1, "micro-steps per optimizer step, over all processes together", ge=1
-    ),
-    vocab_size=Key(0, "0: the dataset's", ge=0),
-    # the model's keys, declared with its config: block_size, n_layer, n_head, n_embd, dropout,
-    # bias, attn_impl, rope, qk_norm, token_dropout, bow_head, bow_buckets
-    **config.keys_of(EncoderConfig),
-    # optimizer and schedule: linear warmup, then cosine decay to min_lr
-    optimizer=Key(
-        "adamw",
-        "adamw; muon: Muon for the blocks' matrices, AdamW for the rest",
-        choices=("adamw", "muon"),
-    ),
-    learning_rate=Key(6e-4, "peak learning rate", ge=0),
-    min_lr=Key(6e-5, "learning rate at the end of the decay", ge=0),
-    warmup_iters=Key(100, "steps of linear warmup", ge=0),
-    lr_decay_iters=Key(5000, "the step at which the decay reaches min_lr", ge=0),
-    decay_lr=Key(True, "False: learning_rate throughout"),
-    max_iters=Key(5000, "optimizer steps in all", ge=0),
-    weight_decay=Key(0.1, "decoupled weight decay of matrices and embeddings", ge=0),
-    beta1=Key(0.9, "Adam's first-moment decay", ge=0, lt=1),
-    beta2=Key(0.95, "Adam's second-moment decay", ge=0, lt=1),
-    grad_clip=Key(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
-)
-
-
-def check_rules(cfg, resuming):
-    """What the keys must satisfy together."""
-    processes = int(os.environ.get("WORLD_SIZE", 1))
-    forms = ("scratch", "resume") + GPT2_NAMES
-    if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
-        raise broken(cfg, "min_lr", f"<= learning_rate={cfg.learning_rate}")
-    if not (resuming or cfg.init_from in forms or os.path.isdir(cfg.init_from)):
-        hint = config.did_you_mean(cfg.init_from, forms)
-        raise broken(
-            cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
-        )
-    if cfg.strategy == "fsdp" and cfg.optimizer == "muon":
-        whole = (
-            "adamw with strategy=fsdp (Muon orthogonalises each whole matrix, FSDP gives each "
-            "process a slice of its rows): train Muon with strategy=ddp"
-        )
-        raise broken(cfg, "optimizer", whole)
-    if cfg.gradient_accumulation_steps % processes:
-        share = f"a multiple of the {processes} processes: each takes an equal share"
-        raise broken(cfg, "gradient_accumulation_steps", share)
-    for key in ("token_dropout", "bow_head", "bow_buckets"):
-        if cfg.task != "classify" and getattr(cfg, key):
-            raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
-    first_rank = int(os.environ.get("RANK", 0)) == 0
-    if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
-        print(
-            f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
-            "learning rate will not have decayed to min_lr by the end "
-            f"(lr_decay_iters={cfg.max_iters} gives a full schedule)",
-            file=sys.stderr,
-        )
-    # the model's own rules (its config checks them): a shape's
-    model_config(cfg.task, asdict(cfg))
-
-
-def broken(cfg, name, what):
-    """The error of a broken rule: the key, its value and what it must be."""
-    return Error(f"{name}={getattr(cfg, name)!r}: must be {what}")
 
 
 def main(argv):
@@ -221,11 +80,12 @@ def train(cfg, run, guard, state):
         run.device_type,
         cfg.optimizer,
     )
-    scaler = grad_scaler(run)
+    train_step = TrainStep(model, raw_model, optimizers, run, cfg.grad_clip)
     step, best, seconds = checkpoint.restore(
-        state, optimizers, scaler, raw_model if run.sharded else None
+        state, optimizers, train_step.scaler, raw_model if run.sharded else None
     )
-    record, speed = start_records(cfg, run, raw_model, seconds, None if state is None else step)
+    resumed_step = None if state is None else step
+    record, speed, bar = start_records(cfg, run, raw_model, seconds, resumed_step)
     ctx = autocast(run.device, run.dtype)
     metric, goal = train_data.best
 
@@ -234,16 +94,9 @@ def train(cfg, run, guard, state):
         seconds = record.seconds() if run.master else None
         progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
         progress["tokenizer"] = train_data.meta["tokenizer"]  # what a resume checks the data by
+        scaler = train_step.scaler
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, scaler, progress, run)
 
-    micro_steps = cfg.gradient_accumulation_steps // run.world_size  # this process's share
-    bar = tqdm(
-        total=cfg.max_iters,
-        initial=step,
-        disable=not run.master,
-        dynamic_ncols=True,
-        file=sys.stderr,
-    )
     first_step = step
     best_step = None
     metrics = {}
@@ -259,11 +112,7 @@ def train(cfg, run, guard, state):
                 group["lr"] = lr * group.get("lr_scale", 1.0)
         if step % cfg.eval_interval == 0 or step == cfg.max_iters or cfg.eval_only:
             eval_start = time.perf_counter()
-            metrics = {
-                f"{split}/{k}": v
-                for split, data in (("train", train_data), ("val", val_data))
-                for k, v in evaluate(raw_model, data, cfg, run, ctx).items()
-            }
+            metrics = evaluate_splits(raw_model, (train_data, val_data), cfg, run, ctx)
             if run.master:
                 line = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
                 bar.write(f"step {step}: {line}", file=sys.stderr)
@@ -274,11 +123,7 @@ def train(cfg, run, guard, state):
                 if improves(metrics[metric], best, goal):
                     best = metrics[metric]
                     best_step = step
-                    card = checkpoint.model_card(cfg, train_data.meta)
-                    scores = {"step": step, **metrics}
-                    checkpoint.save_model(
-                        raw_model, cfg.out_dir, run, train_data.folder, **card, metrics=scores
-                    )
+                    save_model(raw_model, cfg, run, train_data, {"step": step, **metrics})
                 if best_step == step or cfg.always_save_checkpoint:
                     save()
             # the bar's rate and the logged speed count training steps, not evaluations
@@ -291,96 +136,42 @@ def train(cfg, run, guard, state):
         # resume is exact
         rows = train_data.rows(cfg.seed, step, cfg.batch_size * cfg.gradient_accumulation_steps)
         torch.manual_seed(hash((cfg.seed, run.rank, step)))
-        loss_sum = torch.zeros((), device=run.device)
-        for micro in range(micro_steps):
-            first = (run.rank * micro_steps + micro) * cfg.batch_size
-            batch = to_device(train_data.batch(rows[first : first + cfg.batch_size]), run.device)
-            # the gradients reduced over the processes once, in the step's last micro-step
-            last = micro == micro_steps - 1
-            with micro_step(model, run, last):
-                with ctx:
-                    _, loss = model(**batch)
-                    loss = loss / micro_steps
-                scaler.scale(loss).backward()
-            loss_sum += loss.detach()
+        batches = micro_batches(train_data, rows, cfg.batch_size, run)
+        for batch in batches:
             speed.add(train_data.count(batch), batch["idx"])
-        for optimizer in optimizers:
-            scaler.unscale_(optimizer)
-        norm = clip_gradients(raw_model, cfg.grad_clip or float("inf"), run)
+        loss_sum, norm = train_step.gradients(batches)
         loss_value, norm_value = guard.gather(loss_sum, norm)  # the step's one sync
-        check_finite(loss_value, norm_value, step, scaler, cfg.out_dir)
-        for optimizer in optimizers:
-            scaler.step(optimizer)
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        scaler.update()
+        check_finite(loss_value, norm_value, step, train_step.scaler, cfg.out_dir)
+        train_step.update()
         step += 1
         bar.update(1)
         if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
-            rate, mfu = speed.read(run.world_size)
-            unit = train_data.unit
-            line = f"loss {loss_value:.4f}, lr {lr:.2e}, {rate:,.0f} {unit}/s"
-            logged = {"train/step_loss": loss_value, "lr": lr, f"{unit}/s": rate}
-            if mfu is not None:
-                line += f", mfu {100 * mfu:.1f}%"
-                logged["mfu"] = mfu
-            bar.set_postfix_str(line)
-            record.log(step, **logged, grad_norm=norm_value)
+            logged = {"train/step_loss": loss_value, "lr": lr, "grad_norm": norm_value}
+            log_step(record, bar, step, logged, speed.read(run.world_size), train_data.unit)
     bar.close()
     if run.master:
         done = (first_step, step, record.seconds() - seconds)  # this run's
-        finish(cfg.out_dir, record, metric, best, best_step, done, metrics)
+        finish(cfg.out_dir, record, (metric, best, best_step), done, metrics)
     return raw_model, metrics
 
 
 # ---------------------------------------------------------------------- the pieces, in order used
 
 
-def make_model(cfg, meta, state):
-    """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
-    (its context cut to block_size), or a resumed state's weights (taken over, not copied)."""
-    source = None
-    if state is None and cfg.init_from != "scratch":
-        source, info = load_pretrained(cfg.init_from)
-        if info["architecture"] != "GPT":
-            raise Error(
-                f"init_from={cfg.init_from!r} holds an {info['architecture']}, "
-                "not a GPT to start from"
-            )
-    vocab_size = cfg.vocab_size or meta["vocab_size"]
-    if meta["vocab_size"] > vocab_size:
-        raise Error(
-            f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
-        )
-    shape = {"vocab_size": vocab_size}
-    if source is not None:  # the pretrained shape, its vocabulary included
-        shape = {
-            k: getattr(source.config, k) for k in checkpoint.SHAPE if hasattr(source.config, k)
-        }
-        shape["block_size"] = min(cfg.block_size, source.config.block_size)
-    cfg = replace(cfg, **shape)
-    torch.manual_seed(cfg.seed)
-    settings = {
-        **asdict(cfg),
-        "n_classes": len(meta.get("label_names", [])),
-        "pad_token_id": meta.get("pad_token_id", 0),
-    }
-    cls, model_cfg = model_config(cfg.task, settings)
-    if state is None and source is None:
-        return cfg, cls(model_cfg)
-    with torch.device("meta"):
-        model = cls(model_cfg)
-    if state is not None:
-        return cfg, model.load_weights(state["model"])
-    return cfg, model.load_body(source.state_dict())
-
-
 def start_records(cfg, run, model, seconds, resumed_step):
-    """(metrics.jsonl's writer on rank 0, else None; the speed meter)."""
+    """(metrics.jsonl's writer on rank 0, else None; the speed meter; the progress bar)."""
     peak = peak_flops(run.device, run.dtype)
     speed = Speed(model, peak)
+    # the steps and their rate on stderr, from rank 0
+    bar = tqdm(
+        total=cfg.max_iters,
+        initial=resumed_step or 0,
+        disable=not run.master,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     if not run.master:
-        return None, speed
+        return None, speed, bar
     against = f"; MFU against {peak / 1e12:.3g} TFLOP/s" if peak else ""
     print(
         f"{model.num_params() / 1e6:.2f}M parameters, {run.world_size} process(es) on "
@@ -389,7 +180,7 @@ def start_records(cfg, run, model, seconds, resumed_step):
     )
     wandb_run = start_wandb(cfg, model.num_params()) if cfg.wandb_log else None
     record = RunRecord(cfg.out_dir, asdict(cfg), wandb_run, seconds, resumed_step)
-    return record, speed
+    return record, speed, bar
 
 
 def get_lr(step, cfg):
@@ -404,18 +195,13 @@ def get_lr(step, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def improves(value, best, goal):
-    """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
-    return best is None or (value > best if goal == "max" else value < best)
-
-
-def check_finite(loss, norm, step, scaler, out_dir):
-    """Error on a NaN or inf loss or gradient norm (fp16's scaler skips such steps itself)."""
-    if not math.isfinite(loss) or not (scaler.is_enabled() or math.isfinite(norm)):
-        raise Error(
-            f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
-            f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
-        )
+def evaluate_splits(model, splits, cfg, run, ctx):
+    """evaluate on the train and val splits: {"train/loss": ..., "val/loss": ..., ...}."""
+    metrics = {}
+    for name, data in zip(("train", "val"), splits):
+        for k, v in evaluate(model, data, cfg, run, ctx).items():
+            metrics[f"{name}/{k}"] = v
+    return metrics
 
 
 @torch.no_grad()
@@ -455,9 +241,54 @@ def evaluate(model, data, cfg, run, ctx):
     return metrics
 
 
-def finish(out_dir, record, metric, best, best_step, done, metrics):
-    """The run's summary on stderr and in wandb; done: (first step, last step, seconds) of this
-    run."""
+def improves(value, best, goal):
+    """Whether value beats the best so far (None: nothing yet), goal "max" or "min"."""
+    return best is None or (value > best if goal == "max" else value < best)
+
+
+def save_model(model, cfg, run, data, scores):
+    """model.safetensors + config.json (its card and scores); every rank takes part, rank 0
+    writes."""
+    card = checkpoint.model_card(cfg, data.meta)
+    checkpoint.save_model(model, cfg.out_dir, run, data.folder, **card, metrics=scores)
+
+
+def micro_batches(data, rows, batch_size, run):
+    """This process's share of a step's rows, in batches of batch_size on its device."""
+    share = len(rows) // run.world_size
+    mine = rows[run.rank * share : (run.rank + 1) * share]
+    return [
+        to_device(data.batch(mine[i : i + batch_size]), run.device)
+        for i in range(0, share, batch_size)
+    ]
+
+
+def check_finite(loss, norm, step, scaler, out_dir):
+    """Error on a NaN or inf loss or gradient norm (fp16's scaler skips such steps itself)."""
+    if not math.isfinite(loss) or not (scaler.is_enabled() or math.isfinite(norm)):
+        raise Error(
+            f"loss {loss}, gradient norm {norm} at step {step}: stopping; the last checkpoint in "
+            f"{out_dir} is untouched (try a lower learning_rate, or dtype=float32)"
+        )
+
+
+def log_step(record, bar, step, logged, reading, unit):
+    """A step's line on the bar and in the records: logged (loss, lr, gradient norm), then the
+    speed's reading (rate in units per second; MFU, None on unknown devices)."""
+    rate, mfu = reading
+    line = f"loss {logged['train/step_loss']:.4f}, lr {logged['lr']:.2e}, {rate:,.0f} {unit}/s"
+    logged[f"{unit}/s"] = rate
+    if mfu is not None:
+        line += f", mfu {100 * mfu:.1f}%"
+        logged["mfu"] = mfu
+    bar.set_postfix_str(line)
+    record.log(step, **logged)
+
+
+def finish(out_dir, record, best, done, metrics):
+    """The run's summary on stderr and in wandb; best: (its metric, value, step in this run);
+    done: (first step, last step, seconds) of this run."""
+    metric, best, best_step = best
     first_step, step, seconds = done
     line = f"done: {step - first_step} steps in {seconds:.1f} s"
     if first_step:  # resumed

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench.speed import machine  # noqa: E402
+from bench.timing import bandwidth, machine, median_pass  # noqa: E402
 from cache import KVCache  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
@@ -68,17 +68,6 @@ MODES = [
 SHAKESPEARE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
 GPT2 = dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True)
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-
-
-def bandwidth(megabytes=256, repeats=5):
-    """Bytes per second a sum reads: the best of repeats sums over megabytes of float32."""
-    x = torch.ones(megabytes * 2**20 // 4)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
 
 
 def products(sizes=(1, 8, 32, 256), matrices=24, repeats=5):
@@ -176,18 +165,6 @@ def attention_dtypes(keys=(64, 256, 1024), repeats=200):
             us = 1e6 * (time.perf_counter() - t0) / repeats
             results[f"{dtype}_{n}"] = us
     return results
-
-
-@torch.no_grad()
-def median_pass(x, layers, repeats):
-    """The median seconds of repeats passes of x through every layer (after one untimed)."""
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        for layer in layers:
-            layer(x)
-        times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[repeats // 2]
 
 
 def bytes_per_token(model, context):

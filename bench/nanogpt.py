@@ -24,7 +24,7 @@ import time
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench.speed import machine, table  # noqa: E402
+from bench.timing import machine, table  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from lib.plots import read_metrics  # noqa: E402
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from lib.common import TEMPORARY, Error, WriteError, atomic_path, check_regular, fsync, read_json
+from lib.locks import try_lock
 from lib.weights import save_pretrained
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
@@ -49,24 +50,13 @@ def locked_out_dir(out_dir, resuming, overwrite):
             f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
         ) from None
     with lock:
-        try:
-            import fcntl  # POSIX; elsewhere runs are not locked
-
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:
-            pass
-        except BlockingIOError:  # held: the one failure that means another run
+        if not try_lock(lock.fileno(), f"out_dir {out_dir!r}"):
             lock.seek(0)
             holder = lock.read().strip() or "pid ?"
             raise Error(
                 f"out_dir {out_dir!r} is in use by another run ({holder}): wait for it to end, "
                 "or pick another --out_dir"
-            ) from None
-        except OSError as e:
-            raise Error(
-                f"out_dir {out_dir!r} cannot be locked ({e.strerror}: a filesystem without "
-                "flock, such as some network mounts?): pick an --out_dir on a local disk"
-            ) from None
+            )
         lock.truncate(0)
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
         lock.flush()

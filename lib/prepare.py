@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from lib.common import ArgumentParser, Error, atomic_path, write_json
+from lib.locks import try_lock
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 # a label written as an integer: ASCII digits ("²" and "--1" are no class), short enough for int()
@@ -206,25 +207,16 @@ def locked_out_dir(out_dir):
     dies."""
     check_out_dir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    try:
-        import fcntl  # POSIX; elsewhere prepares are not locked, as runs are not
-    except ImportError:
+    if os.name == "nt":  # no flock, nor a folder to open: prepares are not locked, as runs are not
         yield
         return
     folder = os.open(out_dir, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # held: the one failure that means another prepare
+        if not try_lock(folder, f"--out_dir {out_dir}"):
             raise Error(
                 f"--out_dir {out_dir}: another prepare.py is writing into it: wait for it to end, "
                 "or pick another --out_dir"
-            ) from None
-        except OSError as e:
-            raise Error(
-                f"--out_dir {out_dir} cannot be locked ({e.strerror}: a filesystem without flock, "
-                "such as some network mounts?): pick an --out_dir on a local disk"
-            ) from None
+            )
         yield
     finally:
         os.close(folder)

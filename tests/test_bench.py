@@ -1,10 +1,15 @@
-"""bench/speed.py: the notebook-style per-head loop computes what the fused projection computes;
-measurements run."""
+"""bench/attention.py: the notebook-style per-head loop computes what the fused projection
+computes; bench/speed.py's measurements run. bench/core_tokens.py: a run's walk."""
+
+import os
+import subprocess
+import sys
 
 import torch
 
-from bench import speed as bench
-from bench.speed import ATTENTION_PATHS, LoopAttention, bench_attention
+from bench import speed
+from bench.attention import ATTENTION_PATHS, LoopAttention, attention_flops, bench_attention
+from bench.core_tokens import tokens
 
 
 def test_loop_reference_matches_fused_and_explicit_paths():
@@ -27,7 +32,7 @@ def test_attention_flops_is_three_times_what_pytorch_counts_in_the_forward():
     with FlopCounterMode(display=False) as counter:
         # the explicit path: its matmuls are what the counter sees
         mha(torch.randn(1, 10, 48), need_weights=True)
-    assert 3 * counter.get_total_flops() == bench.attention_flops(10, 48)
+    assert 3 * counter.get_total_flops() == attention_flops(10, 48)
 
 
 def test_attention_measurement_smoke():
@@ -37,7 +42,7 @@ def test_attention_measurement_smoke():
         assert (
             r["min_s"] > 0 and r["median_s"] > 0 and len(r["times_s"]) == 1 and r["saved_bytes"] > 0
         )
-        assert r["flops_best"] == bench.attention_flops(64, 384) / r["min_s"]
+        assert r["flops_best"] == attention_flops(64, 384) / r["min_s"]
         sizes[path] = r["saved_bytes"]
     # the explicit path keeps the n x n weights for backward
     assert sizes["fused"] < sizes["explicit"]
@@ -45,10 +50,39 @@ def test_attention_measurement_smoke():
 
 def test_profile_prints_each_dtypes_operators(capsys, monkeypatch):
     # main changes directory to the repository; this puts the old one back afterwards
-    monkeypatch.chdir(bench.ROOT)
-    bench.main(["--profile", "config/shakespeare_char_cpu.py"])
+    monkeypatch.chdir(speed.ROOT)
+    speed.main(["--profile", "config/shakespeare_char_cpu.py"])
     out = capsys.readouterr().out
     for mode in ("fp32", "bf16"):
         table = out.split(f"config/shakespeare_char_cpu.py, {mode}, batch (12, 64)")[1]
         # the projections' matmuls, in this dtype's own table
         assert "aten::mm" in table.split("###")[0]
+
+
+def test_walk_lists_the_files_a_run_imports_with_their_tokens():
+    tool = [sys.executable, "bench/core_tokens.py", "--"]
+    # the tool walking itself: the outer walk holds the script run as __main__ and the files of
+    # the process it starts
+    command = tool + tool + [sys.executable, "-c", "import decoding"]
+    out = subprocess.run(command, cwd=speed.ROOT, capture_output=True, text=True, check=True).stdout
+    inner, outer = walk_tables(out)
+    with open(os.path.join(speed.ROOT, "decoding.py")) as f:
+        assert inner["decoding.py"] == tokens(f.read())
+    assert "lib/common.py" in inner  # decoding imports it
+    assert "model.py" not in inner  # nor does anything decoding imports
+    assert "bench/core_tokens.py" not in inner
+    assert outer == {"bench/core_tokens.py": outer["bench/core_tokens.py"], **inner}
+
+
+def walk_tables(out):
+    """Each table the tool printed: {file: tokens}, its total line checked against its rows."""
+    tables, rows = [], {}
+    for line in out.splitlines():
+        name, count = line[:22].strip(), int(line[22:].split()[0].replace(",", ""))
+        if name.startswith("the walk"):
+            assert name == f"the walk, {len(rows)} files" and count == sum(rows.values())
+            tables.append(rows)
+            rows = {}
+        else:
+            rows[name] = count
+    return tables

@@ -21,7 +21,8 @@ from model import (
     rotary,
     rotation,
 )
-from optim import Muon, configure_optimizers, orthogonalize
+from muon import Muon, orthogonalize
+from optim import configure_optimizers
 
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)

@@ -163,7 +163,7 @@ def test_importing_the_model_loads_no_compiler_and_no_option():
     code = (
         "import sys, torch; del torch.optim.Muon; import model; "
         "print([m for m in sys.modules if m in ('torch._dynamo', "
-        "'torch.nn.attention.flex_attention', 'patterns', 'optim', 'cache')])"
+        "'torch.nn.attention.flex_attention', 'patterns', 'optim', 'muon', 'cache')])"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "[]", result.stderr

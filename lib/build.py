@@ -1,0 +1,54 @@
+"""The model a run trains, built from its settings: from scratch, from a pretrained GPT's
+weights, or from a resumed run's state."""
+
+from dataclasses import asdict, replace
+
+import torch
+
+from lib.checkpoint import SHAPE
+from lib.common import Error
+from lib.weights import load_pretrained
+from model import model_config
+
+
+def new_model(settings, meta):
+    """The model that settings (train.py's keys, a dict) name for a dataset of meta (its
+    vocabulary, labels and padding token), its weights drawn from the settings' seed."""
+    torch.manual_seed(settings["seed"])
+    shape = {
+        **settings,
+        "n_classes": len(meta.get("label_names", [])),
+        "pad_token_id": meta.get("pad_token_id", 0),
+    }
+    cls, config = model_config(settings["task"], shape)
+    return cls(config)
+
+
+def make_model(cfg, meta, state):
+    """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
+    (its context cut to block_size), or a resumed state's weights (taken over, not copied)."""
+    source = None
+    if state is None and cfg.init_from != "scratch":
+        source, info = load_pretrained(cfg.init_from)
+        if info["architecture"] != "GPT":
+            raise Error(
+                f"init_from={cfg.init_from!r} holds an {info['architecture']}, "
+                "not a GPT to start from"
+            )
+    vocab_size = cfg.vocab_size or meta["vocab_size"]
+    if meta["vocab_size"] > vocab_size:
+        raise Error(
+            f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
+        )
+    shape = {"vocab_size": vocab_size}
+    if source is not None:  # the pretrained shape, its vocabulary included
+        shape = {k: getattr(source.config, k) for k in SHAPE if hasattr(source.config, k)}
+        shape["block_size"] = min(cfg.block_size, source.config.block_size)
+    cfg = replace(cfg, **shape)
+    if state is None and source is None:
+        return cfg, new_model(asdict(cfg), meta)
+    with torch.device("meta"):
+        model = new_model(asdict(cfg), meta)
+    if state is not None:
+        return cfg, model.load_weights(state["model"])
+    return cfg, model.load_body(source.state_dict())
