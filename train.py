@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from lib import checkpoint, config
-from lib.batches import load_data, to_device
+from lib.batches import epochs_line, load_data, to_device
 from lib.build import make_model
 from lib.common import Error, autocast, run_script
 from lib.distributed import StepGuard, agreed, parallel, started
@@ -85,7 +85,8 @@ def train(cfg, run, guard, state):
         state, optimizers, train_step.scaler, raw_model if run.sharded else None
     )
     resumed_step = None if state is None else step
-    record, speed, bar = start_records(cfg, run, raw_model, seconds, resumed_step)
+    epochs = epochs_line(train_data, cfg)
+    record, speed, bar = start_records(cfg, run, raw_model, seconds, resumed_step, epochs)
     ctx = autocast(run.device, run.dtype)
     metric, goal = train_data.best
 
@@ -158,8 +159,9 @@ def train(cfg, run, guard, state):
 # ---------------------------------------------------------------------- the pieces, in order used
 
 
-def start_records(cfg, run, model, seconds, resumed_step):
-    """(metrics.jsonl's writer on rank 0, else None; the speed meter; the progress bar)."""
+def start_records(cfg, run, model, seconds, resumed_step, epochs):
+    """(metrics.jsonl's writer on rank 0, else None; the speed meter; the progress bar); rank 0
+    says what the run is: the model, where it runs, its passes over the data (epochs)."""
     peak = peak_flops(run.device, run.dtype)
     speed = Speed(model, peak)
     # the steps and their rate on stderr, from rank 0
@@ -178,6 +180,7 @@ def start_records(cfg, run, model, seconds, resumed_step):
         f"{run.device}, {run.dtype}{against}",
         file=sys.stderr,
     )
+    print(epochs, file=sys.stderr)
     wandb_run = start_wandb(cfg, model.num_params()) if cfg.wandb_log else None
     record = RunRecord(cfg.out_dir, asdict(cfg), wandb_run, seconds, resumed_step)
     return record, speed, bar

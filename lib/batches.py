@@ -86,6 +86,10 @@ class LMData:
                 f"token ids reach {top}, past vocab_size {meta['vocab_size']}",
             )
 
+    def epochs(self, rows):
+        """How many times rows drawn rows read the split's tokens."""
+        return rows * self.block_size / len(self.tokens)
+
     def rows(self, seed, step, n):
         rng = np.random.default_rng([seed, step])
         return rng.integers(0, len(self.tokens) - self.block_size, n)
@@ -157,6 +161,10 @@ class ClassificationData:
     def __len__(self):
         return len(self.labels)
 
+    def epochs(self, rows):
+        """How many times rows drawn rows read the split."""
+        return rows / len(self)
+
     def rows(self, seed, step, n):
         """Rows step * n ... (step + 1) * n - 1 of an endless stream of epochs, each a permutation
         of (seed, epoch)."""
@@ -180,6 +188,24 @@ class ClassificationData:
     def count(batch):
         """What the throughput counts: examples."""
         return len(batch["idx"])
+
+
+def epochs_line(data, cfg):
+    """The passes a run makes over its training data, and a warning past MAX_EPOCHS: a small
+    corpus read many times over is learnt by heart, val loss rising."""
+    rows = cfg.max_iters * cfg.batch_size * cfg.gradient_accumulation_steps
+    epochs = data.epochs(rows)
+    line = f"{cfg.max_iters:,} steps read the training data {epochs:.1f} times (epochs)"
+    if epochs > MAX_EPOCHS:
+        line = (
+            f"warning: {line}: past {MAX_EPOCHS}, val loss often rises while train loss falls "
+            "(the best checkpoint is the one kept); fewer max_iters or more data"
+        )
+    return line
+
+
+# a few passes over the data: more, and a model often learns it by heart
+MAX_EPOCHS = 10
 
 
 @functools.lru_cache(maxsize=1)

@@ -5,6 +5,8 @@ import os
 import sys
 from dataclasses import asdict
 
+import torch
+
 from lib import config
 from lib.common import Error
 from lib.config import Key
@@ -121,6 +123,9 @@ def check_rules(cfg, resuming):
             "process a slice of its rows): train Muon with strategy=ddp"
         )
         raise broken(cfg, "optimizer", whole)
+    if cfg.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        older = f"adamw: torch {torch.__version__} has no torch.optim.Muon (2.9 and later have)"
+        raise broken(cfg, "optimizer", older)
     if cfg.gradient_accumulation_steps % processes:
         share = f"a multiple of the {processes} processes: each takes an equal share"
         raise broken(cfg, "gradient_accumulation_steps", share)

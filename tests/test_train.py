@@ -20,6 +20,7 @@ from conftest import ROOT, TINY, run_distributed
 import plot
 import train
 from lib import checkpoint, config
+from lib.batches import MAX_EPOCHS, epochs_line, load_split
 from lib.common import Error
 from lib.distributed import started
 from lib.mfu import flops_per_token
@@ -944,3 +945,43 @@ def test_a_device_without_a_peak_logs_no_mfu(lm_dir, tmp_path):
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=3", "--log_interval=1"])
     logs = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "tok/s" in r]
     assert len(logs) == 3 and not any("mfu" in r for r in logs)
+
+
+def test_a_run_says_how_many_times_it_reads_its_data_and_warns_past_a_few(
+    lm_dir, toy_classify_dir, tmp_path, capsys
+):
+    """Epochs by their definition: rows read / rows held (a classifier's), tokens read / tokens
+    held (a language model's: block_size a row); past MAX_EPOCHS the line is a warning."""
+    lm = load_split(lm_dir, "train", 16)
+    cfg = SimpleNamespace(max_iters=10, batch_size=4, gradient_accumulation_steps=2)
+    assert epochs_line(lm, cfg).startswith(
+        f"10 steps read the training data {10 * 4 * 2 * 16 / 5000:.1f} times"
+    )
+    rows = load_split(toy_classify_dir, "train", 16)
+    many = SimpleNamespace(max_iters=600, batch_size=4, gradient_accumulation_steps=2)
+    line = epochs_line(rows, many)
+    assert line.startswith(f"warning: 600 steps read the training data {600 * 8 / 400:.1f} times")
+    assert MAX_EPOCHS < 600 * 8 / 400
+    run([f"--dataset={lm_dir}", "--max_iters=2", f"--out_dir={tmp_path}"])
+    assert "2 steps read the training data 0.0 times (epochs)" in capsys.readouterr().err
+
+
+def test_a_plain_run_trains_on_a_torch_without_muon(lm_dir, tmp_path):
+    """Muon is an option (muon.py, imported by optimizer=muon alone): a torch that lacks
+    torch.optim.Muon still trains with AdamW, and refuses only the option."""
+    argv = TINY + [f"--dataset={lm_dir}", "--max_iters=2", f"--out_dir={tmp_path / 'plain'}"]
+    code = (
+        "import sys, torch; del torch.optim.Muon; sys.path.insert(0, sys.argv[1]); "
+        "import train; from lib.common import run_script; "
+        "run_script(lambda: train.main(sys.argv[2:]), 'train.py'); print('trained')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, ROOT, *argv], capture_output=True, text=True
+    )
+    assert result.stdout.strip().endswith("trained"), result.stderr[-2000:]
+    muon = [*argv[:-1], f"--out_dir={tmp_path / 'muon'}", "--optimizer=muon"]
+    result = subprocess.run(
+        [sys.executable, "-c", code, ROOT, *muon], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "trained" not in result.stdout
+    assert result.stderr.startswith("train.py: error: optimizer='muon': must be adamw: torch ")
