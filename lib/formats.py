@@ -28,7 +28,7 @@ def for_decoding(model, device, weights="auto"):
 
 def resolve_weights(weights, device):
     """auto: bfloat16 where native_bf16, as dtype=auto; on other CPUs int8, whose products read
-    a quarter of float32's bytes (BENCHMARKS.md); float32 elsewhere."""
+    a quarter of float32's bytes; float32 elsewhere."""
     if weights != "auto":
         return weights
     if native_bf16(device):
@@ -62,7 +62,7 @@ class Int8Linear(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """A Linear in oneDNN's blocked layout for this CPU (faster on some: BENCHMARKS.md)."""
+    """A Linear in oneDNN's blocked layout for this CPU: fewer cache misses a product."""
 
     ROWS = 8  # the layout suits this many rows at a time; any number multiplies
 
