@@ -71,8 +71,8 @@ def flags(parser, keys):
         if key.default is False:
             parser.add_argument(f"--{name}", action="store_true", help=key.help)
             continue
-        shown = key.default is not None and key.default != ""
-        help = f"{key.help} (default: %(default)s)" if shown else key.help
+        unset = key.default in (None, "")
+        help = key.help if unset else f"{key.help} (default: %(default)s)"
         parser.add_argument(
             f"--{name}",
             type=flag_type(key),

@@ -145,6 +145,20 @@ def clean_labelled(records, names, path):
     return texts, labels, warnings
 
 
+def load_hub(name, advice, **options):
+    """datasets.load_dataset(name, **options); any failure is one line ending in advice."""
+    import datasets  # imported here: it takes a second, and a local --source never needs it
+
+    try:
+        return datasets.load_dataset(name, **options)
+    # offline it is a ConnectionError, but any failure here has the same way out
+    except Exception as e:
+        reason = (str(e).splitlines() or [""])[0][:200]
+        raise Error(
+            f"cannot download {name} (no network? {type(e).__name__}: {reason}): {advice}"
+        ) from None
+
+
 def read_text(source, url):
     """The text of the file source, or, without one, downloaded from url."""
     if source is None:
@@ -229,6 +243,12 @@ def unpublish(out_dir):
         os.remove(os.path.join(out_dir, "meta.json"))
 
 
+def tokenizer_meta(tok):
+    """meta.json's account of the tokenizer: its spec, its vocabulary and the token files' dtype."""
+    dtype = np.dtype(token_dtype(tok.vocab_size)).name
+    return dict(tokenizer=tok.spec, vocab_size=tok.vocab_size, dtype=dtype)
+
+
 def write_meta(data_dir, **meta):
     os.makedirs(data_dir, exist_ok=True)
     write_json(os.path.join(data_dir, "meta.json"), meta)
@@ -245,9 +265,7 @@ def write_lm(out_dir, splits, text_bytes, tok, source):
         write_meta(
             out_dir,
             task="lm",
-            tokenizer=tok.spec,
-            vocab_size=tok.vocab_size,
-            dtype=np.dtype(dtype).name,
+            **tokenizer_meta(tok),
             splits={name: len(ids) for name, ids in splits.items()},
             bytes=text_bytes,
             source=source,

@@ -81,17 +81,10 @@ def load_local(source):
 
 def load_hub():
     """{split: (texts, labels)} from the hub's train and test splits."""
-    import datasets  # imported here: it takes a second, and --source runs never need it
-
-    try:
-        ds = datasets.load_dataset(HUB_NAME)
-    # offline it is a ConnectionError, but any failure here has the same way out
-    except Exception as e:
-        reason = (str(e).splitlines() or [""])[0][:200]
-        raise Error(
-            f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): "
-            "pass --source DIR with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample"
-        ) from None
+    ds = prepare.load_hub(
+        HUB_NAME,
+        "pass --source DIR with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample",
+    )
     return {
         split: keep(
             *prepare.clean_labelled(
@@ -183,9 +176,7 @@ def main():
     prepare.write_meta(
         args.out_dir,
         task="classify",
-        tokenizer=tok.spec,
-        vocab_size=tok.vocab_size,
-        dtype=np.dtype(dtype).name,
+        **prepare.tokenizer_meta(tok),
         label_names=LABEL_NAMES,
         max_length=args.max_length,
         pad_token_id=tok.pad_token_id,

@@ -50,15 +50,12 @@ def load(source, num_proc):
     import datasets  # imported here so that --help answers at once
 
     if source is None:
-        try:
-            return datasets.load_dataset(HUB_NAME, num_proc=num_proc, split="train")
-        # offline it is a ConnectionError, but any failure here has the same way out
-        except Exception as e:
-            reason = (str(e).splitlines() or [""])[0][:200]
-            raise Error(
-                f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): "
-                "pass --source PATH, a folder of .txt files or a .jsonl/.parquet with a text column"
-            ) from None
+        return prepare.load_hub(
+            HUB_NAME,
+            "pass --source PATH, a folder of .txt files or a .jsonl/.parquet with a text column",
+            num_proc=num_proc,
+            split="train",
+        )
     if os.path.isdir(source):
         # sorted: the same order, the same split, every run
         files = sorted(glob.glob(os.path.join(source, "*.txt")))
@@ -138,9 +135,7 @@ def main():
     prepare.write_meta(
         args.out_dir,
         task="lm",
-        tokenizer=tok.spec,
-        vocab_size=tok.vocab_size,
-        dtype=np.dtype(dtype).name,
+        **prepare.tokenizer_meta(tok),
         splits=counts,
         bytes=text_bytes,
         source=args.source or HUB_NAME,

@@ -280,9 +280,7 @@ def publish(args, tok, splits, tails, seconds):
     tokens = {name: split.counts["tokens"] for name, split in splits.items()}
     meta = {
         "task": "lm",
-        "tokenizer": tok.spec,
-        "vocab_size": tok.vocab_size,
-        "dtype": np.dtype(prepare.token_dtype(tok.vocab_size)).name,
+        **prepare.tokenizer_meta(tok),
         "splits": tokens,
         **counts,
         "source": args.source or f"{args.dataset}:{args.split}",
