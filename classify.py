@@ -15,7 +15,6 @@ checkpoint's tokenizer, cut to its max_length and block_size. Results go to stdo
 messages go to stderr.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -25,11 +24,19 @@ import torch
 
 from lib.classifier import attention_maps, load, predict
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.config import at_least
+from lib.config import Key, flags
+from lib.formats import DEVICE_KEY
 from lib.plots import pyplot, save_figure
 from lib.prepare import read_labelled
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
+FLAGS = {
+    "out_dir": Key("out-agnews", "a classifier checkpoint written by train.py"),
+    "device": DEVICE_KEY,
+    "batch_size": Key(64, "texts per forward pass", ge=1),
+    "file": Key(None, "read the texts from this file, one per line (blank lines are skipped)"),
+    "json": Key(False, "print one JSON object per text: text, label, label_id, probs"),
+}
 
 
 def calibration_error(probs, labels, bins=15):
@@ -168,38 +175,11 @@ def check_image_path(option, path):
 
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="classify.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = ArgumentParser(prog="classify.py", description=__doc__)
     p.add_argument(
         "texts", nargs="*", help="texts to classify; none: --file, else stdin (one text per line)"
     )
-    p.add_argument(
-        "--out_dir",
-        default="out-agnews",
-        help="a classifier checkpoint written by train.py (default: %(default)s)",
-    )
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu",
-    )
-    p.add_argument(
-        "--batch_size",
-        type=at_least(1),
-        default=64,
-        help="texts per forward pass (default: %(default)s)",
-    )
-    p.add_argument(
-        "--file", help="read the texts from this file, one per line (blank lines are skipped)"
-    )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object per text: text, label, label_id, probs",
-    )
+    flags(p, FLAGS)
     p.add_argument(
         "--eval",
         metavar="FILE",

@@ -8,32 +8,29 @@ Without --out the image is named after the runs (loss-RUN+RUN.png), so plots of 
 replace each other.
 """
 
-import argparse
 import os
 import sys
 
 from lib.common import ArgumentParser, run_script
+from lib.config import Key, flags
 from lib.plots import plot_runs
+
+FLAGS = {
+    "x": Key("step", "the horizontal axis", choices=("step", "seconds")),
+    "out": Key(
+        None,
+        "the image to write: .png, .svg or .pdf (default: loss-RUN+RUN.png, from the runs' folder "
+        "names, -seconds added against seconds)",
+    ),
+}
 
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="plot.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(prog="plot.py", description=__doc__)
     p.add_argument(
         "out_dirs", nargs="+", metavar="OUT_DIR", help="folders that train.py wrote (metrics.jsonl)"
     )
-    p.add_argument(
-        "--x",
-        choices=["step", "seconds"],
-        default="step",
-        help="the horizontal axis (default: step)",
-    )
-    p.add_argument(
-        "--out",
-        help="the image to write: .png, .svg or .pdf (default: loss-RUN+RUN.png, from the runs' "
-        "folder names, -seconds added against seconds)",
-    )
+    flags(p, FLAGS)
     a = p.parse_args(argv)
     if a.out is None:
         a.out = default_name(a.out_dirs, a.x)

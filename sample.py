@@ -4,122 +4,90 @@ loaded and the speed go to stderr, so the output can be piped. Examples:
   python sample.py --out_dir out --start "ROMEO:" --num_samples 3 --max_new_tokens 200
   python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream"""
 
-import argparse
 import sys
 import time
 from dataclasses import fields
 from functools import partial
 
 import decoding
-from engine import Engine
+from engine import COMPILE_KEY, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.config import at_least
-from lib.formats import WEIGHTS, for_decoding, resolve_weights
+from lib.config import Key, flags, keys_of
+from lib.formats import DEVICE_KEY, WEIGHTS_KEY, for_decoding, resolve_weights
 from lib.text import continuation
 from lib.weights import GPT2_NAMES, load_gpt
 
 SEPARATOR = "-" * 40
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
+FLAGS = {
+    "out_dir": Key("out", "a checkpoint written by train.py"),
+    "init_from": Key(
+        None,
+        f"sample these weights instead of --out_dir: {', '.join(GPT2_NAMES)} (from the Hugging "
+        "Face hub), a GPT-2 folder in its layout (model.safetensors + config.json; GPT-2's BPE), "
+        "or a checkpoint folder of this project",
+    ),
+    "start": Key(
+        "",
+        "the prompt, or FILE:path to read it from a file; empty: the tokenizer's start token "
+        "(newline, or BPE's <|endoftext|>), not printed",
+    ),
+    "num_samples": Key(1, "samples, generated together as one batch", ge=1),
+    "max_new_tokens": Key(500, "tokens generated per sample", ge=0),
+    "seed": Key(
+        1337,
+        "random seed: sample i draws from a generator of its own seeded seed + i, so it is the "
+        "sample that --seed=seed+i --num_samples=1 gives",
+    ),
+    "device": DEVICE_KEY,
+    "weights": WEIGHTS_KEY,
+    "compile": COMPILE_KEY,
+    "stream": Key(
+        False,
+        "print the first sample token by token as it is generated; the others follow when the "
+        "batch is done (stdout is the same as without --stream)",
+    ),
+    "stop": Key(
+        None,
+        "a string that ends a sample, cut right before it (searched in the continuation, not the "
+        "prompt); generation ends once all have (in bash, $'\\n\\n' is two newlines)",
+    ),
+    "ignore_eos": Key(
+        False,
+        "go on past the tokenizer's end-of-text token (<|endoftext|>), which otherwise ends a "
+        "sample, unprinted, as the end of a document",
+    ),
+    "no_cache": Key(
+        False,
+        "re-run the model's whole window every step instead of using the KV cache (slower, the "
+        "same tokens; for comparison)",
+    ),
+}
+
+
+def decoding_flags():
+    """--greedy and a flag per decoding.Options field, at sample.py's defaults; their ranges are
+    Options' to check, so the messages name the option as the API's do."""
+    keys = {
+        "greedy": Key(
+            False,
+            "take the most likely token instead of sampling (the penalties and "
+            "--no_repeat_ngram_size still apply)",
+        )
+    }
+    for name, key in keys_of(decoding.Options).items():
+        keys[name] = Key(decoding.SAMPLE_DEFAULTS.get(name, key.default), key.help)
+    return keys
 
 
 def parse_args(argv=None):
-    p = ArgumentParser(
-        prog="sample.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--out_dir",
-        default="out",
-        help="a checkpoint written by train.py (default: %(default)s)",
-    )
-    p.add_argument(
-        "--init_from",
-        help=f"sample these weights instead of --out_dir: {', '.join(GPT2_NAMES)} (from the "
-        "Hugging Face hub), a GPT-2 folder in its layout (model.safetensors + config.json; "
-        "GPT-2's BPE), or a checkpoint folder of this project",
-    )
-    p.add_argument(
-        "--start",
-        default="",
-        help="the prompt, or FILE:path to read it from a file; empty: the tokenizer's start "
-        "token (newline, or BPE's <|endoftext|>), not printed",
-    )
-    p.add_argument(
-        "--num_samples",
-        type=at_least(1),
-        default=1,
-        help="samples, generated together as one batch (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max_new_tokens",
-        type=at_least(0),
-        default=500,
-        help="tokens generated per sample (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=1337,
-        help="random seed: sample i draws from a generator of its own seeded seed + i, so it is "
-        "the sample that --seed=seed+i --num_samples=1 gives (default: %(default)s)",
-    )
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu",
-    )
-    p.add_argument(
-        "--weights",
-        default="auto",
-        choices=WEIGHTS,
-        help="the format the weights decode in: auto is bfloat16 where the device multiplies it "
-        "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), int8 on "
-        "other CPUs, float32 on other GPUs (BENCHMARKS.md; default: %(default)s)",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="compile the one-token step first (seconds to a minute), for long or many samples: "
-        "on a CPU it pays with bfloat16 and int8 weights, not float32 (BENCHMARKS.md)",
-    )
-    p.add_argument(
-        "--stream",
-        action="store_true",
-        help="print the first sample token by token as it is generated; the others follow "
-        "when the batch is done (stdout is the same as without --stream)",
-    )
-    p.add_argument(
-        "--stop",
-        help="a string that ends a sample, cut right before it (searched in the continuation, "
-        "not the prompt); generation ends once all have (in bash, $'\\n\\n' is two newlines)",
-    )
-    p.add_argument(
-        "--ignore_eos",
-        action="store_true",
-        help="go on past the tokenizer's end-of-text token (<|endoftext|>), which otherwise ends "
-        "a sample, unprinted, as the end of a document",
-    )
-    p.add_argument(
-        "--no_cache",
-        action="store_true",
-        help="re-run the model's whole window every step instead of using the KV cache "
-        "(slower, the same tokens; for comparison)",
-    )
+    p = ArgumentParser(prog="sample.py", description=__doc__)
+    flags(p, FLAGS)
     g = p.add_argument_group(
         "decoding strategy (applied in this order: penalties and n-gram blocking on the raw "
         "logits, then temperature, top-k, top-p, then sampling)"
     )
-    g.add_argument(
-        "--greedy",
-        action="store_true",
-        help="take the most likely token instead of sampling (the penalties and "
-        "--no_repeat_ngram_size still apply)",
-    )
-    for f in fields(decoding.Options):
-        default = decoding.SAMPLE_DEFAULTS.get(f.name, f.default)
-        help = f"{f.metadata['help']} (default: {default})"
-        g.add_argument(f"--{f.name}", type=f.type, default=default, help=help)
+    flags(g, decoding_flags())
     args = p.parse_args(argv)
     # sample i is seeded seed + i, and torch's generators take seeds in [-2**63, 2**64)
     if not -(2**63) <= args.seed <= 2**64 - args.num_samples:

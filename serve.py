@@ -26,23 +26,46 @@ leaves stops its decoding.
 Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "type", "param"}}.
 """
 
-import argparse
 import contextlib
 import sys
 
+from engine import COMPILE_KEY
 from lib.common import ArgumentParser, run_script
-from lib.config import at_least
-from lib.formats import WEIGHTS
+from lib.config import Key, flags
+from lib.formats import DEVICE_KEY, WEIGHTS_KEY
 from lib.transport import DEADLINE, exposure
 from serving.app import Server
 from serving.playground import Playground
 from serving.scheduler import MAX_ROWS
 
+FLAGS = {
+    "host": Key(
+        "127.0.0.1",
+        "the address to listen on: 127.0.0.1 or ::1 for this machine only; 0.0.0.0 or :: for "
+        "every network it is on",
+    ),
+    "port": Key(8000, "0: any free port", ge=0, le=65535),
+    "device": DEVICE_KEY,
+    "weights": WEIGHTS_KEY,
+    "compile": COMPILE_KEY,
+    "max_rows": Key(
+        MAX_ROWS,
+        "a GPT's KV cache rows: the most choices decoding at once, in one batch; more wait their "
+        "turn",
+        ge=1,
+    ),
+    "max_tokens": Key(256, "the most tokens a request may ask for", ge=1),
+    "max_n": Key(8, "the most completions a request may ask for", ge=1),
+    "deadline": Key(
+        DEADLINE,
+        "seconds a request may take, to its last byte; a stream read slower is cut",
+        ge=1,
+    ),
+}
+
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="serve.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(prog="serve.py", description=__doc__)
     p.add_argument(
         "--out_dir",
         action="append",
@@ -50,15 +73,7 @@ def main(argv=None):
         help="a checkpoint folder written by train.py (a GPT or a classifier); "
         "repeat it to serve several",
     )
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="the address to listen on: 127.0.0.1 or ::1 for this machine only (default: "
-        "%(default)s); 0.0.0.0 or :: for every network it is on",
-    )
-    p.add_argument(
-        "--port", type=at_least(0), default=8000, help="(default: %(default)s; 0: any free port)"
-    )
+    flags(p, FLAGS)
     p.add_argument(
         "--allow_origin",
         action="append",
@@ -66,51 +81,7 @@ def main(argv=None):
         help="a web page's origin (such as http://localhost:3000) whose scripts may call the API; "
         "repeat it for several",
     )
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu",
-    )
-    p.add_argument(
-        "--weights",
-        default="auto",
-        choices=WEIGHTS,
-        help="the format a GPT's weights decode in, as sample.py's (default: %(default)s)",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="compile a GPT's one-token step at start, as sample.py's --compile",
-    )
-    p.add_argument(
-        "--max_rows",
-        type=at_least(1),
-        default=MAX_ROWS,
-        help="a GPT's KV cache rows: the most choices decoding at once, in one batch; more wait "
-        "their turn (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max_tokens",
-        type=at_least(1),
-        default=256,
-        help="the most tokens a request may ask for (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max_n",
-        type=at_least(1),
-        default=8,
-        help="the most completions a request may ask for (default: %(default)s)",
-    )
-    p.add_argument(
-        "--deadline",
-        type=at_least(1),
-        default=DEADLINE,
-        help="seconds a request may take, to its last byte; a stream read slower is cut "
-        "(default: %(default)s)",
-    )
     a = p.parse_args(argv)
-    if a.port > 65535:
-        p.error(f"argument --port: must be at most 65535, got {a.port}")
     playground = Playground(
         a.out_dir, a.device, a.weights, a.max_tokens, a.max_n, rows=a.max_rows, compile=a.compile
     )

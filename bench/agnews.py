@@ -16,7 +16,6 @@ Each of our runs is `python data/agnews/prepare.py` once, then per seed `python 
 config and overrides) and `python classify.py --eval` on each split, as a user runs them.
 """
 
-import argparse
 import csv
 import hashlib
 import os
@@ -32,10 +31,21 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, run_script
+from lib.config import Key, flags
 from lib.prepare import read_labelled
 from lib.tokenizer import get_tokenizer
 
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
+FLAGS = {
+    "source": Key(
+        os.path.join(os.path.dirname(ROOT), "shared", "data", "agnews_sample"),
+        "a folder with train.csv and val.csv",
+    ),
+    "holdout": Key(False, "also score the hold-out (report the final recipe once)"),
+    "holdout_rows": Key(2000, "rows of train.csv held out"),
+    "no_peers": Key(False, "skip the scikit-learn peers"),
+    "prepare": Key("", 'arguments for data/agnews/prepare.py, e.g. "--cased"'),
+}
 
 
 def split_holdout(source, n):
@@ -169,25 +179,8 @@ def ours(splits, runs, seeds, scored, work, prepare_args=()):
 
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="agnews.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--source",
-        default=os.path.join(os.path.dirname(ROOT), "shared", "data", "agnews_sample"),
-        help="a folder with train.csv and val.csv (default: ../shared/data/agnews_sample)",
-    )
-    p.add_argument(
-        "--holdout",
-        action="store_true",
-        help="also score the hold-out (report the final recipe once)",
-    )
-    p.add_argument(
-        "--holdout_rows",
-        type=int,
-        default=2000,
-        help="rows of train.csv held out (default: %(default)s)",
-    )
+    p = ArgumentParser(prog="agnews.py", description=__doc__)
+    flags(p, FLAGS)
     p.add_argument(
         "--runs",
         nargs="+",
@@ -202,10 +195,6 @@ def main(argv=None):
         nargs="+",
         default=[1337, 1338],
         help="seeds per run (default: %(default)s)",
-    )
-    p.add_argument("--no_peers", action="store_true", help="skip the scikit-learn peers")
-    p.add_argument(
-        "--prepare", default="", help='arguments for data/agnews/prepare.py, e.g. "--cased"'
     )
     a = p.parse_args(argv)
     shared_bpe = os.path.join(os.path.dirname(ROOT), "shared", "tiktoken_cache")

@@ -17,13 +17,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import Options, make_picks  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
-from lib.config import at_least  # noqa: E402
+from lib.config import Key, flags  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
 from lib.weights import load_gpt  # noqa: E402
 from serving.scheduler import ServingEngine  # noqa: E402
 
 PROMPTS = ["ROMEO:", "KING HENRY:", "First Citizen:", "JULIET:"]
 OPTIONS = Options(temperature=0.9, top_k=40)
+FLAGS = {
+    "seeds": Key(20, "samples compared per format", ge=1),
+    "tokens": Key(100, "tokens per sample", ge=1),
+}
 
 
 def decode(model, tokenizer, seed, tokens, company):
@@ -44,8 +48,7 @@ def decode(model, tokenizer, seed, tokens, company):
 def main(argv=None):
     p = ArgumentParser(prog="batch_dependence.py", description=__doc__)
     p.add_argument("--out_dir", required=True, help="a GPT checkpoint of train.py")
-    p.add_argument("--seeds", type=at_least(1), default=20, help="samples compared per format")
-    p.add_argument("--tokens", type=at_least(1), default=100, help="tokens per sample")
+    flags(p, FLAGS)
     args = p.parse_args(argv)
     print("| weights | samples whose tokens differ | largest log-probability difference |")
     print("| --- | --- | --- |")

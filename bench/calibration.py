@@ -7,7 +7,6 @@ divided by a temperature fitted on the first file (by its negative log-likelihoo
   python bench/calibration.py OUT_DIR val.csv holdout.csv
 """
 
-import argparse
 import os
 import sys
 
@@ -43,11 +42,7 @@ def fit_temperature(logits, labels):
 
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="calibration.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = ArgumentParser(prog="calibration.py", description=__doc__)
     p.add_argument("out_dir", help="a classifier trained with bow_head=True")
     p.add_argument("files", nargs="+", metavar="FILE", help="labelled files; the first fits")
     a = p.parse_args(argv)

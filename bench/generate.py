@@ -44,6 +44,7 @@ from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
 from lib.batches import load_split  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from lib.config import Key, flags  # noqa: E402
 from lib.formats import (  # noqa: E402
     PackedLinear,
     for_decoding,
@@ -68,6 +69,17 @@ MODES = [
 SHAKESPEARE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
 GPT2 = dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True)
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+FLAGS = {
+    "old": Key(None, "another checkout (a commit before): its sample.py beside ours"),
+    "val_model": Key(None, "a trained 6 x 384 char checkpoint: the formats' loss changes"),
+    "json": Key(None, "also write the results here"),
+    "quick": Key(False, "fewer tokens: a smoke test"),
+    "sections": Key(
+        "products,gpt2,shakespeare,batches",
+        "which to run: products (0, 0b), gpt2 (1 to 1c), shakespeare (2), batches (3)",
+    ),
+    "turns": Key(1, "rounds of section 2's runs (medians)"),
+}
 
 
 def products(sizes=(1, 8, 32, 256), matrices=24, repeats=5):
@@ -398,18 +410,7 @@ def format_losses(path):
 
 def main(argv=None):
     p = ArgumentParser(prog="generate.py", description=__doc__)
-    p.add_argument("--old", help="another checkout (a commit before): its sample.py beside ours")
-    p.add_argument(
-        "--val_model", help="a trained 6 x 384 char checkpoint: the formats' loss changes"
-    )
-    p.add_argument("--json", help="also write the results here")
-    p.add_argument("--quick", action="store_true", help="fewer tokens: a smoke test")
-    p.add_argument(
-        "--sections",
-        default="products,gpt2,shakespeare,batches",
-        help="which to run: products (0, 0b), gpt2 (1 to 1c), shakespeare (2), batches (3)",
-    )
-    p.add_argument("--turns", type=int, default=1, help="rounds of section 2's runs (medians)")
+    flags(p, FLAGS)
     args = p.parse_args(argv)
     if args.old and not os.path.isfile(os.path.join(args.old, "sample.py")):
         p.error(f"--old {args.old}: no sample.py there (a checkout of this repository)")

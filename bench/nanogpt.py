@@ -10,7 +10,6 @@ flags and torch's CPU capability beside the figures.
       --source ../shared/data/tinyshakespeare/input.txt
 """
 
-import argparse
 import json
 import os
 import re
@@ -26,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.timing import machine, table  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from lib.config import Key, flags  # noqa: E402
 from lib.plots import read_metrics  # noqa: E402
 
 # nanoGPT's README: "a baby GPT" on a CPU
@@ -45,6 +45,10 @@ NANOGPT_CPU = [
     "--dropout=0.0",
 ]
 SHORT = ["--max_iters=300", "--lr_decay_iters=300"]  # the last flag of a key wins in both
+FLAGS = {
+    "turns": Key(1, "rounds of the four runs"),
+    "json": Key(None, "also write the results here"),
+}
 
 
 def prepare(nanogpt, source):
@@ -87,13 +91,10 @@ def our_run(config, extra):
 
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="nanogpt.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(prog="nanogpt.py", description=__doc__)
     p.add_argument("--nanogpt", required=True, help="a checkout of karpathy/nanoGPT")
     p.add_argument("--source", required=True, help="Tiny Shakespeare's input.txt")
-    p.add_argument("--turns", type=int, default=1, help="rounds of the four runs (default: 1)")
-    p.add_argument("--json", help="also write the results here")
+    flags(p, FLAGS)
     args = p.parse_args(argv)
     if not os.path.isfile(os.path.join(args.nanogpt, "config", "train_shakespeare_char.py")):
         raise Error(f"--nanogpt={args.nanogpt}: not a nanoGPT checkout")

@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from lib.config import Key, flags  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from patterns import Pattern  # noqa: E402
@@ -41,6 +42,14 @@ PATTERNS = {
 }
 CONFIG = "config/shakespeare_char_window.py"
 OUT = "out-shakespeare-char-window"
+FLAGS = {
+    "ns": Key("1024,2048,4096,8192", "the row lengths n that part 1 times, comma-separated"),
+    "skip_quality": Key(False, "skip part 2's trainings"),
+    "png": Key("", "also plot part 1's times into this image"),
+    "tokens": Key(4000, "part 3's tokens generated"),
+    "out_dir": Key(os.path.join(ROOT, OUT), "the windowed checkpoint"),
+    "picture": Key("", "draw the four patterns there and stop"),
+}
 
 
 def rss():
@@ -200,14 +209,7 @@ def picture(png, n=16):
 
 def main():
     parser = ArgumentParser(prog="patterns.py", description=__doc__.split("\n")[1])
-    parser.add_argument("--ns", default="1024,2048,4096,8192")
-    parser.add_argument("--skip_quality", action="store_true")
-    parser.add_argument("--png", default="")
-    parser.add_argument("--tokens", type=int, default=4000)
-    parser.add_argument(
-        "--out_dir", default=os.path.join(ROOT, OUT), help="the windowed checkpoint"
-    )
-    parser.add_argument("--picture", default="", help="draw the four patterns there and stop")
+    flags(parser, FLAGS)
     a = parser.parse_args()
     if a.picture:
         return picture(a.picture)

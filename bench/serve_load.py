@@ -12,7 +12,6 @@ and the engine's rows must all be free at the end.
       --requests=200 --concurrency=8
 """
 
-import argparse
 import json
 import os
 import re
@@ -23,12 +22,15 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from engine import COMPILE_KEY  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.config import at_least  # noqa: E402
+from lib.config import Key, flags  # noqa: E402
+from lib.formats import DEVICE_KEY, WEIGHTS_KEY  # noqa: E402
 from lib.transport import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = [
@@ -42,6 +44,26 @@ HEADLINES = [
     "Election results contested in court",
 ]
 
+FLAGS = {
+    "requests": Key(200, "requests per round", ge=1),
+    "concurrency": Key(8, "requests in flight", ge=1),
+    "rounds": Key(2, "measured rounds after the warm-up", ge=1),
+    "distinct": Key(20, "distinct requests, each answered alone first", ge=1),
+    "max_tokens": Key(32, "tokens per completion", ge=1),
+    "big": Key(
+        0,
+        "> 0: each GPT's rounds again, beside one more client that sends 64 prompts x 8 choices "
+        "of this many tokens, again and again; 0: none",
+        ge=0,
+    ),
+    "bad": Key(
+        False,
+        "each GPT's rounds again, beside a client sending malformed and oversized requests",
+    ),
+    "device": replace(DEVICE_KEY, default="cpu"),
+    "weights": WEIGHTS_KEY,
+    "compile": COMPILE_KEY,
+}
 
 # refused before decoding: JSON that is not, wrong types, past the limits, more logprobs than a
 # small vocabulary has (the served model's may take 20), logprobs and trace past their budget
@@ -213,59 +235,11 @@ def check_rows_free(url, name):
 
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="serve_load.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = ArgumentParser(prog="serve_load.py", description=__doc__)
     p.add_argument(
         "--out_dir", action="append", required=True, help="a checkpoint to serve (repeatable)"
     )
-    p.add_argument(
-        "--requests",
-        type=at_least(1),
-        default=200,
-        help="requests per round (default: %(default)s)",
-    )
-    p.add_argument(
-        "--concurrency",
-        type=at_least(1),
-        default=8,
-        help="requests in flight (default: %(default)s)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=at_least(1),
-        default=2,
-        help="measured rounds after the warm-up (default: %(default)s)",
-    )
-    p.add_argument(
-        "--distinct",
-        type=at_least(1),
-        default=20,
-        help="distinct requests, each answered alone first",
-    )
-    p.add_argument(
-        "--max_tokens",
-        type=at_least(1),
-        default=32,
-        help="tokens per completion (default: %(default)s)",
-    )
-    p.add_argument(
-        "--big",
-        type=at_least(0),
-        default=0,
-        help="> 0: each GPT's rounds again, beside one more client that sends 64 prompts x "
-        "8 choices of this many tokens, again and again (default: %(default)s, none)",
-    )
-    p.add_argument(
-        "--bad",
-        action="store_true",
-        help="each GPT's rounds again, beside a client sending malformed and oversized requests",
-    )
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--weights", default="auto", help="serve.py --weights (default: %(default)s)")
-    p.add_argument("--compile", action="store_true", help="serve.py --compile")
+    flags(p, FLAGS)
     args = p.parse_args(argv)
     if args.concurrency > MAX_ACTIVE:
         p.error(

@@ -27,7 +27,6 @@ Usage, from the repository root (config paths are taken relative to it from any 
                                                the runs side by side, and a plot
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -60,6 +59,25 @@ from bench.steps import (
 from bench.time_to_loss import time_to_loss
 from bench.timing import bench_matmul, machine, table, two
 from lib.common import ArgumentParser, pick_device, run_script
+from lib.config import Key, flags
+from lib.formats import DEVICE_KEY
+
+FLAGS = {
+    "device": DEVICE_KEY,
+    "repeats": Key(5, "timed repeats per figure, after one warm-up"),
+    "quick": Key(
+        False,
+        "2 repeats, n = 128 and 512, 100 new tokens, training batches of at most 4 rows, "
+        "torch.compile on the first config only",
+    ),
+    "no-compile": Key(False, "skip the torch.compile measurements"),
+    "target": Key(
+        1.8818,
+        "with --time_to_loss: the validation loss to reach, what config/shakespeare_char_cpu.py "
+        "reaches",
+    ),
+    "png": Key("time_to_loss.png", "with --time_to_loss: the plot"),
+}
 
 
 def report(info, peaks, trains, optims, gens, attns, infers, notes):
@@ -84,22 +102,8 @@ def report(info, peaks, trains, optims, gens, attns, infers, notes):
 
 
 def main(argv=None):
-    p = ArgumentParser(
-        prog="speed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--device", default="auto", help="auto (cuda, mps, cpu), cuda, cuda:1, mps or cpu"
-    )
-    p.add_argument(
-        "--repeats", type=int, default=5, help="timed repeats per figure, after one warm-up"
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="2 repeats, n = 128 and 512, 100 new tokens, training batches of at most 4 rows, "
-        "torch.compile on the first config only",
-    )
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile measurements")
+    p = ArgumentParser(prog="speed.py", description=__doc__)
+    flags(p, FLAGS)
     p.add_argument(
         "--json", metavar="PATH", help="also save every figure (with the raw times) as JSON"
     )
@@ -124,18 +128,6 @@ def main(argv=None):
         help="instead: run each RUN (a config file, then any --key=value overrides, "
         "quoted as one argument) as `python train.py RUN`, taking turns --repeats times; "
         "print the wall times and the val loss each reached, and plot val loss against seconds",
-    )
-    p.add_argument(
-        "--target",
-        type=float,
-        default=1.8818,
-        help="with --time_to_loss: the validation loss to reach "
-        "(default: %(default)s, what config/shakespeare_char_cpu.py reaches)",
-    )
-    p.add_argument(
-        "--png",
-        default="time_to_loss.png",
-        help="with --time_to_loss: the plot (default: %(default)s)",
     )
     a = p.parse_args(argv)
     if a.time_to_loss:

@@ -18,6 +18,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, run_script  # noqa: E402
+from lib.config import Key, flags  # noqa: E402
 from lib.records import read_metrics  # noqa: E402
 
 # (name, prepare.py's tokenizer options)
@@ -27,6 +28,7 @@ TOKENIZERS = [
     ("bpe-1024", ["--tokenizer=bpe", "--vocab_size=1024"]),
     ("bpe-4096", ["--tokenizer=bpe", "--vocab_size=4096"]),
 ]
+FLAGS = {"max_iters": Key(1000, "each run's steps")}
 
 
 def run(command):
@@ -40,7 +42,7 @@ def main():
     p = ArgumentParser(description=__doc__)
     p.add_argument("--source", required=True, help="the corpus, as prepare.py's --source")
     p.add_argument("--work", required=True, help="a folder for the data and the runs")
-    p.add_argument("--max_iters", type=int, default=1000, help="each run's steps (%(default)s)")
+    flags(p, FLAGS)
     args = p.parse_args()
     rows = []
     runs = []

@@ -37,6 +37,11 @@ def run_script(main, prog):
 
 
 class ArgumentParser(argparse.ArgumentParser):
+    def __init__(self, **kwargs):
+        """A script's parser: its docstring, the description, shown with its own line breaks."""
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(**kwargs)
+
     def error(self, message):
         """One line through run_script, not argparse's usage block and exit; a long value it
         quotes (a number of 5,000 digits) is cut to its start."""

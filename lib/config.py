@@ -1,5 +1,6 @@
 """Values and their ranges in one place (Key: train.py's settings, the models' configs,
-decoding.Options, the JSON files read); config files and --key=value overrides."""
+decoding.Options, the JSON files read, the scripts' flags); config files and --key=value
+overrides."""
 
 import argparse
 import ast
@@ -8,7 +9,7 @@ import math
 import operator
 import os
 import traceback
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from types import ModuleType
 
 from lib.common import Error
@@ -62,18 +63,41 @@ class Key:
         return None
 
 
-def at_least(low):
-    """An argparse type: an int that Key(low, ge=low) holds."""
-    key = Key(low, ge=low)
+def flags(parser, keys):
+    """An argparse flag --name for each Key of keys, as the scripts declare theirs: a False
+    default makes a switch; any other parses as its default's type (str for None), within its
+    bounds and choices, the default shown in its help (unless None or empty)."""
+    for name, key in keys.items():
+        if key.default is False:
+            parser.add_argument(f"--{name}", action="store_true", help=key.help)
+            continue
+        unset = key.default in (None, "")
+        help = key.help if unset else f"{key.help} (default: %(default)s)"
+        parser.add_argument(
+            f"--{name}",
+            type=flag_type(key),
+            default=key.default,
+            choices=key.choices,
+            help=help,
+        )
+
+
+def flag_type(key):
+    """An argparse type: the text as key's default's type; with bounds, one that key holds
+    ("must be >= 1, got 0", argparse naming the flag)."""
+    kind = str if key.default is None else type(key.default)
+    if all(getattr(key, bound) is None for bound in BOUNDS):
+        return kind
+    bounded = replace(key, choices=None)  # argparse checks the choices
 
     def parse(text):
-        value = int(text)
-        must = key.must(value)
+        value = kind(text)
+        must = bounded.must(value)
         if must:
             raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
         return value
 
-    parse.__name__ = "int"  # argparse's "invalid int value" names it
+    parse.__name__ = kind.__name__  # argparse's "invalid int value" names it
     return parse
 
 

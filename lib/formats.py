@@ -4,8 +4,18 @@ import torch
 import torch.nn as nn
 
 from lib.common import Error, native_bf16
+from lib.config import Key
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
+# the scripts' --weights and --device (sample.py, serve.py, classify.py, bench/)
+WEIGHTS_KEY = Key(
+    "auto",
+    "the format a GPT's weights decode in: auto is bfloat16 where the device multiplies it "
+    "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), int8 on other "
+    "CPUs, float32 on other GPUs",
+    choices=WEIGHTS,
+)
+DEVICE_KEY = Key("auto", "cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
 
 
 def for_decoding(model, device, weights="auto"):

@@ -8,7 +8,6 @@ parquet, jsonl), and writing a prepared dataset, meta.json last, in the formats 
              (tokens or rows per split); classify adds label_names, max_length and pad_token_id
 """
 
-import argparse
 import csv
 import hashlib
 import json
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from lib.common import ArgumentParser, Error, atomic_path, write_json
+from lib.config import Key, flags
 from lib.locks import try_lock
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
@@ -28,14 +28,6 @@ LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 INTEGER = re.compile(r"-?[0-9]{1,18}")
 # in_val hashes a text this many characters at a time
 HASH_PIECE = 1 << 20
-
-
-def fraction(text):
-    """An argparse type: a number strictly between 0 and 1."""
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
 
 
 def read_records(path):
@@ -153,6 +145,20 @@ def clean_labelled(records, names, path):
     return texts, labels, warnings
 
 
+def load_hub(name, advice, **options):
+    """datasets.load_dataset(name, **options); any failure is one line ending in advice."""
+    import datasets  # imported here: it takes a second, and a local --source never needs it
+
+    try:
+        return datasets.load_dataset(name, **options)
+    # offline it is a ConnectionError, but any failure here has the same way out
+    except Exception as e:
+        reason = (str(e).splitlines() or [""])[0][:200]
+        raise Error(
+            f"cannot download {name} (no network? {type(e).__name__}: {reason}): {advice}"
+        ) from None
+
+
 def read_text(source, url):
     """The text of the file source, or, without one, downloaded from url."""
     if source is None:
@@ -237,6 +243,12 @@ def unpublish(out_dir):
         os.remove(os.path.join(out_dir, "meta.json"))
 
 
+def tokenizer_meta(tok):
+    """meta.json's account of the tokenizer: its spec, its vocabulary and the token files' dtype."""
+    dtype = np.dtype(token_dtype(tok.vocab_size)).name
+    return dict(tokenizer=tok.spec, vocab_size=tok.vocab_size, dtype=dtype)
+
+
 def write_meta(data_dir, **meta):
     os.makedirs(data_dir, exist_ok=True)
     write_json(os.path.join(data_dir, "meta.json"), meta)
@@ -253,9 +265,7 @@ def write_lm(out_dir, splits, text_bytes, tok, source):
         write_meta(
             out_dir,
             task="lm",
-            tokenizer=tok.spec,
-            vocab_size=tok.vocab_size,
-            dtype=np.dtype(dtype).name,
+            **tokenizer_meta(tok),
             splits={name: len(ids) for name, ids in splits.items()},
             bytes=text_bytes,
             source=source,
@@ -266,9 +276,12 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
     """The prepare script of a corpus in one text file, cut 90/10 as nanoGPT cuts Tiny Shakespeare:
     --source FILE, or the text downloaded from url. tokenizer_for(text) makes the tokenizer. The
     text is cut first and each part encoded on its own, which gives nanoGPT's token counts."""
-    p = ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", help=f"a local copy of the text (default: download {url})")
-    p.add_argument("--out_dir", default=out_dir, help="where to write (default: %(default)s)")
+    p = ArgumentParser(description=doc)
+    keys = {
+        "source": Key(None, f"a local copy of the text (default: download {url})"),
+        "out_dir": Key(out_dir, "where to write"),
+    }
+    flags(p, keys)
     args = p.parse_args(argv)
     t0 = time.time()
     check_out_dir(args.out_dir)

@@ -1,4 +1,5 @@
-"""common.py: the one dtype rule, device errors, atomic writes, the peak MFU is measured against."""
+"""common.py: the one dtype rule, device errors, atomic writes, the peak MFU is measured against;
+config.py's flags, the scripts' one way to declare a flag."""
 
 import os
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 
 from lib import common, formats, mfu
-from lib.common import Error, atomic_path
+from lib.common import ArgumentParser, Error, atomic_path
+from lib.config import Key, flags
 
 
 @pytest.mark.parametrize(
@@ -123,3 +125,52 @@ def test_absent_devices_are_one_line():
         common.pick_device("cuda:1")
     with pytest.raises(Error, match=r"--device tpu: no such device here \(Expected one of"):
         common.pick_device("tpu")
+
+
+FLAGS = {
+    "rows": Key(8, "rows at once", ge=1),
+    "share": Key(0.1, "a share", gt=0, lt=1),
+    "mode": Key("auto", "a mode", choices=("auto", "fast")),
+    "name": Key(None, "a name"),
+    "quick": Key(False, "a switch"),
+}
+
+
+def parse_flags(*argv):
+    parser = ArgumentParser(prog="x.py")
+    flags(parser, FLAGS)
+    return parser, parser.parse_args(argv)
+
+
+def test_flags_parse_as_their_keys_types_with_their_defaults():
+    _, args = parse_flags()
+    assert vars(args) == dict(rows=8, share=0.1, mode="auto", name=None, quick=False)
+    _, args = parse_flags("--rows", "3", "--share=0.5", "--mode", "fast", "--name", "a", "--quick")
+    assert vars(args) == dict(rows=3, share=0.5, mode="fast", name="a", quick=True)
+    assert type(args.share) is float
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rows", "0"], "argument --rows: must be >= 1, got 0 (see --help)"),
+        (["--rows", "1.5"], "argument --rows: invalid int value: '1.5' (see --help)"),
+        (["--share", "1"], "argument --share: must be < 1, got 1 (see --help)"),
+        (["--share", "nan"], "argument --share: must be a finite number, got nan (see --help)"),
+        (["--mode", "slow"], "argument --mode: invalid choice: 'slow'"),
+        (["--quick=1"], "argument --quick: ignored explicit argument '1'"),
+    ],
+)
+def test_a_flag_out_of_its_keys_range_is_argparses_one_line(argv, message):
+    with pytest.raises(Error) as e:
+        parse_flags(*argv)
+    assert str(e.value).startswith(message)
+
+
+def test_a_flags_help_shows_its_default_unless_none():
+    parser, _ = parse_flags()
+    help = " ".join(parser.format_help().split())
+    assert "--rows ROWS rows at once (default: 8)" in help
+    assert "--share SHARE a share (default: 0.1)" in help
+    assert "--mode {auto,fast} a mode (default: auto)" in help
+    assert "--name NAME a name --quick a switch" in help

@@ -392,7 +392,7 @@ BAD_INPUTS = [
     (
         "data/agnews/prepare.py",
         ["--source={d}/no_train", "--val_fraction=1.5"],
-        "must be between 0 and 1, got 1.5",
+        "must be < 1, got 1.5",
     ),
     ("data/agnews/prepare.py", ["--source={d}/no_train", "--max_length=0"], "must be >= 1, got 0"),
     (

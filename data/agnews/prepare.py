@@ -12,7 +12,6 @@ Without a val file, val is carved out of train by a hash of each text, so identi
 split.
 """
 
-import argparse
 import os
 import sys
 import time
@@ -25,11 +24,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
 from lib.common import ArgumentParser, Error, run_script
-from lib.config import at_least
+from lib.config import Key, flags
 from lib.tokenizer import BPETokenizer
 
 HUB_NAME = "fancyzhx/ag_news"
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
+FLAGS = {
+    "source": Key(
+        None, f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)"
+    ),
+    "out_dir": Key(HERE, "where to write"),
+    "val_fraction": Key(
+        0.05, "share of train carved out as val when the source has no val split", gt=0, lt=1
+    ),
+    "max_length": Key(128, "tokens kept per row", ge=1),
+    "cased": Key(
+        False,
+        "keep the texts' case (default: lowercase them before BPE, as bag-of-words models do; the "
+        "tokenizer in meta.json says so, and classify.py does the same)",
+    ),
+}
 
 
 def keep(texts, labels, warnings):
@@ -67,17 +81,10 @@ def load_local(source):
 
 def load_hub():
     """{split: (texts, labels)} from the hub's train and test splits."""
-    import datasets  # imported here: it takes a second, and --source runs never need it
-
-    try:
-        ds = datasets.load_dataset(HUB_NAME)
-    # offline it is a ConnectionError, but any failure here has the same way out
-    except Exception as e:
-        reason = (str(e).splitlines() or [""])[0][:200]
-        raise Error(
-            f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): "
-            "pass --source DIR with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample"
-        ) from None
+    ds = prepare.load_hub(
+        HUB_NAME,
+        "pass --source DIR with train.csv/val.csv, e.g. --source ../shared/data/agnews_sample",
+    )
     return {
         split: keep(
             *prepare.clean_labelled(
@@ -89,31 +96,8 @@ def load_hub():
 
 
 def main():
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--source", help=f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)"
-    )
-    p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
-    p.add_argument(
-        "--val_fraction",
-        type=prepare.fraction,
-        default=0.05,
-        help="share of train carved out as val when the source has no val split "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--max_length",
-        type=at_least(1),
-        default=128,
-        help="tokens kept per row (default: %(default)s)",
-    )
-    p.add_argument(
-        "--cased",
-        action="store_true",
-        help="keep the texts' case (default: lowercase them before BPE, "
-        "as bag-of-words models do; the tokenizer in meta.json says so, "
-        "and classify.py does the same)",
-    )
+    p = ArgumentParser(description=__doc__)
+    flags(p, FLAGS)
     args = p.parse_args()
     t0 = time.time()
     prepare.check_out_dir(args.out_dir)
@@ -192,9 +176,7 @@ def main():
     prepare.write_meta(
         args.out_dir,
         task="classify",
-        tokenizer=tok.spec,
-        vocab_size=tok.vocab_size,
-        dtype=np.dtype(dtype).name,
+        **prepare.tokenizer_meta(tok),
         label_names=LABEL_NAMES,
         max_length=args.max_length,
         pad_token_id=tok.pad_token_id,

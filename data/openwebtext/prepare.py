@@ -10,7 +10,6 @@ A job for a machine with disk and cores to spare: the download is ~54 GB of hub 
   python data/openwebtext/prepare.py --source docs.jsonl
 """
 
-import argparse
 import glob
 import os
 import sys
@@ -23,11 +22,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
 from lib.common import ArgumentParser, Error, run_script
-from lib.config import at_least
+from lib.config import Key, flags
 from lib.tokenizer import BPETokenizer
 
 HUB_NAME = "Skylion007/openwebtext"
 tok = None  # the tokenizer, made once per process (map's workers make their own)
+FLAGS = {
+    "source": Key(
+        None, f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet"
+    ),
+    "out_dir": Key(HERE, "where to write"),
+    "num_proc": Key(min(8, os.cpu_count() or 1), "processes for download and tokenizing", ge=1),
+    "val_fraction": Key(0.0005, "share of documents for val", gt=0, lt=1),
+}
 
 
 def process(example):
@@ -43,15 +50,12 @@ def load(source, num_proc):
     import datasets  # imported here so that --help answers at once
 
     if source is None:
-        try:
-            return datasets.load_dataset(HUB_NAME, num_proc=num_proc, split="train")
-        # offline it is a ConnectionError, but any failure here has the same way out
-        except Exception as e:
-            reason = (str(e).splitlines() or [""])[0][:200]
-            raise Error(
-                f"cannot download {HUB_NAME} (no network? {type(e).__name__}: {reason}): "
-                "pass --source PATH, a folder of .txt files or a .jsonl/.parquet with a text column"
-            ) from None
+        return prepare.load_hub(
+            HUB_NAME,
+            "pass --source PATH, a folder of .txt files or a .jsonl/.parquet with a text column",
+            num_proc=num_proc,
+            split="train",
+        )
     if os.path.isdir(source):
         # sorted: the same order, the same split, every run
         files = sorted(glob.glob(os.path.join(source, "*.txt")))
@@ -79,24 +83,8 @@ def load(source, num_proc):
 
 
 def main():
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--source",
-        help=f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet",
-    )
-    p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
-    p.add_argument(
-        "--num_proc",
-        type=at_least(1),
-        default=min(8, os.cpu_count() or 1),
-        help="processes for download and tokenizing (default: %(default)s)",
-    )
-    p.add_argument(
-        "--val_fraction",
-        type=prepare.fraction,
-        default=0.0005,
-        help="share of documents for val (default: %(default)s)",
-    )
+    p = ArgumentParser(description=__doc__)
+    flags(p, FLAGS)
     args = p.parse_args()
     t0 = time.time()
     global tok
@@ -147,9 +135,7 @@ def main():
     prepare.write_meta(
         args.out_dir,
         task="lm",
-        tokenizer=tok.spec,
-        vocab_size=tok.vocab_size,
-        dtype=np.dtype(dtype).name,
+        **prepare.tokenizer_meta(tok),
         splits=counts,
         bytes=text_bytes,
         source=args.source or HUB_NAME,

@@ -15,7 +15,6 @@ Documents: a folder's .txt and .md files (subfolders too) are one each, and its 
 document.
 """
 
-import argparse
 import os
 import re
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for
 from lib import prepare
 from lib.bpe import save_ranks, train_bpe
 from lib.common import ArgumentParser, Error, atomic_path, run_script
-from lib.config import at_least
+from lib.config import Key, flags
 from lib.corpus import PIECE, Corpus
 from lib.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE
 
@@ -43,6 +42,23 @@ BATCH = 1 << 20
 # where a piece may end: before a space or line break that follows a non-space. GPT-2's words part
 # there (each is all spaces, or holds one at most, first), so the pieces encode as the whole does
 CUT = re.compile(r"(?<=\S)[ \n]")
+FLAGS = {
+    "split": Key("train", "the --dataset split to read"),
+    "column": Key(None, 'the text column (default: "text", or the only one)'),
+    "tokenizer": Key(
+        "bpe",
+        "the text's characters, GPT-2's BPE, or a BPE trained here",
+        choices=("char", "gpt2", "bpe"),
+    ),
+    "vocab_size": Key(4096, "a trained BPE's tokens: the 256 bytes, merges, <|endoftext|>", ge=257),
+    "val_fraction": Key(0.1, "the share of documents for val", gt=0, lt=1),
+    "block_size": Key(
+        128,
+        "each split must hold more tokens than this: the block you train with, config/text.py's",
+        ge=1,
+    ),
+    "out_dir": Key(HERE, "where to write"),
+}
 # a val tail starts at the start of its line (else its word) when that is this close to the cut
 LINE = 1000
 
@@ -155,40 +171,13 @@ class SplitWriter:
 
 
 def main(argv=None):
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--source", help="a .txt, .md, .jsonl or .parquet file, or a folder of them")
     where.add_argument(
         "--dataset", help="a Hugging Face dataset's name (or a folder of its files), streamed"
     )
-    p.add_argument("--split", default="train", help="the --dataset split to read (%(default)s)")
-    p.add_argument("--column", help='the text column (default: "text", or the only one)')
-    p.add_argument(
-        "--tokenizer",
-        choices=["char", "gpt2", "bpe"],
-        default="bpe",
-        help="the text's characters, GPT-2's BPE, or a BPE trained here (default: %(default)s)",
-    )
-    p.add_argument(
-        "--vocab_size",
-        type=at_least(257),
-        default=4096,
-        help="a trained BPE's tokens: the 256 bytes, merges, <|endoftext|> (default: %(default)s)",
-    )
-    p.add_argument(
-        "--val_fraction",
-        type=prepare.fraction,
-        default=0.1,
-        help="the share of documents for val (default: %(default)s)",
-    )
-    p.add_argument(
-        "--block_size",
-        type=at_least(1),
-        default=128,
-        help="each split must hold more tokens than this: the block you train with "
-        "(default: %(default)s, config/text.py's)",
-    )
-    p.add_argument("--out_dir", default=HERE, help="where to write (default: %(default)s)")
+    flags(p, FLAGS)
     args = p.parse_args(argv)
     if args.vocab_size > MOST_TOKENS:
         raise Error(f"--vocab_size {args.vocab_size:,}: past the {MOST_TOKENS:,} ids uint32 holds")
@@ -291,9 +280,7 @@ def publish(args, tok, splits, tails, seconds):
     tokens = {name: split.counts["tokens"] for name, split in splits.items()}
     meta = {
         "task": "lm",
-        "tokenizer": tok.spec,
-        "vocab_size": tok.vocab_size,
-        "dtype": np.dtype(prepare.token_dtype(tok.vocab_size)).name,
+        **prepare.tokenizer_meta(tok),
         "splits": tokens,
         **counts,
         "source": args.source or f"{args.dataset}:{args.split}",
