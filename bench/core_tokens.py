@@ -109,4 +109,4 @@ def script():
 
 
 if __name__ == "__main__":
-    run_script(script, "bench/core_tokens.py")
+    run_script(script, "core_tokens.py")

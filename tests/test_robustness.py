@@ -362,6 +362,8 @@ BAD_INPUTS = [
     ("bench/speed.py", ["--device=gpu"], "--device gpu"),
     ("bench/speed.py", ["--profile=missing.py"], "no such config file"),
     ("bench/speed.py", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("bench/core_tokens.py", [], "no command: give the run after --"),
+    ("bench/core_tokens.py", ["--", "python", "-c", "raise SystemExit(3)"], "exited with status 3"),
     ("export.py", ["--out_dir={d}/nothing", "--hf_dir={d}/hf"], "no checkpoint in"),
     (
         "export.py",
