@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_model
 
 from lib.common import Error, atomic_path, check_regular, read_json
 from lib.schema import check_card, check_hf
-from lib.tokenizer import get_tokenizer, read_ranks_file
+from lib.tokenizer import get_tokenizer
 from model import ARCHITECTURES, GPT
 
 # OpenAI's weights on the Hugging Face hub
@@ -35,6 +35,8 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
     }
     tokenizer_file = (card.get("tokenizer") or {}).get("file")
     if tokenizer_file:  # read and checked before a write, whose errors say the disk refused it
+        from lib.bpe_tokenizer import read_ranks_file
+
         source = os.path.join(tokenizer_dir, tokenizer_file)
         where = os.path.join(tokenizer_dir, "meta.json")
         text = read_ranks_file(source, card["tokenizer"]["sha256"], where)
