@@ -33,7 +33,7 @@ from lib.common import (
     write_json,
     writing,
 )
-from lib.schema import HF_GELU
+from lib.gpt2 import HF_GELU
 from lib.tokenizer import get_tokenizer
 from lib.weights import from_checkpoint
 

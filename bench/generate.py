@@ -51,7 +51,8 @@ from lib.formats import (  # noqa: E402
     onednn_multiplies,
     resolve_weights,
 )
-from lib.weights import from_checkpoint, from_pretrained, save_pretrained  # noqa: E402
+from lib.gpt2 import from_pretrained  # noqa: E402
+from lib.weights import from_checkpoint, save_pretrained  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 PROMPT = "The meaning of life is"

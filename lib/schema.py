@@ -1,5 +1,6 @@
-"""The keys of the JSON files read, a Key each: a dataset's meta.json, a checkpoint's
-config.json, a Hugging Face GPT-2 config.json (whose shapes must fit the weights' first)."""
+"""The keys of the JSON files read, a Key each: a dataset's meta.json, a checkpoint's config.json
+(whose shapes must fit the weights' first); lib/gpt2.py checks a Hugging Face GPT-2
+config.json."""
 
 import os
 from contextlib import contextmanager
@@ -7,7 +8,7 @@ from dataclasses import fields
 
 from lib.common import Error
 from lib.config import Key
-from model import ARCHITECTURES, GPTConfig
+from model import ARCHITECTURES
 
 # how many token ids each dtype of a dataset's files holds
 ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
@@ -36,16 +37,6 @@ CARD = {
     "label_names": Key([]),
     "max_length": Key(1, ge=1),
 }
-# each shape key's name in a Hugging Face GPT-2 config.json
-HF_NAMES = {
-    "vocab_size": "vocab_size",
-    "block_size": "n_positions",
-    "n_layer": "n_layer",
-    "n_head": "n_head",
-    "n_embd": "n_embd",
-}
-# GPTConfig's gelu by its activation_function (GPT-2's, the default, is tanh's)
-HF_GELU = {"gelu_new": "tanh", "gelu": "none"}
 # the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
 # KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
 MAX_ROTARY_CONTEXT = 2**17
@@ -138,19 +129,6 @@ def check_label_names(names):
         if name in seen:
             raise Error(f"'label_names' names {name!r:.40} twice")
         seen.add(name)
-
-
-def check_hf(hf, path, shapes):
-    """A Hugging Face GPT-2 config.json -> its GPTConfig, checked as check_card's."""
-    with checking(hf, path, "not a GPT-2 config.json that fits the model.safetensors beside it"):
-        check_keys(hf, dict.fromkeys(HF_NAMES.values(), Key(1, ge=1)))
-        check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
-        check_tokenizer(hf.get("tokenizer"))
-        gelu = Key("gelu_new", choices=tuple(HF_GELU))
-        check_keys(hf, {"activation_function": gelu}, ("activation_function",))
-        shape = {key: hf[name] for key, name in HF_NAMES.items()}
-        gelu = HF_GELU[hf.get("activation_function", "gelu_new")]
-        return GPTConfig(**shape, bias=True, gelu=gelu)
 
 
 def check_shapes(shapes, given):
