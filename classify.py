@@ -25,7 +25,7 @@ import torch
 
 from lib.classifier import attention_maps, load, predict
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.config import at_least
+from lib.keys import at_least
 from lib.plots import pyplot, save_figure
 from lib.prepare import read_labelled
 

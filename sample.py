@@ -13,8 +13,8 @@ from functools import partial
 import decoding
 from engine import Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.config import at_least
 from lib.formats import WEIGHTS, for_decoding, resolve_weights
+from lib.keys import at_least
 from lib.text import continuation
 from lib.weights import GPT2_NAMES, load_gpt
 

@@ -31,8 +31,8 @@ import contextlib
 import sys
 
 from lib.common import ArgumentParser, run_script
-from lib.config import at_least
 from lib.formats import WEIGHTS
+from lib.keys import at_least
 from lib.transport import DEADLINE, exposure
 from serving.app import Server
 from serving.playground import Playground

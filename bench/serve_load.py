@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.config import at_least  # noqa: E402
+from lib.keys import at_least  # noqa: E402
 from lib.transport import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = [

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from lib.batches import pad_batch
 from lib.common import Error
-from lib.config import Key
+from lib.keys import Key
 from lib.schema import CARD_FIX, checking
 from lib.tokenizer import get_tokenizer
 from lib.weights import from_checkpoint

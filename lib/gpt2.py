@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from lib.common import Error, check_regular, read_json
-from lib.config import Key
+from lib.keys import Key
 from lib.schema import check_keys, check_shapes, check_tokenizer, checking
 from lib.weights import GPT2_NAMES
 from model import GPT, GPTConfig

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import fields
 
 from lib.common import Error
-from lib.config import Key
+from lib.keys import Key
 from model import ARCHITECTURES
 
 # how many token ids each dtype of a dataset's files holds

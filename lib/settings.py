@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from lib import config
 from lib.common import Error
-from lib.config import Key
+from lib.keys import Key, keys_of
 from lib.weights import GPT2_NAMES
 from model import EncoderConfig, model_config
 
@@ -84,7 +84,7 @@ KEYS = dict(
     vocab_size=Key(0, "0: the dataset's", ge=0),
     # the model's keys, declared with its config: block_size, n_layer, n_head, n_embd, dropout,
     # bias, attn_impl, rope, qk_norm, token_dropout, bow_head, bow_buckets
-    **config.keys_of(EncoderConfig),
+    **keys_of(EncoderConfig),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
     optimizer=Key(
         "adamw",

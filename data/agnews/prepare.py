@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for
 from lib import prepare
 from lib.bpe_tokenizer import BPETokenizer
 from lib.common import ArgumentParser, Error, run_script
-from lib.config import at_least
+from lib.keys import at_least
 
 HUB_NAME = "fancyzhx/ag_news"
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]

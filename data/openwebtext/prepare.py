@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for
 from lib import prepare
 from lib.bpe_tokenizer import BPETokenizer
 from lib.common import ArgumentParser, Error, run_script
-from lib.config import at_least
+from lib.keys import at_least
 
 HUB_NAME = "Skylion007/openwebtext"
 tok = None  # the tokenizer, made once per process (map's workers make their own)

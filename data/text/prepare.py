@@ -31,8 +31,8 @@ from lib import prepare
 from lib.bpe import save_ranks, train_bpe
 from lib.bpe_tokenizer import BPETokenizer, TrainedBPE
 from lib.common import ArgumentParser, Error, atomic_path, run_script
-from lib.config import at_least
 from lib.corpus import PIECE, Corpus
+from lib.keys import at_least
 from lib.tokenizer import CharTokenizer
 
 # ids a token file holds: a vocabulary past it has nowhere to go
