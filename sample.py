@@ -14,9 +14,9 @@ import decoding
 from engine import Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.formats import WEIGHTS, for_decoding, resolve_weights
-from lib.keys import at_least
+from lib.keys import GPT2_NAMES, at_least
 from lib.text import continuation
-from lib.weights import GPT2_NAMES, load_gpt
+from lib.weights import load_gpt
 
 SEPARATOR = "-" * 40
 log = partial(print, file=sys.stderr)  # stdout carries only the samples

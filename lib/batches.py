@@ -10,17 +10,46 @@ import numpy as np
 import torch
 
 from lib.common import Error, read_json
-from lib.schema import META_FIX, check_meta
-from lib.tokenizer import get_tokenizer
+from lib.keys import Key
+from lib.schema import check_keys, check_label_names, check_tokenizer, checking
 
+# how many token ids each dtype of a dataset's files holds
+ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
+# a prepared dataset's meta.json; a classifier's also holds its labels and max_length
+META = {
+    "task": Key("lm", choices=("lm", "classify")),
+    "vocab_size": Key(1, ge=1),
+    "tokenizer": Key({}),
+    "dtype": Key("uint16", choices=tuple(ID_LIMITS)),
+    "splits": Key({}),
+    "bytes": Key({}),  # each split's text in bytes (optional)
+}
+CLASSIFY_META = {"label_names": Key([]), "max_length": Key(1, ge=1)}
+META_FIX = "the data is damaged or from another version: run its prepare.py again"
 # the repository: data/<name>/ holds each dataset's prepare.py and files
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def read_meta(data_dir):
-    """A prepared dataset's meta.json, checked (lib/schema.py)."""
+    """A prepared dataset's meta.json, checked."""
     path = os.path.join(data_dir, "meta.json")
     return check_meta(read_json(path, "dataset description (meta.json)"), path)
+
+
+def check_meta(meta, path):
+    """A prepared dataset's meta.json (data/README.md), checked."""
+    with checking(meta, path, META_FIX):
+        check_keys(meta, META, optional=["bytes"])
+        check_keys(meta, {"vocab_size": Key(1, le=ID_LIMITS[meta["dtype"]])})
+        check_tokenizer(meta["tokenizer"])
+        for table in ("splits", "bytes"):
+            counts = meta.get(table, {})
+            check_keys(counts, dict.fromkeys(counts, Key(0, ge=0)), where=f"{table}.")
+        if meta["task"] == "classify":
+            pad = Key(0, ge=0, lt=meta["vocab_size"])
+            check_keys(meta, {**CLASSIFY_META, "pad_token_id": pad})
+            check_label_names(meta["label_names"])
+    return meta
 
 
 def check(ok, path, what):
@@ -128,6 +157,8 @@ def load_data(cfg):
     # a trained tokenizer's file, checked now: each model save copies it
     spec = train_data.meta["tokenizer"]
     if "file" in spec:
+        from lib.tokenizer import get_tokenizer
+
         get_tokenizer(spec, os.path.join(path, "meta.json"))
     val_data = load_split(path, "val", cfg.block_size)
     task = train_data.meta["task"]

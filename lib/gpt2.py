@@ -7,9 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from lib.common import Error, check_regular, read_json
-from lib.keys import Key
+from lib.keys import GPT2_NAMES, Key
 from lib.schema import check_keys, check_shapes, check_tokenizer, checking
-from lib.weights import GPT2_NAMES
 from model import GPT, GPTConfig
 
 # the names of GPT-2's modules in the Hugging Face layout -> ours

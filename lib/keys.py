@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 
 from lib.common import Error
 
+# init_from's names of OpenAI's GPT-2 weights on the Hugging Face hub
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 # the bounds a Key may have, by pydantic's names: (how a message says it, the test)
 BOUNDS = {
     "ge": (">=", operator.ge),

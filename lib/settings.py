@@ -7,8 +7,7 @@ from dataclasses import asdict
 
 from lib import config
 from lib.common import Error
-from lib.keys import Key, keys_of
-from lib.weights import GPT2_NAMES
+from lib.keys import GPT2_NAMES, Key, keys_of
 from model import EncoderConfig, model_config
 
 KEYS = dict(

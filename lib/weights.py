@@ -1,55 +1,16 @@
-"""Reading and writing weights: this project's checkpoints (model.safetensors + config.json);
-GPT-2's in the Hugging Face layout through lib/gpt2.py."""
+"""Reading weights: this project's checkpoints (model.safetensors + config.json, which
+lib/checkpoint.save_pretrained writes); GPT-2's in the Hugging Face layout through lib/gpt2.py."""
 
-import json
 import os
-import secrets
-from contextlib import ExitStack
-from dataclasses import asdict
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_model
+from safetensors.torch import load_file
 
-from lib.common import Error, atomic_path, check_regular, read_json
+from lib.common import Error, check_regular, read_json
 from lib.schema import check_card
 from lib.tokenizer import get_tokenizer
 from model import ARCHITECTURES
-
-# OpenAI's weights on the Hugging Face hub
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
-
-def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
-    """model.safetensors + config.json (extra: task, tokenizer, label names), and a trained
-    tokenizer's file copied from tokenizer_dir."""
-    os.makedirs(out_dir, exist_ok=True)
-    token = secrets.token_hex(8)
-    card = {
-        "architecture": type(model).__name__,
-        "model": asdict(model.config),
-        **extra,
-        "weights_id": token,
-    }
-    tokenizer_file = (card.get("tokenizer") or {}).get("file")
-    if tokenizer_file:  # read and checked before a write, whose errors say the disk refused it
-        from lib.bpe_tokenizer import read_ranks_file
-
-        source = os.path.join(tokenizer_dir, tokenizer_file)
-        where = os.path.join(tokenizer_dir, "meta.json")
-        text = read_ranks_file(source, card["tokenizer"]["sha256"], where)
-    # renamed in reverse: the tokenizer, the weights, then the card that names both
-    with ExitStack() as files:
-        card_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "config.json")))
-        weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
-        if tokenizer_file:
-            copy = files.enter_context(atomic_path(os.path.join(out_dir, tokenizer_file)))
-            with open(copy, "wb") as f:
-                f.write(text)
-        # drops a tied head's duplicate tensor
-        save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
-        with open(card_tmp, "w") as f:
-            json.dump(card, f, indent=2)
 
 
 def from_checkpoint(out_dir, device="cpu", info=None):

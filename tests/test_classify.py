@@ -17,8 +17,9 @@ import torch
 from conftest import ROOT, needs_shared
 
 import classify
+from lib.checkpoint import save_pretrained
 from lib.common import run_script
-from lib.weights import from_checkpoint, save_pretrained
+from lib.weights import from_checkpoint
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcd "

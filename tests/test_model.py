@@ -9,10 +9,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import optim
+from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.gpt2 import from_pretrained
 from lib.mfu import flops_per_token
-from lib.weights import from_checkpoint, save_pretrained
+from lib.weights import from_checkpoint
 from model import (
     GPT,
     EncoderClassifier,

@@ -12,8 +12,9 @@ from conftest import generate
 
 from decoding import NextToken, Options
 from engine import Engine
+from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.weights import from_checkpoint, save_pretrained
+from lib.weights import from_checkpoint
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention
 from patterns import Pattern, RollingCache, flex_sparse, sparse_attention
 

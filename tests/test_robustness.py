@@ -28,10 +28,11 @@ from conftest import ROOT, TINY
 import train
 from export import export
 from lib import checkpoint, common, config
+from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.prepare import save_array, write_classification_split, write_meta
 from lib.records import read_metrics
-from lib.weights import load_pretrained, save_pretrained
+from lib.weights import load_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefghij"
