@@ -1,6 +1,7 @@
-"""The KV caches decoding reads and writes: a row's keys and values preallocated and written in
-place (gpt-fast's static cache), and a window model's rolling one. A step's cache enters the model
-as positions, keys (how many it reads), mask(pattern) and update(layer, k, v)."""
+"""The KV cache decoding reads and writes: a row's keys and values preallocated and written in
+place (gpt-fast's static cache); a window model's rolling one is patterns.RollingCache. A step's
+cache enters the model as positions, keys (how many it reads), mask(pattern) and
+update(layer, k, v)."""
 
 import torch
 
@@ -75,47 +76,3 @@ class KVCache:
                 cache[rows, :, :n] = cache[source, :, :n].clone()
         for row in rows:
             self.lengths[row] = n
-
-
-class RollingCache(KVCache):
-    """A window model's cache for rows of any length: a slot for each of the global_tokens first
-    positions, then a ring of the last window ones."""
-
-    EMPTY = 2**62  # an empty slot's position: no query sees it
-
-    def __init__(self, config, rows, device, dtype):
-        self.sinks = config.global_tokens
-        self.ring = config.window
-        length = self.sinks + self.ring
-        super().__init__(config, rows, length, device, dtype)
-        self.held = torch.full((rows, length), self.EMPTY, device=device)  # each slot's position
-
-    def step(self, rows, T):
-        super().step(rows, T)
-        p = self.positions
-        s = self.sinks
-        # the new keys a later query sees: the sinks and the last ring of them
-        self.at = ((p < s) | (p > p[:, -1:] - self.ring)).nonzero(as_tuple=True)
-        kept = p[self.at]
-        slots = torch.where(kept < s, kept, s + (kept - s) % self.ring)
-        self.slots = (self.rows[self.at[0]], slots)  # [row, slot] of each kept key
-        # the keys read: the slots as they were, then the new ones
-        self.key_positions = torch.cat([self.held[self.rows], p], 1)[:, None, None]
-        self.held[self.slots] = kept
-        return self
-
-    def update(self, layer, k, v):
-        kept = []
-        for cache, new in zip(self.kv[layer], (k, v)):
-            new = new.to(cache.dtype)
-            kept.append(torch.cat([cache[self.rows], new], 2))
-            cache.transpose(1, 2)[self.slots] = new.transpose(1, 2)[self.at]
-        return kept
-
-    def reset(self, row):
-        super().reset(row)
-        self.held[row] = self.EMPTY
-
-    def copy(self, source, rows):
-        super().copy(source, rows)  # the first lengths[source] slots: those written
-        self.held[rows] = self.held[source].clone()

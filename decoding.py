@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from lib.common import Error
-from lib.config import keys_of, setting
+from lib.keys import keys_of, setting
 
 NEG_INF = float("-inf")
 

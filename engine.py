@@ -7,10 +7,10 @@ generator (never depending on the batch).
 
 import torch
 
-from cache import KVCache, RollingCache
+from cache import KVCache
 from decoding import NextToken, Options, pick_tokens
 from lib.common import Error, compiling
-from lib.config import Key
+from lib.keys import Key
 from model import varying_lengths
 
 # the scripts' --compile (sample.py, serve.py)
@@ -74,6 +74,8 @@ class Engine:
         # never specializes on a full window
         try:
             if model.endless:  # each row's last window keys and the global ones, rolling
+                from patterns import RollingCache  # a window model has imported patterns
+
                 self.cache = RollingCache(model.config, rows, self.device, dtype)
             else:
                 self.cache = KVCache(model.config, rows, self.block_size + 1, self.device, dtype)

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from lib.bpe import bytes_to_unicode, merges, save_ranks
+from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer, TrainedBPE
 from lib.common import (
     ArgumentParser,
     Error,
@@ -32,8 +33,8 @@ from lib.common import (
     write_json,
     writing,
 )
-from lib.schema import HF_GELU
-from lib.tokenizer import RANKS_FILE, BPETokenizer, TrainedBPE, get_tokenizer
+from lib.gpt2 import HF_GELU
+from lib.tokenizer import get_tokenizer
 from lib.weights import from_checkpoint
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions

@@ -1,7 +1,7 @@
 """Sparse attention patterns as attention-gym's mask_mod functions (True where query position q
 may attend key position k): the notes' window and global tokens, BigBird's random links. Their fast
-paths: block_sparse() by tiles on a CPU or MPS, FlexAttention on the BlockMask elsewhere. Only a
-model whose config sets a pattern imports this module."""
+paths: block_sparse() by tiles on a CPU or MPS, FlexAttention on the BlockMask elsewhere; a window
+model's rolling KV cache. Only a model whose config sets a pattern imports this module."""
 
 import functools
 
@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from cache import KVCache
 from lib.common import compiling
 
 # block_sparse()'s tile: the smaller, the fewer masked pairs it computes; random links are drawn
@@ -145,3 +146,47 @@ def block_sparse(q, k, v, indices, bias):
     mask = bias.expand(B, *bias.shape[-3:]).flatten(0, 1)[:, None]  # [B * blocks, 1, TILE, .]
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # no key seen: zeros
     return y.unflatten(0, (B, -1)).transpose(1, 2).flatten(2, 3)[:, :, :n]
+
+
+class RollingCache(KVCache):
+    """A window model's cache for rows of any length: a slot for each of the global_tokens first
+    positions, then a ring of the last window ones."""
+
+    EMPTY = 2**62  # an empty slot's position: no query sees it
+
+    def __init__(self, config, rows, device, dtype):
+        self.sinks = config.global_tokens
+        self.ring = config.window
+        length = self.sinks + self.ring
+        super().__init__(config, rows, length, device, dtype)
+        self.held = torch.full((rows, length), self.EMPTY, device=device)  # each slot's position
+
+    def step(self, rows, T):
+        super().step(rows, T)
+        p = self.positions
+        s = self.sinks
+        # the new keys a later query sees: the sinks and the last ring of them
+        self.at = ((p < s) | (p > p[:, -1:] - self.ring)).nonzero(as_tuple=True)
+        kept = p[self.at]
+        slots = torch.where(kept < s, kept, s + (kept - s) % self.ring)
+        self.slots = (self.rows[self.at[0]], slots)  # [row, slot] of each kept key
+        # the keys read: the slots as they were, then the new ones
+        self.key_positions = torch.cat([self.held[self.rows], p], 1)[:, None, None]
+        self.held[self.slots] = kept
+        return self
+
+    def update(self, layer, k, v):
+        kept = []
+        for cache, new in zip(self.kv[layer], (k, v)):
+            new = new.to(cache.dtype)
+            kept.append(torch.cat([cache[self.rows], new], 2))
+            cache.transpose(1, 2)[self.slots] = new.transpose(1, 2)[self.at]
+        return kept
+
+    def reset(self, row):
+        super().reset(row)
+        self.held[row] = self.EMPTY
+
+    def copy(self, source, rows):
+        super().copy(source, rows)  # the first lengths[source] slots: those written
+        self.held[rows] = self.held[source].clone()

@@ -12,7 +12,7 @@ import os
 import sys
 
 from lib.common import ArgumentParser, run_script
-from lib.config import Key, flags
+from lib.keys import Key, flags
 from lib.plots import plot_runs
 
 FLAGS = {

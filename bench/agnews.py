@@ -31,7 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, run_script
-from lib.config import Key, flags
+from lib.keys import Key, flags
 from lib.prepare import read_labelled
 from lib.tokenizer import get_tokenizer
 

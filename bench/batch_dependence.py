@@ -17,8 +17,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import Options, make_picks  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
-from lib.config import Key, flags  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
+from lib.keys import (  # noqa: E402
+    Key,
+    flags,
+)
 from lib.weights import load_gpt  # noqa: E402
 from serving.scheduler import ServingEngine  # noqa: E402
 

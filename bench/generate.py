@@ -43,8 +43,8 @@ from cache import KVCache  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
 from lib.batches import load_split  # noqa: E402
+from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.config import Key, flags  # noqa: E402
 from lib.formats import (  # noqa: E402
     PackedLinear,
     for_decoding,
@@ -52,7 +52,9 @@ from lib.formats import (  # noqa: E402
     onednn_multiplies,
     resolve_weights,
 )
-from lib.weights import from_checkpoint, from_pretrained, save_pretrained  # noqa: E402
+from lib.gpt2 import from_pretrained  # noqa: E402
+from lib.keys import Key, flags  # noqa: E402
+from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 PROMPT = "The meaning of life is"

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.timing import machine, table  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.config import Key, flags  # noqa: E402
+from lib.keys import Key, flags  # noqa: E402
 from lib.plots import read_metrics  # noqa: E402
 
 # nanoGPT's README: "a baby GPT" on a CPU

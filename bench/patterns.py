@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.config import Key, flags  # noqa: E402
+from lib.keys import Key, flags  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from patterns import Pattern  # noqa: E402

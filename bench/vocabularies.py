@@ -18,7 +18,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, run_script  # noqa: E402
-from lib.config import Key, flags  # noqa: E402
+from lib.keys import Key, flags  # noqa: E402
 from lib.records import read_metrics  # noqa: E402
 
 # (name, prepare.py's tokenizer options)

@@ -1,14 +1,14 @@
 """A byte-level BPE trained on a corpus, saved in tiktoken's format, and its merges for Hugging
 Face's tokenizer files: for data/text/prepare.py and export.py, outside train.py's and sample.py's
-imports (lib/tokenizer.py reads and uses what this writes)."""
+imports (lib/bpe_tokenizer.py reads and uses what this writes)."""
 
 import base64
 import hashlib
 import os
 import sys
 
+from lib.bpe_tokenizer import RANKS_FILE, TrainedBPE
 from lib.common import atomic_path
-from lib.tokenizer import RANKS_FILE, TrainedBPE
 
 
 def train_bpe(texts, vocab_size):

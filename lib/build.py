@@ -7,7 +7,6 @@ import torch
 
 from lib.checkpoint import SHAPE
 from lib.common import Error
-from lib.weights import load_pretrained
 from model import model_config
 
 
@@ -28,7 +27,9 @@ def make_model(cfg, meta, state):
     """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
     (its context cut to block_size), or a resumed state's weights (taken over, not copied)."""
     source = None
-    if state is None and cfg.init_from != "scratch":
+    if state is None and cfg.init_from != "scratch":  # a fine-tune
+        from lib.weights import load_pretrained
+
         source, info = load_pretrained(cfg.init_from)
         if info["architecture"] != "GPT":
             raise Error(

@@ -1,19 +1,21 @@
 """out_dir's lock, trainer_state.pt (what init_from=resume continues exactly, under any strategy
-and number of processes) and the model's card."""
+and number of processes), the model's card and its weights (model.safetensors + config.json)."""
 
+import json
 import os
+import secrets
 import shutil
 import socket
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import safetensors.torch
 import torch
 
 from lib.common import TEMPORARY, Error, WriteError, atomic_path, check_regular, fsync, read_json
 from lib.locks import try_lock
-from lib.weights import save_pretrained
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
 SHAPE = (
@@ -226,6 +228,40 @@ def save_model(model, out_dir, run, data_dir, **extra):
             copy = plain(model.config)
         model = copy.load_weights(state)
     save_pretrained(model, out_dir, data_dir, **extra)
+
+
+def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
+    """model.safetensors + config.json (extra: task, tokenizer, label names), and a trained
+    tokenizer's file copied from tokenizer_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    token = secrets.token_hex(8)
+    card = {
+        "architecture": type(model).__name__,
+        "model": asdict(model.config),
+        **extra,
+        "weights_id": token,
+    }
+    tokenizer_file = (card.get("tokenizer") or {}).get("file")
+    if tokenizer_file:  # read and checked before a write, whose errors say the disk refused it
+        from lib.bpe_tokenizer import read_ranks_file
+
+        source = os.path.join(tokenizer_dir, tokenizer_file)
+        where = os.path.join(tokenizer_dir, "meta.json")
+        text = read_ranks_file(source, card["tokenizer"]["sha256"], where)
+    # renamed in reverse: the tokenizer, the weights, then the card that names both
+    with ExitStack() as files:
+        card_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "config.json")))
+        weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
+        if tokenizer_file:
+            copy = files.enter_context(atomic_path(os.path.join(out_dir, tokenizer_file)))
+            with open(copy, "wb") as f:
+                f.write(text)
+        # drops a tied head's duplicate tensor
+        safetensors.torch.save_model(
+            model, weights_tmp, metadata={"format": "pt", "weights_id": token}
+        )
+        with open(card_tmp, "w") as f:
+            json.dump(card, f, indent=2)
 
 
 def gathered(model, optimizers):

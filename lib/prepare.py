@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from lib.common import ArgumentParser, Error, atomic_path, write_json
-from lib.config import Key, flags
+from lib.keys import Key, flags
 from lib.locks import try_lock
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")

@@ -1,16 +1,15 @@
-"""The keys of the JSON files read, a Key each: a dataset's meta.json, a checkpoint's
-config.json, a Hugging Face GPT-2 config.json (whose shapes must fit the weights' first)."""
+"""The keys of the JSON files read, a Key each: a checkpoint's config.json (whose shapes must fit
+the weights' first), a tokenizer spec; lib/batches.py checks a dataset's meta.json with them,
+lib/gpt2.py a Hugging Face GPT-2 config.json."""
 
 import os
 from contextlib import contextmanager
 from dataclasses import fields
 
 from lib.common import Error
-from lib.config import Key
-from model import ARCHITECTURES, GPTConfig
+from lib.keys import Key
+from model import ARCHITECTURES
 
-# how many token ids each dtype of a dataset's files holds
-ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 # a tokenizer spec's keys besides its type: a tiktoken encoding by name, or a trained one in a
 # file; "lowercase" and "eot" are optional
 TOKENIZERS = {
@@ -18,15 +17,6 @@ TOKENIZERS = {
     "bpe": {"encoding": Key(""), "lowercase": Key(False)},
     "trained": {"file": Key(""), "sha256": Key("")},
 }
-META = {
-    "task": Key("lm", choices=("lm", "classify")),
-    "vocab_size": Key(1, ge=1),
-    "tokenizer": Key({}),
-    "dtype": Key("uint16", choices=tuple(ID_LIMITS)),
-    "splits": Key({}),
-    "bytes": Key({}),  # each split's text in bytes (optional)
-}
-CLASSIFY_META = {"label_names": Key([]), "max_length": Key(1, ge=1)}
 # a checkpoint's config.json; a classifier's also holds its label names and max_length
 CARD = {
     "architecture": Key("GPT", choices=tuple(ARCHITECTURES)),
@@ -36,20 +26,9 @@ CARD = {
     "label_names": Key([]),
     "max_length": Key(1, ge=1),
 }
-# each shape key's name in a Hugging Face GPT-2 config.json
-HF_NAMES = {
-    "vocab_size": "vocab_size",
-    "block_size": "n_positions",
-    "n_layer": "n_layer",
-    "n_head": "n_head",
-    "n_embd": "n_embd",
-}
-# GPTConfig's gelu by its activation_function (GPT-2's, the default, is tanh's)
-HF_GELU = {"gelu_new": "tanh", "gelu": "none"}
 # the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
 # KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
 MAX_ROTARY_CONTEXT = 2**17
-META_FIX = "the data is damaged or from another version: run its prepare.py again"
 CARD_FIX = "not a checkpoint config.json that train.py wrote, or damaged"
 
 
@@ -87,22 +66,6 @@ def check_tokenizer(spec):
         raise Error(f"'tokenizer.file' {spec['file']!r:.40} is not a file name")
 
 
-def check_meta(meta, path):
-    """A prepared dataset's meta.json (data/README.md), checked."""
-    with checking(meta, path, META_FIX):
-        check_keys(meta, META, optional=["bytes"])
-        check_keys(meta, {"vocab_size": Key(1, le=ID_LIMITS[meta["dtype"]])})
-        check_tokenizer(meta["tokenizer"])
-        for table in ("splits", "bytes"):
-            counts = meta.get(table, {})
-            check_keys(counts, dict.fromkeys(counts, Key(0, ge=0)), where=f"{table}.")
-        if meta["task"] == "classify":
-            pad = Key(0, ge=0, lt=meta["vocab_size"])
-            check_keys(meta, {**CLASSIFY_META, "pad_token_id": pad})
-            check_label_names(meta["label_names"])
-    return meta
-
-
 def check_card(info, path, shapes):
     """A checkpoint's config.json -> the model's config, its shape fitting the weights' (shapes:
     {tensor name: shape} from their header) before a model of that shape is built."""
@@ -138,19 +101,6 @@ def check_label_names(names):
         if name in seen:
             raise Error(f"'label_names' names {name!r:.40} twice")
         seen.add(name)
-
-
-def check_hf(hf, path, shapes):
-    """A Hugging Face GPT-2 config.json -> its GPTConfig, checked as check_card's."""
-    with checking(hf, path, "not a GPT-2 config.json that fits the model.safetensors beside it"):
-        check_keys(hf, dict.fromkeys(HF_NAMES.values(), Key(1, ge=1)))
-        check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
-        check_tokenizer(hf.get("tokenizer"))
-        gelu = Key("gelu_new", choices=tuple(HF_GELU))
-        check_keys(hf, {"activation_function": gelu}, ("activation_function",))
-        shape = {key: hf[name] for key, name in HF_NAMES.items()}
-        gelu = HF_GELU[hf.get("activation_function", "gelu_new")]
-        return GPTConfig(**shape, bias=True, gelu=gelu)
 
 
 def check_shapes(shapes, given):

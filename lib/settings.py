@@ -9,8 +9,7 @@ import torch
 
 from lib import config
 from lib.common import Error
-from lib.config import Key
-from lib.weights import GPT2_NAMES
+from lib.keys import GPT2_NAMES, Key, keys_of
 from model import EncoderConfig, model_config
 
 KEYS = dict(
@@ -86,7 +85,7 @@ KEYS = dict(
     vocab_size=Key(0, "0: the dataset's", ge=0),
     # the model's keys, declared with its config: block_size, n_layer, n_head, n_embd, dropout,
     # bias, attn_impl, rope, qk_norm, token_dropout, bow_head, bow_buckets
-    **config.keys_of(EncoderConfig),
+    **keys_of(EncoderConfig),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
     optimizer=Key(
         "adamw",

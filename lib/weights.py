@@ -1,55 +1,16 @@
-"""Reading and writing weights: this project's checkpoints (model.safetensors + config.json) and
-GPT-2's in the Hugging Face layout."""
+"""Reading weights: this project's checkpoints (model.safetensors + config.json, which
+lib/checkpoint.save_pretrained writes); GPT-2's in the Hugging Face layout through lib/gpt2.py."""
 
-import json
 import os
-import secrets
-from contextlib import ExitStack
-from dataclasses import asdict
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_model
+from safetensors.torch import load_file
 
-from lib.common import Error, atomic_path, check_regular, read_json
-from lib.schema import check_card, check_hf
-from lib.tokenizer import get_tokenizer, read_ranks_file
-from model import ARCHITECTURES, GPT
-
-# OpenAI's weights on the Hugging Face hub
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-# the names of GPT-2's modules in the Hugging Face layout -> ours
-HF_NAMES = {"h": "blocks", "c_attn": "qkv", "c_proj": "proj", "c_fc": "fc"}
-
-
-def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
-    """model.safetensors + config.json (extra: task, tokenizer, label names), and a trained
-    tokenizer's file copied from tokenizer_dir."""
-    os.makedirs(out_dir, exist_ok=True)
-    token = secrets.token_hex(8)
-    card = {
-        "architecture": type(model).__name__,
-        "model": asdict(model.config),
-        **extra,
-        "weights_id": token,
-    }
-    tokenizer_file = (card.get("tokenizer") or {}).get("file")
-    if tokenizer_file:  # read and checked before a write, whose errors say the disk refused it
-        source = os.path.join(tokenizer_dir, tokenizer_file)
-        where = os.path.join(tokenizer_dir, "meta.json")
-        text = read_ranks_file(source, card["tokenizer"]["sha256"], where)
-    # renamed in reverse: the tokenizer, the weights, then the card that names both
-    with ExitStack() as files:
-        card_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "config.json")))
-        weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
-        if tokenizer_file:
-            copy = files.enter_context(atomic_path(os.path.join(out_dir, tokenizer_file)))
-            with open(copy, "wb") as f:
-                f.write(text)
-        # drops a tied head's duplicate tensor
-        save_model(model, weights_tmp, metadata={"format": "pt", "weights_id": token})
-        with open(card_tmp, "w") as f:
-            json.dump(card, f, indent=2)
+from lib.common import Error, check_regular, read_json
+from lib.schema import check_card
+from lib.tokenizer import get_tokenizer
+from model import ARCHITECTURES
 
 
 def from_checkpoint(out_dir, device="cpu", info=None):
@@ -97,56 +58,6 @@ def read_header(path):
         return None, {}
 
 
-def from_pretrained(name_or_dir):
-    """A GPT of GPT-2's weights in the Hugging Face layout: a folder, or one of GPT2_NAMES from
-    the hub."""
-    path = name_or_dir
-    if not os.path.isdir(path):
-        if name_or_dir not in GPT2_NAMES:
-            raise Error(
-                f"{name_or_dir!r} is neither a directory nor one of {', '.join(GPT2_NAMES)}"
-            )
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-
-        repo = f"openai-community/{name_or_dir}"
-        try:
-            path = snapshot_download(repo, allow_patterns=["model.safetensors", "config.json"])
-        # offline (HF_HUB_OFFLINE or no network) and not in the cache: hub's message is two lines
-        except LocalEntryNotFoundError:
-            raise Error(
-                f"{name_or_dir}: the Hugging Face hub could not be reached and {repo} is not in "
-                "its cache: pass --init_from a folder of its model.safetensors + config.json "
-                f"(the Hugging Face layout, from huggingface.co/{repo})"
-            ) from None
-    config_path = os.path.join(path, "config.json")
-    hf = read_json(config_path, "Hugging Face config")
-    weights = os.path.join(path, "model.safetensors")
-    check_regular(weights)
-    try:
-        loaded = load_file(weights)
-    except Exception as e:
-        raise Error(
-            f"{path} is not a GPT-2 checkpoint in the Hugging Face layout ({type(e).__name__}: {e})"
-        ) from None
-    state = {}
-    for key in list(loaded):
-        # dropped from the loaded dict as it moves: one copy at a time
-        tensor = loaded.pop(key)
-        if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
-            continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
-        parts = key.removeprefix("transformer.").split(".")
-        key = ".".join(HF_NAMES.get(part, part) for part in parts)
-        # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
-        if key.endswith(("qkv.weight", "proj.weight", "fc.weight")):
-            tensor = tensor.t().contiguous()
-        state[key] = tensor
-    config = check_hf(hf, config_path, {name: tensor.shape for name, tensor in state.items()})
-    with torch.device("meta"):  # the model takes the loaded tensors: one copy in memory
-        model = GPT(config)
-    return model.load_weights(state)
-
-
 def load_pretrained(name_or_dir, device="cpu"):
     """(model in eval mode, info) of a checkpoint of this project or of GPT-2's weights (a name
     or a Hugging Face folder)."""
@@ -156,6 +67,8 @@ def load_pretrained(name_or_dir, device="cpu"):
     # is still checked as a card)
     if not isinstance(config, dict) or {"architecture", "model"} & config.keys():
         return from_checkpoint(name_or_dir, device, config)
+    from lib.gpt2 import from_pretrained  # GPT-2's weights: a name or a Hugging Face folder
+
     model = from_pretrained(name_or_dir).to(device).eval()
     tokenizer = config.get("tokenizer", {"type": "bpe", "encoding": "r50k_base"})
     return model, {"architecture": "GPT", "tokenizer": tokenizer}

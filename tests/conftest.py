@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import Engine
-from lib.weights import save_pretrained
+from lib.checkpoint import save_pretrained
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -86,3 +86,51 @@ def walk_tables(out):
         else:
             rows[name] = count
     return tables
+
+
+# the modules of options a plain run does not take, each imported only where its option is chosen
+OPTIONS = (
+    "patterns",  # a sparse attention pattern, and a window model's rolling cache
+    "muon",  # optimizer=muon
+    "lib.gpt2",  # GPT-2's weights: a name on the hub or a Hugging Face folder
+    "lib.parallel",  # torchrun's DDP or FSDP, activation_checkpointing
+    "lib.bpe_tokenizer",  # a byte-pair encoding
+    "tiktoken",
+    "lib.labelled",  # task=classify
+    "lib.int8",  # weights=int8
+)
+# a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
+RUN = """import sys
+import train, sample
+from engine import Engine
+from lib.distributed import Run, parallel
+from lib.formats import for_decoding
+from lib.tokenizer import get_tokenizer
+from model import GPT, GPTConfig
+
+def loaded():
+    print(" ".join(sorted(sys.modules)))
+
+get_tokenizer({"type": "char", "chars": "ab"})
+model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8))
+parallel(model, Run("cpu", "float32"), checkpointing=False)
+Engine(for_decoding(model, "cpu", "float32"), rows=1)
+loaded()
+get_tokenizer({"type": "bpe", "encoding": "r50k_base"})
+window = GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8, window=2)
+Engine(GPT(window), rows=1)
+parallel(model, Run("cpu", "float32"), checkpointing=True)
+for_decoding(GPT(window), "cpu", "int8")
+loaded()
+"""
+
+
+def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own():
+    """A reader of one run reads only what that run uses: train.py and sample.py with a character
+    tokenizer on one process import none of OPTIONS; the options taken import theirs."""
+    out = subprocess.run(
+        [sys.executable, "-c", RUN], cwd=speed.ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    plain, taken = (set(line.split()) for line in out.splitlines())
+    assert plain & set(OPTIONS) == set()
+    assert {"patterns", "lib.parallel", "lib.bpe_tokenizer", "tiktoken", "lib.int8"} <= taken

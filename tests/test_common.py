@@ -8,7 +8,7 @@ import torch
 
 from lib import common, formats, mfu
 from lib.common import ArgumentParser, Error, atomic_path
-from lib.config import Key, flags
+from lib.keys import Key, flags
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ from conftest import SHARED, generate, needs_shared
 
 from decoding import NextToken, Options
 from export import export
+from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.weights import from_pretrained, save_pretrained
+from lib.gpt2 import from_pretrained
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip(

@@ -9,9 +9,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import optim
+from lib.checkpoint import save_pretrained
 from lib.common import Error
+from lib.gpt2 import from_pretrained
 from lib.mfu import flops_per_token
-from lib.weights import from_checkpoint, from_pretrained, save_pretrained
+from lib.weights import from_checkpoint
 from model import (
     GPT,
     EncoderClassifier,
@@ -293,9 +295,9 @@ def test_from_pretrained_holds_one_copy_of_the_weights(tmp_path):
     size = sum(t.numel() * 4 for t in sd.values())
     script = (
         "import resource, sys, torch; "
-        "sys.path.insert(0, sys.argv[1]); import lib.weights; torch.zeros(1)\n"
+        "sys.path.insert(0, sys.argv[1]); import lib.gpt2; torch.zeros(1)\n"
         "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
-        "base = rss(); lib.weights.from_pretrained(sys.argv[2]); print(rss() - base)"
+        "base = rss(); lib.gpt2.from_pretrained(sys.argv[2]); print(rss() - base)"
     )
     from conftest import ROOT
 

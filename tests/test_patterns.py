@@ -10,13 +10,13 @@ import pytest
 import torch
 from conftest import generate
 
-from cache import RollingCache
 from decoding import NextToken, Options
 from engine import Engine
+from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.weights import from_checkpoint, save_pretrained
+from lib.weights import from_checkpoint
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention
-from patterns import Pattern, flex_sparse, sparse_attention
+from patterns import Pattern, RollingCache, flex_sparse, sparse_attention
 
 TINY = dict(vocab_size=50, block_size=300, n_layer=2, n_head=2, n_embd=16)
 PATTERNS = {

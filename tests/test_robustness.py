@@ -28,10 +28,11 @@ from conftest import ROOT, TINY
 import train
 from export import export
 from lib import checkpoint, common, config
+from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.prepare import save_array, write_classification_split, write_meta
 from lib.records import read_metrics
-from lib.weights import load_pretrained, save_pretrained
+from lib.weights import load_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefghij"
@@ -932,7 +933,7 @@ def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
         assert torch.equal(p, q), name
     with pytest.raises(
         Error,
-        match="cannot resume .* with a different model or optimizer: n_embd=16 there, 32 here",
+        match="cannot resume .* with a different model, pattern or optimizer: n_embd=16 there, 32 here",
     ):
         run([f"--out_dir={tmp_path / 'b'}", "--init_from=resume", "--max_iters=12", "--n_embd=32"])
 
@@ -978,7 +979,7 @@ def test_ctrl_c_in_sample_keeps_what_was_generated(files):
 def test_resume_refuses_another_optimizer(files, tmp_path):
     run(TINY + [f"--dataset={files}/lm", f"--out_dir={tmp_path}", "--max_iters=2"])
     with pytest.raises(
-        Error, match="different model or optimizer: optimizer='adamw' there, 'muon' here"
+        Error, match="different model, pattern or optimizer: optimizer='adamw' there, 'muon' here"
     ):
         run([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=4", "--optimizer=muon"])
 

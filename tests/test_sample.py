@@ -12,10 +12,11 @@ from conftest import ROOT, eot_checkpoint, generate, needs_shared
 
 from decoding import NextToken, Options
 from engine import Row
+from lib.checkpoint import save_pretrained
 from lib.common import run_script
 from lib.text import continuation, printable
 from lib.tokenizer import EOT, CharTokenizer
-from lib.weights import from_checkpoint, save_pretrained
+from lib.weights import from_checkpoint
 from model import GPT, GPTConfig
 from sample import SEPARATOR, main
 

@@ -25,8 +25,8 @@ import classify
 import decoding
 import sample
 from lib import transport
+from lib.checkpoint import save_pretrained
 from lib.tokenizer import EOT
-from lib.weights import save_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 from serving import completions
 from serving.app import Server

@@ -23,9 +23,9 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
+from lib.bpe_tokenizer import BPETokenizer
 from lib.common import ArgumentParser, Error, run_script
-from lib.config import Key, flags
-from lib.tokenizer import BPETokenizer
+from lib.keys import Key, flags
 
 HUB_NAME = "fancyzhx/ag_news"
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]

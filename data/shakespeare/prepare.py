@@ -12,9 +12,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
+from lib.bpe_tokenizer import BPETokenizer
 from lib.common import run_script
 from lib.prepare import prepare_text
-from lib.tokenizer import BPETokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 

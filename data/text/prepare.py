@@ -28,10 +28,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
 from lib.bpe import save_ranks, train_bpe
+from lib.bpe_tokenizer import BPETokenizer, TrainedBPE
 from lib.common import ArgumentParser, Error, atomic_path, run_script
-from lib.config import Key, flags
 from lib.corpus import PIECE, Corpus
-from lib.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE
+from lib.keys import Key, flags
+from lib.tokenizer import CharTokenizer
 
 # ids a token file holds: a vocabulary past it has nowhere to go
 MOST_TOKENS = 2**32
