@@ -235,7 +235,7 @@ def export(out_dir, hf_dir=None, overwrite=False, gguf_path=None, gguf_dtype="fl
     if gguf_path is not None:
         with writing(gguf_path):
             os.makedirs(os.path.dirname(os.path.abspath(gguf_path)), exist_ok=True)
-        name = f"{info.get('dataset', 'a')} GPT"
+        name = f"{info.get('dataset') or 'gpt-starter'} GPT"
         state = hf_state_dict(model)
         write_gguf(gguf_path, state, model.config, tokenizer, hf_tokenizer, gguf_dtype, name)
         print(

@@ -11,9 +11,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, generate, needs_shared
+from conftest import ROOT, needs_shared
 
-from decoding import NextToken, Options
+from bench import gguf_check as bench
+from engine import Engine
 from export import export, main
 from lib.bpe import bytes_to_unicode, save_ranks, train_bpe
 from lib.common import Error, WriteError, run_script
@@ -182,50 +183,12 @@ def llama_cpp():
     )
 
 
-def load_llama(path):
-    llama = llama_cpp().Llama(
-        model_path=str(path), n_ctx=256, n_threads=1, n_threads_batch=1, verbose=False
-    )
-    return llama
-
-
-def llama_greedy(llama, prompt, n):
-    """llama.cpp's n greedy tokens after prompt, and the logits each was picked from."""
-    llama.reset()
-    llama.eval(prompt)
-    tokens, logits = [], []
-    for _ in range(n):
-        logits.append(np.array(llama.scores[llama.n_tokens - 1]))
-        tokens.append(int(logits[-1].argmax()))
-        llama.eval([tokens[-1]])
-    return tokens, logits
-
-
 def our_greedy(out_dir, prompt, n):
     """(our n greedy tokens: sample.py's engine over the tokenizer's ids, float32 weights; the
     model)."""
     model, _ = from_checkpoint(out_dir)
-    pick = NextToken(Options(), greedy=True, vocab_size=read_tokenizer(out_dir).vocab_size)
-    return [step[0] for step in generate(model, [prompt], n, [pick])], model
-
-
-def margin(logits, token):
-    """How far token's logit is above the best other one (below 0: another is picked)."""
-    others = np.delete(logits, token)
-    return float(logits[token] - others.max())
-
-
-def divergence(theirs, ours, logits, model, prompt):
-    """The first step where two greedy runs differ, with each side's margins there: llama.cpp's
-    logits and ours (float32) for both picks."""
-    i = next(i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b)
-    with torch.no_grad():
-        mine = model(torch.tensor([prompt + ours[:i]]))[0][0, -1, : len(logits[i])].numpy()
-    return (
-        f"first difference at token {i}: llama.cpp picks {theirs[i]} by "
-        f"{margin(logits[i], theirs[i]):.4f} (ours {margin(mine, theirs[i]):.4f}), we pick "
-        f"{ours[i]} by {margin(mine, ours[i]):.4f} (llama.cpp {margin(logits[i], ours[i]):.4f})"
-    )
+    vocab = read_tokenizer(out_dir).vocab_size
+    return bench.our_greedy(Engine(model, 1), prompt, n, vocab)[0], model
 
 
 @pytest.mark.slow
@@ -241,9 +204,9 @@ def test_llama_cpp_decodes_our_greedy_tokens(checkpoints, tmp_path, kind, one_th
     for dtype, n in [("float32", N_NEW), ("float16", N_NEW), ("q8_0", 50)]:
         path = tmp_path / f"{dtype}.gguf"
         export(out_dir, gguf_path=str(path), gguf_dtype=dtype)
-        theirs, logits = llama_greedy(load_llama(path), prompt, n)
-        if theirs != ours[:n]:
-            pytest.fail(f"{dtype}: {divergence(theirs, ours, logits, model, prompt)}")
+        theirs, logits, _ = bench.llama_greedy(bench.load_llama(path), prompt, n)
+        found = bench.first_difference(theirs, ours, logits, model, prompt)
+        assert found is None, f"{dtype}: {found}"
 
 
 @pytest.mark.parametrize("kind", ["char", "trained", "gpt2"])
@@ -252,7 +215,7 @@ def test_llama_cpp_reads_text_as_our_tokens(checkpoints, tmp_path, kind):
     out_dir = checkpoint(checkpoints, kind)
     llama_cpp()
     export(out_dir, gguf_path=str(tmp_path / "m.gguf"), gguf_dtype="q8_0")
-    llama = load_llama(tmp_path / "m.gguf")
+    llama = bench.load_llama(tmp_path / "m.gguf")
     tokenizer = read_tokenizer(out_dir)
     texts = [TEXT, "x" * 50, "  spaces\t\ttabs \n\n\nand 's 're 've"]
     if kind == "char":
@@ -280,7 +243,7 @@ def test_llama_cpps_converter_reads_our_hugging_face_export(checkpoints, tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     prompt = read_tokenizer(out_dir).encode(PROMPT)
     ours = our_greedy(out_dir, prompt, 50)[0]
-    assert llama_greedy(load_llama(path), prompt, 50)[0] == ours
+    assert bench.llama_greedy(bench.load_llama(path), prompt, 50)[0] == ours
 
 
 # ------------------------------------------------------------------------------------- refusals
