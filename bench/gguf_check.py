@@ -41,12 +41,25 @@ Q8_0_TOKENS = 50  # Q8_0's weights move by up to 1/254 of a block's largest: its
 
 
 def load_llama(path, threads=1):
-    """llama-cpp-python's model of a GGUF file, its context the model's."""
+    """llama-cpp-python's model of a GGUF file, its context the model's, its weights as stored:
+    not repacked for AMX, whose products crash llama.cpp (ggml-org/llama.cpp#20824; its tools'
+    --no-repack), which Llama() has no argument for."""
     import llama_cpp
 
-    return llama_cpp.Llama(
-        model_path=str(path), n_ctx=0, n_threads=threads, n_threads_batch=threads, verbose=False
-    )
+    defaults = llama_cpp.llama_model_default_params
+
+    def stored_weights():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama_cpp.llama_model_default_params = stored_weights
+    try:
+        return llama_cpp.Llama(
+            model_path=str(path), n_ctx=0, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
+    finally:
+        llama_cpp.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_greedy(llama, prompt, n):
@@ -83,18 +96,28 @@ def margin(logits, token):
 
 
 def first_difference(theirs, ours, logits, model, prompt):
-    """None where llama.cpp's tokens are ours; else a line: the first step they differ, each
-    pick's margin in llama.cpp's logits and in ours (model's, float32)."""
+    """None where llama.cpp's tokens are ours; else where they first differ: the step, each pick's
+    margin in llama.cpp's logits and in ours (model's, float32), the largest difference of the
+    two sides' logits there, the spread (standard deviation) of ours, and a line saying so."""
     if theirs == ours[: len(theirs)]:
         return None
     i = next(i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b)
     with torch.no_grad():
         mine = model(torch.tensor([prompt + ours[:i]]))[0][0, -1, : len(logits[i])].numpy()
-    return (
-        f"first difference at token {i}: llama.cpp picks {theirs[i]} by "
-        f"{margin(logits[i], theirs[i]):.4f} (ours {margin(mine, theirs[i]):.4f}), we pick "
-        f"{ours[i]} by {margin(mine, ours[i]):.4f} (llama.cpp {margin(logits[i], ours[i]):.4f})"
+    found = dict(
+        step=i,
+        llama_margin=margin(logits[i], theirs[i]),
+        our_margin=margin(mine, ours[i]),
+        logit_error=float(np.abs(logits[i] - mine).max()),
+        logit_std=float(mine.std()),
     )
+    found["line"] = (
+        f"first difference at token {i}: llama.cpp picks {theirs[i]} by "
+        f"{found['llama_margin']:.4f} (ours {margin(mine, theirs[i]):.4f}), we pick {ours[i]} "
+        f"by {found['our_margin']:.4f} (llama.cpp {margin(logits[i], ours[i]):.4f}); the logits "
+        f"differ by up to {found['logit_error']:.4f}, their spread {found['logit_std']:.2f}"
+    )
+    return found
 
 
 def checkpoint(out, init_from):
@@ -121,7 +144,7 @@ def tokens_section(out_dir, files, prompt, n, vocab_size):
         theirs, logits, _ = llama_greedy(load_llama(path), prompt, count)
         found = first_difference(theirs, ours, logits, model, prompt)
         results[dtype] = dict(tokens=count, equal=found is None, first_difference=found)
-        print(f"{dtype}: {count} tokens {'equal' if found is None else found}", flush=True)
+        print(f"{dtype}: {count} tokens {'equal' if found is None else found['line']}", flush=True)
     return results
 
 

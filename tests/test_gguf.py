@@ -42,7 +42,12 @@ def make_checkpoint(path, tokenizer, vocab_size, data_dir=None, **options):
     model = GPT(GPTConfig(vocab_size=vocab_size, **{**shape, "bias": True, **options}))
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0.0, 0.2)
+            p.normal_(0.0, 0.1)
+        for norm in [model.ln_f, *[m for b in model.blocks for m in (b.ln_1, b.ln_2)]]:
+            norm.weight.normal_(1.0, 0.2)
+        # logits of a trained model's spread (std ~3), varying with the position
+        model.wte.weight.normal_(0.0, 0.5)
+        model.wpe.weight.normal_(0.0, 1.0)
     save_pretrained(model, path, data_dir, task="lm", dataset="toy", tokenizer=tokenizer)
     return str(path)
 
@@ -198,7 +203,7 @@ def our_greedy(out_dir, prompt, n):
 @pytest.mark.parametrize("kind", ["char", "trained", "gpt2"])
 def test_llama_cpp_decodes_our_greedy_tokens(checkpoints, tmp_path, kind, one_thread):
     """Greedy, 200 tokens: float32 and float16 files give ours token for token, Q8_0 the first
-    50 (its weights are rounded to 1/127 of a block's largest)."""
+    50 or up to a near tie."""
     out_dir = checkpoint(checkpoints, kind)
     llama_cpp()
     prompt = read_tokenizer(out_dir).encode(PROMPT)
@@ -209,7 +214,13 @@ def test_llama_cpp_decodes_our_greedy_tokens(checkpoints, tmp_path, kind, one_th
         export(out_dir, gguf_path=str(path), gguf_dtype=dtype)
         theirs, logits, _ = bench.llama_greedy(bench.load_llama(path), prompt, n)
         found = bench.first_difference(theirs, ours, logits, model, prompt)
-        assert found is None, f"{dtype}: {found}"
+        if dtype == "q8_0" and found:
+            # a near tie that Q8_0's rounding (of weights and activations) tips: our margin
+            # within what the logits move, which is a small part of their spread
+            error = found["logit_error"]
+            assert found["our_margin"] <= 2 * error < 0.2 * found["logit_std"], found["line"]
+        else:
+            assert found is None, f"{dtype}: {found['line']}"
 
 
 @pytest.mark.parametrize("kind", ["char", "trained", "gpt2"])
