@@ -35,8 +35,9 @@ N_NEW = 200  # greedy tokens compared
 
 
 def make_checkpoint(path, tokenizer, vocab_size, data_dir=None, **options):
-    """A random GPT, its weights large enough that the next tokens' logits differ visibly; the
-    shapes Q8_0's blocks of 32 fit."""
+    """A random GPT of shapes that Q8_0's blocks of 32 fit, its logits spread as a trained
+    model's (std ~3, so near ties are rare) and varying with the position (so greedy tokens are
+    no one token repeated)."""
     torch.manual_seed(0)
     shape = dict(block_size=256, n_layer=2, n_head=2, n_embd=32)
     model = GPT(GPTConfig(vocab_size=vocab_size, **{**shape, "bias": True, **options}))
@@ -45,7 +46,6 @@ def make_checkpoint(path, tokenizer, vocab_size, data_dir=None, **options):
             p.normal_(0.0, 0.1)
         for norm in [model.ln_f, *[m for b in model.blocks for m in (b.ln_1, b.ln_2)]]:
             norm.weight.normal_(1.0, 0.2)
-        # logits of a trained model's spread (std ~3), varying with the position
         model.wte.weight.normal_(0.0, 0.5)
         model.wpe.weight.normal_(0.0, 1.0)
     save_pretrained(model, path, data_dir, task="lm", dataset="toy", tokenizer=tokenizer)
