@@ -47,7 +47,8 @@ def make_checkpoint(path, tokenizer, vocab_size, data_dir=None, **options):
         for norm in [model.ln_f, *[m for b in model.blocks for m in (b.ln_1, b.ln_2)]]:
             norm.weight.normal_(1.0, 0.2)
         model.wte.weight.normal_(0.0, 0.5)
-        model.wpe.weight.normal_(0.0, 1.0)
+        if model.wpe is not None:  # rope=True has none
+            model.wpe.weight.normal_(0.0, 1.0)
     save_pretrained(model, path, data_dir, task="lm", dataset="toy", tokenizer=tokenizer)
     return str(path)
 
