@@ -5,13 +5,14 @@ or GPT-2's own from a Hugging Face folder with --init_from), in one run:
      against ours (sample.py's engine, float32 weights): --new_tokens of them, Q8_0's first 50;
      where two differ first, each side's margin of its pick there;
   2. speed: batch 1, --new_tokens greedy tokens, --threads threads: llama.cpp on the float16 and
-     Q8_0 files against our engine with sample.py's default weights and with int8 compiled, the
-     runs interleaved, the best of --rounds each.
+     Q8_0 files (their weights as stored: load_llama) against our engine with sample.py's
+     default weights and with int8 compiled, the runs interleaved, the best of --rounds each.
   python bench/gguf_check.py --json gguf.json
 Needs llama-cpp-python and the gguf package; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE
 offline.
 """
 
+import argparse
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from export import export  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
+from lib.config import at_least  # noqa: E402
 from lib.formats import for_decoding, resolve_weights  # noqa: E402
 from lib.tokenizer import BPETokenizer  # noqa: E402
 from lib.weights import from_checkpoint, from_pretrained, save_pretrained  # noqa: E402
@@ -171,11 +173,15 @@ def speed_section(out_dir, files, prompt, n, vocab_size, threads, rounds):
 
 
 def main(argv=None):
-    p = ArgumentParser(prog="bench/gguf_check.py", description=__doc__)
+    p = ArgumentParser(
+        prog="gguf_check.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--init_from", help="a GPT-2 folder in the Hugging Face layout (else random)")
-    p.add_argument("--new_tokens", type=int, default=200)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--new_tokens", type=at_least(1), default=200)
+    p.add_argument("--threads", type=at_least(1), default=2)
+    p.add_argument("--rounds", type=at_least(1), default=3)
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -199,4 +205,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_script(main, "bench/gguf_check.py")
+    run_script(main, "gguf_check.py")
