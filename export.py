@@ -9,6 +9,10 @@ same ids as tiktoken; a trained one's tokenizer.tiktoken too, which sample.py re
 character-level model exports its weights; its tokenizer is this project's.
 Options GPT-2 does not have (rotary positions, QK-norm, a sparse attention pattern) cannot be
 expressed in its layout: such a model is refused.
+  python export.py --out_dir=out-shakespeare-char --gguf=shakespeare.gguf --gguf_dtype=q8_0
+writes one GGUF file, which llama.cpp, Ollama and LM Studio run (llama.cpp's gpt2 architecture, the
+tokenizer inside; needs the gguf package: pip install -e '.[gguf]'). Its GELU is the tanh form: a
+model trained with gelu=none is refused there.
 """
 
 import argparse
@@ -39,6 +43,10 @@ from lib.weights import from_checkpoint
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions
 GPT2_LAYOUT = {"rope": False, "qk_norm": False, "window": 0, "global_tokens": 0, "random_links": 0}
+# and llama.cpp's gpt2 architecture, whose GELU is the tanh form
+GGUF_LAYOUT = {**GPT2_LAYOUT, "gelu": "tanh"}
+# --gguf_dtype: the weight matrices' type (lib/gguf_export.py); q8_0: llama.cpp's int8 blocks
+GGUF_DTYPES = ("float32", "float16", "q8_0")
 # transformers' activation_function of each of GPTConfig's gelu forms
 HF_ACTIVATION = {gelu: name for name, gelu in HF_GELU.items()}
 
@@ -188,7 +196,9 @@ def staged(hf_dir):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def export(out_dir, hf_dir, overwrite=False):
+def export(out_dir, hf_dir=None, overwrite=False, gguf_path=None, gguf_dtype="float16"):
+    """Writes the Hugging Face folder hf_dir, the GGUF file gguf_path, or both; every refusal
+    comes before the first write."""
     model, info = from_checkpoint(out_dir)
     config_path = os.path.join(out_dir, "config.json")
     tokenizer = get_tokenizer(info.get("tokenizer"), config_path, model.config.vocab_size)
@@ -196,17 +206,84 @@ def export(out_dir, hf_dir, overwrite=False):
         raise Error(
             f"{out_dir} holds an {info['architecture']}: export.py writes GPT-2's layout, for a GPT"
         )
-    config = model.config
-    for option, value in GPT2_LAYOUT.items():
+    check_layout(
+        out_dir,
+        model.config,
+        GPT2_LAYOUT,
+        "GPT-2's layout",
+        "such a model loads with this project's from_checkpoint only",
+    )
+    if gguf_path is not None:
+        check_layout(
+            out_dir,
+            model.config,
+            GGUF_LAYOUT,
+            "llama.cpp's gpt2 architecture",
+            "--hf_dir exports it for transformers",
+        )
+        check_gguf_target(gguf_path, overwrite)
+        if getattr(tokenizer, "lowercase", False):
+            raise Error(
+                f"{out_dir}: the tokenizer lowercases text, which llama.cpp's tokenizers never "
+                "do: export it with --hf_dir, or train on a tokenizer without lowercase"
+            )
+        write_gguf = gguf_writer()
+    if hf_dir is not None:
+        check_target(out_dir, hf_dir, overwrite)
+    # refused, if at all, before a file is written
+    hf_tokenizer = bpe_files(tokenizer.enc) if isinstance(tokenizer, BPETokenizer) else None
+    if hf_dir is not None:
+        write_hf(hf_dir, model, info, tokenizer, hf_tokenizer)
+    if gguf_path is not None:
+        with writing(gguf_path):
+            os.makedirs(os.path.dirname(os.path.abspath(gguf_path)), exist_ok=True)
+        name = f"{info.get('dataset') or 'gpt-starter'} GPT"
+        state = hf_state_dict(model)
+        write_gguf(gguf_path, state, model.config, tokenizer, hf_tokenizer, gguf_dtype, name)
+        print(
+            f"wrote {gguf_path}: llama.cpp's gpt2, {gguf_dtype} weights, "
+            f"{os.path.getsize(gguf_path) / 1e6:.1f} MB; tokenizer: {tokenizer.name}",
+            file=sys.stderr,
+        )
+
+
+def check_layout(out_dir, config, layout, where, fix):
+    """An Error naming the first option whose value the layout where cannot hold."""
+    for option, value in layout.items():
         if getattr(config, option) != value:
             raise Error(
-                f"{out_dir}: {option}={getattr(config, option)!r} has no place in GPT-2's layout "
-                f"(it needs {option}={value!r}); "
-                "such a model loads with this project's from_checkpoint only"
+                f"{out_dir}: {option}={getattr(config, option)!r} has no place in {where} "
+                f"(it needs {option}={value!r}); {fix}"
             )
-    check_target(out_dir, hf_dir, overwrite)
-    # refused, if at all, before --hf_dir holds a file
-    hf_tokenizer = bpe_files(tokenizer.enc) if isinstance(tokenizer, BPETokenizer) else None
+
+
+def check_gguf_target(path, overwrite):
+    """path is a new *.gguf file, or one that overwrite says to replace."""
+    if not path.endswith(".gguf"):
+        raise Error(f"--gguf {path}: name the file *.gguf, as llama.cpp, Ollama and LM Studio do")
+    if os.path.isdir(path):
+        raise Error(f"--gguf {path} is a folder: pass a file name")
+    if os.path.lexists(path) and not overwrite:
+        raise Error(
+            f"--gguf {path} already exists: pass another name, or --overwrite to replace it"
+        )
+
+
+def gguf_writer():
+    """lib.gguf_export's write_gguf, imported here: the gguf package is an optional extra."""
+    try:
+        from lib.gguf_export import write_gguf
+    except ImportError as e:
+        raise Error(
+            f"--gguf needs the gguf package, llama.cpp's GGUF writer ({e}): "
+            "pip install -e '.[gguf]'"
+        ) from None
+    return write_gguf
+
+
+def write_hf(hf_dir, model, info, tokenizer, hf_tokenizer):
+    """The Hugging Face folder: GPT-2's config, weights and tokenizer files, and a model card."""
+    config = model.config
     with staged(hf_dir) as folder:
         with atomic_path(os.path.join(folder, "model.safetensors")) as tmp:
             save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
@@ -221,6 +298,8 @@ def export(out_dir, hf_dir, overwrite=False):
                 "architectures": ["GPT2LMHeadModel"],
                 "vocab_size": config.vocab_size,
                 "n_positions": config.block_size,
+                # GPT-2's own config.json carries both: llama.cpp's converter reads n_ctx
+                "n_ctx": config.block_size,
                 "n_embd": config.n_embd,
                 "n_layer": config.n_layer,
                 "n_head": config.n_head,
@@ -303,16 +382,24 @@ def main(argv=None):
         prog="export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out_dir", required=True, help="a GPT checkpoint written by train.py")
+    parser.add_argument("--hf_dir", help="the folder to write the Hugging Face model into")
+    parser.add_argument("--gguf", help="the GGUF file to write, for llama.cpp (name.gguf)")
     parser.add_argument(
-        "--hf_dir", required=True, help="the folder to write the Hugging Face model into"
+        "--gguf_dtype",
+        default="float16",
+        choices=GGUF_DTYPES,
+        help="the GGUF file's weight matrices; q8_0: llama.cpp's int8, the smallest "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the model that --hf_dir holds (refused without it)",
+        help="replace the model that --hf_dir holds, or the --gguf file (refused without it)",
     )
     args = parser.parse_args(argv)
-    export(args.out_dir, args.hf_dir, args.overwrite)
+    if args.hf_dir is None and args.gguf is None:
+        parser.error("pass --hf_dir, --gguf or both: where to write the model")
+    export(args.out_dir, args.hf_dir, args.overwrite, args.gguf, args.gguf_dtype)
 
 
 if __name__ == "__main__":

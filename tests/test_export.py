@@ -75,6 +75,7 @@ def test_transformers_loads_the_same_logits(tmp_path, options, activation):
         32,
         activation,
     )
+    assert config["n_ctx"] == 32  # GPT-2's own name, which llama.cpp's converter reads
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "python train.py config/toy.py" in card and "val/loss | 1.5000" in card
     assert not (tmp_path / "hf" / "vocab.json").exists()  # characters: no BPE files
