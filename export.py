@@ -15,7 +15,6 @@ tokenizer inside; needs the gguf package: pip install -e '.[gguf]'). Its GELU is
 model trained with gelu=none is refused there.
 """
 
-import argparse
 import os
 import shutil
 import sys
@@ -38,6 +37,7 @@ from lib.common import (
     writing,
 )
 from lib.gpt2 import HF_GELU
+from lib.keys import Key, flags
 from lib.tokenizer import get_tokenizer
 from lib.weights import from_checkpoint
 
@@ -377,25 +377,24 @@ def char_tokenizer(tokenizer):
     return hf
 
 
-def main(argv=None):
-    parser = ArgumentParser(
-        prog="export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out_dir", required=True, help="a GPT checkpoint written by train.py")
-    parser.add_argument("--hf_dir", help="the folder to write the Hugging Face model into")
-    parser.add_argument("--gguf", help="the GGUF file to write, for llama.cpp (name.gguf)")
-    parser.add_argument(
-        "--gguf_dtype",
-        default="float16",
+FLAGS = dict(
+    hf_dir=Key(None, "the folder to write the Hugging Face model into"),
+    gguf=Key(None, "the GGUF file to write, for llama.cpp (name.gguf)"),
+    gguf_dtype=Key(
+        "float16",
+        "the GGUF file's weight matrices; q8_0: llama.cpp's int8, the smallest",
         choices=GGUF_DTYPES,
-        help="the GGUF file's weight matrices; q8_0: llama.cpp's int8, the smallest "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the model that --hf_dir holds, or the --gguf file (refused without it)",
-    )
+    ),
+    overwrite=Key(
+        False, "replace the model that --hf_dir holds, or the --gguf file (refused without it)"
+    ),
+)
+
+
+def main(argv=None):
+    parser = ArgumentParser(prog="export.py", description=__doc__)
+    parser.add_argument("--out_dir", required=True, help="a GPT checkpoint written by train.py")
+    flags(parser, FLAGS)
     args = parser.parse_args(argv)
     if args.hf_dir is None and args.gguf is None:
         parser.error("pass --hf_dir, --gguf or both: where to write the model")

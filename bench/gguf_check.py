@@ -12,7 +12,6 @@ Needs llama-cpp-python and the gguf package; TIKTOKEN_CACHE_DIR must point at th
 offline.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -30,11 +29,13 @@ from bench.speed import machine  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from export import export  # noqa: E402
+from lib.bpe_tokenizer import BPETokenizer  # noqa: E402
+from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
-from lib.config import at_least  # noqa: E402
 from lib.formats import for_decoding, resolve_weights  # noqa: E402
-from lib.tokenizer import BPETokenizer  # noqa: E402
-from lib.weights import from_checkpoint, from_pretrained, save_pretrained  # noqa: E402
+from lib.gpt2 import from_pretrained  # noqa: E402
+from lib.keys import Key, flags  # noqa: E402
+from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 PROMPT = "The meaning of life is"
@@ -172,17 +173,18 @@ def speed_section(out_dir, files, prompt, n, vocab_size, threads, rounds):
     return best
 
 
+FLAGS = dict(
+    init_from=Key(None, "a GPT-2 folder in the Hugging Face layout (else random weights)"),
+    new_tokens=Key(200, "greedy tokens a run decodes", ge=1),
+    threads=Key(2, "threads, ours and llama.cpp's", ge=1),
+    rounds=Key(3, "interleaved rounds; the best of them counts", ge=1),
+    json=Key(None, "write the results here"),
+)
+
+
 def main(argv=None):
-    p = ArgumentParser(
-        prog="gguf_check.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--init_from", help="a GPT-2 folder in the Hugging Face layout (else random)")
-    p.add_argument("--new_tokens", type=at_least(1), default=200)
-    p.add_argument("--threads", type=at_least(1), default=2)
-    p.add_argument("--rounds", type=at_least(1), default=3)
-    p.add_argument("--json", help="write the results here")
+    p = ArgumentParser(prog="gguf_check.py", description=__doc__)
+    flags(p, FLAGS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     tokenizer = BPETokenizer("r50k_base")

@@ -17,9 +17,10 @@ from bench import gguf_check as bench
 from engine import Engine
 from export import export, main
 from lib.bpe import bytes_to_unicode, save_ranks, train_bpe
+from lib.checkpoint import save_pretrained
 from lib.common import Error, WriteError, run_script
 from lib.tokenizer import get_tokenizer
-from lib.weights import from_checkpoint, save_pretrained
+from lib.weights import from_checkpoint
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is an extra: pip install -e '.[gguf]'")

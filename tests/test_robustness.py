@@ -935,7 +935,8 @@ def test_a_resumed_run_resumes_again_from_its_own_state(files, tmp_path):
         assert torch.equal(p, q), name
     with pytest.raises(
         Error,
-        match="cannot resume .* with a different model, pattern or optimizer: n_embd=16 there, 32 here",
+        match="cannot resume .* with a different model, pattern or optimizer: "
+        "n_embd=16 there, 32 here",
     ):
         run([f"--out_dir={tmp_path / 'b'}", "--init_from=resume", "--max_iters=12", "--n_embd=32"])
 
