@@ -8,7 +8,7 @@ run with attn_impl="explicit": every path, the patterns' and the caches' too, th
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -446,10 +446,3 @@ class EncoderClassifier(Transformer):
 
 
 ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}
-
-
-def model_config(task, settings):
-    """(class, config) of task lm or classify, from settings' matching keys."""
-    cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
-    kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
-    return cls, config_cls(**kwargs)

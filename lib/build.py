@@ -1,13 +1,20 @@
 """The model a run trains, built from its settings: from scratch, from a pretrained GPT's
 weights, or from a resumed run's state."""
 
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 import torch
 
 from lib.checkpoint import SHAPE
 from lib.common import Error
-from model import model_config
+from model import ARCHITECTURES
+
+
+def model_config(task, settings):
+    """(class, config) of task lm or classify, from settings' matching keys."""
+    cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
+    kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
+    return cls, config_cls(**kwargs)
 
 
 def new_model(settings, meta):

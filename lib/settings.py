@@ -8,9 +8,10 @@ from dataclasses import asdict
 import torch
 
 from lib import config
+from lib.build import model_config
 from lib.common import Error
 from lib.keys import GPT2_NAMES, Key, keys_of
-from model import EncoderConfig, model_config
+from model import EncoderConfig
 
 KEYS = dict(
     # run
