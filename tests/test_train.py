@@ -19,7 +19,7 @@ from conftest import ROOT, TINY, run_distributed
 
 import plot
 import train
-from lib import checkpoint, config
+from lib import checkpoint, classifier, config
 from lib.batches import MAX_EPOCHS, epochs_line, load_split
 from lib.common import Error
 from lib.distributed import started
@@ -985,3 +985,31 @@ def test_a_plain_run_trains_on_a_torch_without_muon(lm_dir, tmp_path):
     )
     assert result.returncode == 2 and "trained" not in result.stdout
     assert result.stderr.startswith("train.py: error: optimizer='muon': must be adamw: torch ")
+
+
+def test_a_classifiers_recorded_val_metrics_are_classify_pys_float32_ones(
+    toy_classify_dir, tmp_path
+):
+    """Trained under bfloat16 autocast, a classifier is evaluated in float32, as classify.py and
+    the playground run it: the recorded val loss is lib.classifier's on the same rows, within
+    float32's rounding (bfloat16's would be 1e-3 off), and the accuracy is the same number."""
+    model, metrics = run(
+        [
+            f"--dataset={toy_classify_dir}",
+            f"--out_dir={tmp_path}",
+            "--task=classify",
+            "--dtype=bfloat16",
+            "--max_iters=4",
+            "--eval_interval=4",
+            "--eval_iters=100",
+            "--batch_size=16",
+        ]
+    )
+    val = load_split(toy_classify_dir, "val", 16)
+    rows = [val.tokens[a:b][:16] for a, b in zip(val.offsets[:-1], val.offsets[1:])]
+    probs = classifier.predict(model.eval(), rows, 64, "cpu")
+    labels = torch.from_numpy(val.labels).long()
+    loss = -probs[torch.arange(len(labels)), labels].log().mean().item()
+    accuracy = (probs.argmax(-1) == labels).float().mean().item()
+    assert metrics["val/loss"] == pytest.approx(loss, rel=1e-5)
+    assert metrics["val/accuracy"] == pytest.approx(accuracy, abs=1e-9)
