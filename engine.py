@@ -112,7 +112,6 @@ class Engine:
         greedy = NextToken(Options(), greedy=True)
         with compiling("drop --compile, or install a C++ compiler"):
             for size in (1, rows):
-                # position 0 is prefilled eagerly: compiled, a single key would be a constant
                 self.submit([0], [greedy] * size, 2)
                 while self.busy():
                     self.step()
@@ -196,13 +195,20 @@ class Engine:
                 batched.append(row)
         if batched:
             idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)
-            step = self.cache.step([row.slot for row in batched], 1)
-            # no version counters or autograd records: a tenth off a small model's token; a
-            # cached forward keeps no tensor that a later training step could meet
-            with torch.inference_mode():
-                logits, _ = self.one_token(idx, cache=step, logits_to_keep=1)
-            took += self.take(batched, logits[:, -1])
+            logits = self.next_logits(idx, [row.slot for row in batched])
+            took += self.take(batched, logits)
         return took
+
+    def next_logits(self, idx, slots):
+        """The logits [B, vocab] after one new token idx [B, 1] in each of slots: the one-token
+        step, eager at position 0, where a compiled step would hold a single key as a constant."""
+        step = self.cache.step(slots, 1)
+        forward = self.model if step.keys == 1 else self.one_token
+        # no version counters or autograd records: a tenth off a small model's token; a
+        # cached forward keeps no tensor that a later training step could meet
+        with torch.inference_mode():
+            logits, _ = forward(idx, cache=step, logits_to_keep=1)
+        return logits[:, -1]
 
     def slide(self, row):
         """Whether the row's window restarts (past block_size) as its last block_size // 2; a
