@@ -11,13 +11,12 @@ import shutil
 import sys
 from contextlib import contextmanager, nullcontext, redirect_stderr
 from dataclasses import replace
-from functools import partial
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, TINY, run_distributed
+from conftest import ROOT, TINY, in_turn, run_distributed
 
 # lm_dir is a fixture: imported, it makes the same tiny data set for this module
 from test_train import lm_dir, run_in_one_thread, settings, state  # noqa: F401
@@ -81,25 +80,17 @@ def torchrun(tmp_path, runs, processes=2):
 
 
 def each_run(listed):
-    """In a torchrun process: the runs of torchrun() in turn, measured(), each in a process group
-    of its own keys in torchrun's store (a group made again under the first one's keys waits
-    forever). Rank 0 copies a run's folder before it joins that run's group, which the other
-    ranks wait for before they read it."""
-    joined = dist.init_process_group
-    for n, (argv, copied) in enumerate(json.load(open(listed))):
+    """In a torchrun process: the runs of torchrun() in turn, measured(). Rank 0 copies a run's
+    folder before it joins that run's group, which the other ranks wait for before they read it."""
+
+    def one_run(run):
+        argv, copied = run
         if copied and os.environ["RANK"] == "0":
             shutil.copytree(*copied)
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
-        )
-        rank, processes = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        keys = dist.PrefixStore(f"run{n}", store)
-        dist.init_process_group = partial(joined, store=keys, rank=rank, world_size=processes)
-        try:
-            with measured():
-                train.main(argv)
-        finally:
-            dist.init_process_group = joined
+        with measured():
+            train.main(argv)
+
+    in_turn(json.load(open(listed)), one_run)
 
 
 def in_one_thread(argv):
