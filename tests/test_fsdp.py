@@ -63,10 +63,10 @@ pytestmark = pytest.mark.slow  # torchrun runs of gloo processes
 
 
 def torchrun(tmp_path, runs, processes=2):
-    """train.main on each run's argv in turn, in one torchrun launch (gloo; torchrun gives each
-    process one thread), measured() as each_run() does: one start of the processes serves them
-    all. runs: [(argv, None or (a folder, where rank 0 copies it first))]. -> the launch's stderr,
-    once it has succeeded."""
+    """train.main on each run's argv in turn, measured() (each_run()), in one torchrun launch
+    (gloo; torchrun gives each process one thread): one start of the processes serves them all.
+    runs: [(argv, None or (a folder, where rank 0 copies it first))]. -> the launch's stderr, once
+    it has succeeded."""
     listed = tmp_path / "runs.json"
     listed.write_text(json.dumps(runs))
     script = tmp_path / "fsdp_run.py"
