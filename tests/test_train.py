@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 from contextlib import redirect_stdout
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, in_turn, run_distributed
+from test_robustness import wait_for
 
 import plot
 import train
@@ -612,6 +614,12 @@ def test_interrupted_save_leaves_previous_checkpoint(lm_dir, tmp_path, monkeypat
     assert state(tmp_path)["step"] == good["step"] == 2
 
 
+def logged_a_step(out_dir):
+    """Whether a run's metrics.jsonl holds a log line, not only step 0's evaluation."""
+    path = out_dir / "metrics.jsonl"
+    return path.exists() and '"tok/s"' in path.read_text()
+
+
 @pytest.mark.slow
 def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
     proc = subprocess.Popen(
@@ -626,10 +634,8 @@ def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    for line in proc.stderr:  # wait for training to start
-        if line.startswith("step 0:"):
-            break
-    time.sleep(1.0)
+    # training under way: its first log line (step 10) written
+    wait_for(proc, partial(logged_a_step, tmp_path), "a log line")
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 128 + signal.SIGTERM, err[-1000:]
@@ -669,10 +675,8 @@ def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_pa
         start_new_session=True,
     )  # a process group: a hung run is killed whole below
     try:
-        for line in proc.stderr:  # wait for training to start
-            if line.startswith("step 0:"):
-                break
-        time.sleep(1.0)
+        # training under way: its first log line (step 10) written
+        wait_for(proc, partial(logged_a_step, tmp_path), "a log line")
         os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
         err = proc.communicate(timeout=60)[1]
     finally:
