@@ -19,7 +19,7 @@ import torch.distributed as dist
 from conftest import ROOT, TINY, in_turn, run_distributed
 
 # lm_dir is a fixture: imported, it makes the same tiny data set for this module
-from test_train import lm_dir, run_in_one_thread, settings, state  # noqa: F401
+from test_train import fixed_peak, lm_dir, run_in_one_thread, settings, state  # noqa: F401
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -137,10 +137,6 @@ def local_bytes(values):
     tensors = [t for t in values if isinstance(t, torch.Tensor)]
     local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
     return sum(t.nbytes for t in local)
-
-
-def fixed_peak(device, dtype):
-    return 1e15
 
 
 @pytest.fixture(scope="module")

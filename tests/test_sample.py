@@ -165,8 +165,8 @@ def test_start_from_a_file_and_empty_start(runs):
 
 
 def test_errors_are_one_line_and_fail(char_model, capsys):
-    """In this process, as test_more_errors_in_process (test_gpt2_without_the_hub_... runs such an
-    error as a process of its own)."""
+    """In this process, as test_more_errors_in_process: such an error from a process of its own is
+    test_gpt2_without_the_hub_is_one_line_naming_the_local_folder's."""
     for args, message in [
         (["--start", "héllo"], "--start: characters not in this model's vocabulary: 'é'"),
         (["--top_p", "1.5"], "--top_p=1.5: must be <= 1"),
