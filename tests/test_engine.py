@@ -18,6 +18,8 @@ from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights
 from model import GPT, GPTConfig, KVCache
 from serve import ServingEngine
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
 # the defaults, and every option on

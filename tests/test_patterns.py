@@ -24,6 +24,8 @@ from model import (
     sparse_attention,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 TINY = dict(vocab_size=50, block_size=300, n_layer=2, n_head=2, n_embd=16)
 PATTERNS = {
     "window": dict(window=5),

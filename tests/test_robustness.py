@@ -36,6 +36,8 @@ from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefghij"
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 
 def cli(script, *args, stdin=""):
     """Runs a script as `python script ARGS` would, but in this process (the suite would spend a

@@ -31,6 +31,8 @@ from model import GPT, EncoderClassifier
 DEFAULTS = {name: key.default for name, key in train.KEYS.items()}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
