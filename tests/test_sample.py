@@ -23,6 +23,8 @@ CHARS = (
     "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 
 def launch(*args, cwd):
     """Start sample.py; the test collects it with finish(). Runs start together: each spends ~1.5 s
