@@ -5,9 +5,11 @@ import os
 import re
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from engine import Engine
 from lib.checkpoint import save_pretrained
@@ -77,6 +79,22 @@ def run_distributed(script, argv, processes=2):
 
 TEARDOWN_ABORT = "terminate called without an active exception"
 FINISHED = re.compile(r"^done: \d+ steps", re.MULTILINE)  # train.py's last line
+
+
+def in_turn(runs, one_run):
+    """In a torchrun process: one_run(run) for each of runs, each run's process group under keys
+    of its own in torchrun's store (a group made again under the first one's keys waits forever):
+    one start of the processes, a second or more of importing torch, serves several runs."""
+    joined = dist.init_process_group
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    rank, processes = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    for n, run in enumerate(runs):
+        keys = dist.PrefixStore(f"run{n}", store)
+        dist.init_process_group = partial(joined, store=keys, rank=rank, world_size=processes)
+        try:
+            one_run(run)
+        finally:
+            dist.init_process_group = joined
 
 
 def generate(model, prompts, max_new_tokens, picks, use_cache=True):

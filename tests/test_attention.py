@@ -7,6 +7,8 @@ import torch
 
 from model import GPTConfig, MultiHeadAttention, attention
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 # "dogs chase cats", d = 4, d_k = d_v = 2
 X = torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 1], [1, 0, 0, 1]])
 W_Q = torch.tensor([[1.0, 0], [0, 1], [1, 0], [0, 0]])

@@ -11,6 +11,8 @@ import decoding as d
 from lib.common import Error
 from model import GPT, GPTConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 INF = float("inf")
 
 

@@ -20,6 +20,8 @@ from lib.int8 import Int8Linear
 from model import GPT, GPTConfig
 from serving.scheduler import ServingEngine
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
 # the defaults, and every option on

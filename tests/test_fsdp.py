@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, TINY, run_distributed
+from conftest import ROOT, TINY, in_turn, run_distributed
 
 # lm_dir is a fixture: imported, it makes the same tiny data set for this module
-from test_train import lm_dir, run_in_one_thread, settings, state  # noqa: F401
+from test_train import fixed_peak, lm_dir, run_in_one_thread, settings, state  # noqa: F401
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -62,17 +62,35 @@ LOGGED = 1e-6
 pytestmark = pytest.mark.slow  # torchrun runs of gloo processes
 
 
-def torchrun(tmp_path, argv, processes=2):
-    """train.main under torchrun (gloo; torchrun gives each process one thread), measured().
-    -> its stderr, once it has succeeded."""
+def torchrun(tmp_path, runs, processes=2):
+    """train.main on each run's argv in turn, measured() (each_run()), in one torchrun launch
+    (gloo; torchrun gives each process one thread): one start of the processes serves them all.
+    runs: [(argv, None or (a folder, where rank 0 copies it first))]. -> the launch's stderr, once
+    it has succeeded."""
+    listed = tmp_path / "runs.json"
+    listed.write_text(json.dumps(runs))
     script = tmp_path / "fsdp_run.py"
     script.write_text(
-        f"import sys\nsys.path[:0] = [{ROOT!r}, {HERE!r}]\nimport test_fsdp, train\n"
-        "with test_fsdp.measured():\n    train.main(sys.argv[1:])\n"
+        f"import sys\nsys.path[:0] = [{ROOT!r}, {HERE!r}]\nimport test_fsdp\n"
+        "test_fsdp.each_run(sys.argv[1])\n"
     )
-    result = run_distributed(script, argv, processes)
+    result = run_distributed(script, [str(listed)], processes)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stderr
+
+
+def each_run(listed):
+    """In a torchrun process: the runs of torchrun() in turn, measured(). Rank 0 copies a run's
+    folder before it joins that run's group, which the other ranks wait for before they read it."""
+
+    def one_run(run):
+        argv, copied = run
+        if copied and os.environ["RANK"] == "0":
+            shutil.copytree(*copied)
+        with measured():
+            train.main(argv)
+
+    in_turn(json.load(open(listed)), one_run)
 
 
 def in_one_thread(argv):
@@ -121,41 +139,53 @@ def local_bytes(values):
     return sum(t.nbytes for t in local)
 
 
-def fixed_peak(device, dtype):
-    return 1e15
+@pytest.fixture(scope="module")
+def launched(lm_dir, tmp_path_factory):  # noqa: F811
+    """Every torchrun run of unclipped and clipped, in one launch (each start of the processes
+    costs seconds). -> (their folder, the launch's stderr)"""
+    tmp = tmp_path_factory.mktemp("launched")
+    unclipped = COMMON + [f"--dataset={lm_dir}", "--max_iters=20", "--grad_clip=0"]
+    checkpointed = ["--activation_checkpointing=True"]
+    clipped = COMMON + [f"--dataset={lm_dir}", "--grad_clip=0.3", "--strategy=fsdp"]
+    resumed = clipped + ["--max_iters=20", "--init_from=resume"]
+    stopped = str(tmp / "stopped")
+    runs = [
+        (unclipped + ["--strategy=fsdp", *checkpointed, f"--out_dir={tmp / 'fsdp'}"], None),
+        (unclipped + ["--strategy=ddp", *checkpointed, f"--out_dir={tmp / 'ddp'}"], None),
+        (clipped + ["--max_iters=20", f"--out_dir={tmp / 'straight'}"], None),
+        (clipped + ["--max_iters=10", f"--out_dir={stopped}"], None),
+        (resumed + [f"--out_dir={tmp / 'resumed_fsdp'}"], (stopped, str(tmp / "resumed_fsdp"))),
+        (
+            resumed + ["--strategy=ddp", f"--out_dir={tmp / 'resumed_ddp'}"],
+            (stopped, str(tmp / "resumed_ddp")),
+        ),
+    ]
+    return tmp, torchrun(tmp, runs)
 
 
 @pytest.fixture(scope="module")
-def unclipped(lm_dir, tmp_path_factory):  # noqa: F811
+def unclipped(launched, lm_dir, tmp_path_factory):  # noqa: F811
     """Runs to step 20 without clipping, where FSDP and DDP do the same arithmetic: FSDP and DDP
-    under torchrun, both with activation checkpointing, and one process without. -> {name: (out_dir,
-    stderr)}"""
-    tmp = tmp_path_factory.mktemp("unclipped")
+    under torchrun (launched's first two runs), both with activation checkpointing, and one
+    process without. -> {name: (out_dir, the bytes each process holds: held())}"""
+    tmp, stderr = launched
     argv = COMMON + [f"--dataset={lm_dir}", "--max_iters=20", "--grad_clip=0"]
-    runs = {}
-    for strategy in ("fsdp", "ddp"):
-        options = [f"--strategy={strategy}", "--activation_checkpointing=True"]
-        stderr = torchrun(tmp, argv + options + [f"--out_dir={tmp / strategy}"])
-        runs[strategy] = (tmp / strategy, stderr)
-    _, stderr = in_one_thread(argv + [f"--out_dir={tmp / 'one'}"])
-    runs["one"] = (tmp / "one", stderr)
+    runs = {name: (tmp / name, held(stderr, run)) for run, name in enumerate(("fsdp", "ddp"))}
+    one = tmp_path_factory.mktemp("unclipped") / "one"
+    _, stderr = in_one_thread(argv + [f"--out_dir={one}"])
+    runs["one"] = (one, held(stderr))
     return runs
 
 
 @pytest.fixture(scope="module")
-def clipped(lm_dir, tmp_path_factory):  # noqa: F811
+def clipped(launched, lm_dir, tmp_path_factory):  # noqa: F811
     """Runs with the gradient clipped at 0.3 (every step's norm is above it): FSDP straight to step
-    20; FSDP stopped at step 10, then resumed to 20 under FSDP, under DDP and in one process; one
-    process straight to 20. -> {name: out_dir}"""
-    tmp = tmp_path_factory.mktemp("clipped")
+    20; FSDP stopped at step 10, then resumed to 20 under FSDP, under DDP (launched's runs) and in
+    one process; one process straight to 20. -> {name: out_dir}"""
+    tmp, _ = launched
     argv = COMMON + [f"--dataset={lm_dir}", "--grad_clip=0.3", "--strategy=fsdp"]
-    torchrun(tmp, argv + ["--max_iters=20", f"--out_dir={tmp / 'straight'}"])
-    torchrun(tmp, argv + ["--max_iters=10", f"--out_dir={tmp / 'stopped'}"])
     resumed = argv + ["--max_iters=20", "--init_from=resume"]
-    for name in ("fsdp", "ddp", "one"):
-        shutil.copytree(tmp / "stopped", tmp / f"resumed_{name}")
-    torchrun(tmp, resumed + [f"--out_dir={tmp / 'resumed_fsdp'}"])
-    torchrun(tmp, resumed + ["--strategy=ddp", f"--out_dir={tmp / 'resumed_ddp'}"])
+    shutil.copytree(tmp / "stopped", tmp / "resumed_one")
     in_one_thread(resumed + [f"--out_dir={tmp / 'resumed_one'}"])
     in_one_thread(argv + ["--max_iters=20", f"--out_dir={tmp / 'one'}"])
     names = ("straight", "resumed_fsdp", "resumed_ddp", "resumed_one", "one")
@@ -215,22 +245,22 @@ def test_two_sharded_processes_equal_ddp_bit_for_bit(unclipped):
     assert losses == [loss for loss, _ in logged(unclipped["ddp"][0]).values()]
 
 
-def held(stderr):
-    """The bytes each process says it holds (measured()): {rank: parameters + gradients +
-    optimizer state}."""
+def held(stderr, run=0):
+    """The bytes each process says it holds (measured()) in its run-th run: {rank: parameters +
+    gradients + optimizer state}."""
     found = {}
     for rank, sizes in re.findall(r"process (\d+) holds \[([\d, ]+)\] bytes", stderr):
-        found[int(rank)] = sum(int(n) for n in sizes.split(", "))
-    return found
+        found.setdefault(int(rank), []).append(sum(int(n) for n in sizes.split(", ")))
+    return {rank: sums[run] for rank, sums in found.items()}
 
 
 def test_each_sharded_process_holds_at_most_0_55_of_one_process(unclipped):
     """Measured from the tensors after the first step: FSDP's processes hold their shards, DDP's
     processes the whole of each."""
-    (one,) = held(unclipped["one"][1]).values()
-    fsdp = held(unclipped["fsdp"][1])
+    (one,) = unclipped["one"][1].values()
+    fsdp = unclipped["fsdp"][1]
     assert sorted(fsdp) == [0, 1] and max(fsdp.values()) <= 0.55 * one, (fsdp, one)
-    assert held(unclipped["ddp"][1]) == {0: one, 1: one}
+    assert unclipped["ddp"][1] == {0: one, 1: one}
 
 
 def test_the_tied_head_stays_tied_through_sharding_and_saving(unclipped):

@@ -26,6 +26,8 @@ from model import (
 from muon import Muon, orthogonalize
 from optim import configure_optimizers
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 TINY = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 MODERN = dict(rope=True, qk_norm=True)
 OPTIONS = pytest.mark.parametrize(

@@ -18,6 +18,8 @@ from lib.weights import from_checkpoint
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention
 from patterns import Pattern, RollingCache, flex_sparse, sparse_attention
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 TINY = dict(vocab_size=50, block_size=300, n_layer=2, n_head=2, n_embd=16)
 PATTERNS = {
     "window": dict(window=5),

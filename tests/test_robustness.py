@@ -37,6 +37,8 @@ from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefghij"
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
+
 
 def cli(script, *args, stdin=""):
     """Runs a script as `python script ARGS` would, but in this process (the suite would spend a
@@ -581,26 +583,14 @@ def test_a_second_run_into_the_same_out_dir_is_refused_until_the_first_is_gone(f
         for line in first.stderr:  # wait for training to start
             if line.startswith("step 0:"):
                 break
-        second = subprocess.run(
-            command[:-2] + ["--max_iters=2", "--init_from=resume"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert (
-            second.returncode == 2
-            and f"is in use by another run (pid {first.pid} on " in second.stderr
-        )
+        # the second and third runs in this process: another process than the first
+        code, _, err = cli(*command[1:-2], "--max_iters=2", "--init_from=resume")
+        assert code == 2 and f"is in use by another run (pid {first.pid} on " in err
     finally:
         first.kill()  # kill -9: no chance to clean up, yet the OS releases the lock
         first.wait()
-    third = subprocess.run(
-        command[:-2] + ["--max_iters=2", "--overwrite_out_dir=True"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert third.returncode == 0, third.stderr[-2000:]
+    code, _, err = cli(*command[1:-2], "--max_iters=2", "--overwrite_out_dir=True")
+    assert code == 0, err[-2000:]
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -888,15 +878,9 @@ def test_kill_9_at_any_moment_loses_at_most_the_steps_since_the_last_save(files,
         if leg:
             assert first_evaluation(stderr.read_text()) == saved
         saved = check_killed_run(out, saved)
-    last = subprocess.run(
-        command + ["--init_from=resume", f"--max_iters={saved + 5}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert last.returncode == 0 and first_evaluation(last.stderr) == saved, last.stderr[-2000:]
+    # the last run to its end, in this process
+    code, _, err = cli("train.py", *command[4:], "--init_from=resume", f"--max_iters={saved + 5}")
+    assert code == 0 and first_evaluation(err) == saved, err[-2000:]
     check_killed_run(out, saved)
     assert not list(out.glob("*.tmp"))  # the killed saves' files, removed by the next run
 

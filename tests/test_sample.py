@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ from sample import SEPARATOR, main
 CHARS = (
     "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 
 
 def launch(*args, cwd):
@@ -110,8 +113,6 @@ def runs(char_model, greedy_text, tmp_path_factory):
         "stop": greedy + ["--stop", stop],
         "file": ["--start", "FILE:prompt.txt", "--max_new_tokens", "5"],
         "empty": ["--start", "", "--max_new_tokens", "10"],
-        "unknown_char": ["--start", "héllo"],
-        "bad_top_p": ["--top_p", "1.5"],
     }
     started = {
         name: launch("--out_dir", char_model, *args, cwd=cwd) for name, args in commands.items()
@@ -167,15 +168,18 @@ def test_start_from_a_file_and_empty_start(runs):
     assert rc == 0 and len(out) == 10 + 1  # starts from the newline token, which is not printed
 
 
-@pytest.mark.slow
-def test_errors_are_one_line_and_fail(runs):
-    for name, message in [
-        ("unknown_char", "--start: characters not in this model's vocabulary: 'é'"),
-        ("bad_top_p", "--top_p=1.5: must be <= 1"),
+def test_errors_are_one_line_and_fail(char_model, capsys):
+    """In this process, as test_more_errors_in_process: such an error from a process of its own is
+    test_gpt2_without_the_hub_is_one_line_naming_the_local_folder's."""
+    for args, message in [
+        (["--start", "héllo"], "--start: characters not in this model's vocabulary: 'é'"),
+        (["--top_p", "1.5"], "--top_p=1.5: must be <= 1"),
     ]:
-        rc, out, err = runs[name]
+        with pytest.raises(SystemExit) as e:
+            run_script(partial(main, ["--out_dir", char_model, *args]), "sample.py")
+        out, err = capsys.readouterr()
         assert (
-            rc == 2
+            e.value.code == 2
             and out == ""
             and err.startswith(f"sample.py: error: {message}")
             and err.count("\n") == 1

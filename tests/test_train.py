@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 from contextlib import redirect_stdout
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY, run_distributed
+from conftest import ROOT, TINY, in_turn, run_distributed
+from test_robustness import wait_for
 
 import plot
 import train
@@ -28,6 +30,9 @@ from lib.prepare import save_array, write_classification_split, write_meta
 from model import GPT, EncoderClassifier
 
 DEFAULTS = {name: key.default for name, key in train.KEYS.items()}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 
 
 @pytest.fixture(scope="module")
@@ -336,24 +341,69 @@ def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
         assert torch.allclose(p, q, atol=1e-5)
 
 
-def torchrun(tmp_path, argv, processes=2):
-    """train.main under torchrun (gloo), each rank saving (state dict, metrics) as rank<N>.pt in
-    tmp_path, with a test's peak FLOP/s (1e15) so that MFU is a known function of the
-    rate. -> the finished process."""
+def torchrun(tmp_path, runs, processes=2):
+    """train.main on each argv of runs in turn, in one torchrun launch (gloo; conftest.in_turn),
+    each rank saving (state dict, metrics) as rank<N>.pt in the run's out_dir, with a test's peak
+    FLOP/s (1e15) so that MFU is a known function of the rate. -> the finished process."""
+    listed = tmp_path / "runs.json"
+    listed.write_text(json.dumps(runs))
     script = tmp_path / "ddp_run.py"
     script.write_text(
-        f"import os, sys, torch\nsys.path.insert(0, {ROOT!r})\nimport train\n"
-        "train.peak_flops = lambda device, dtype: 1e15\n"
-        "model, metrics = train.main(sys.argv[1:])\n"
-        f"torch.save((model.state_dict(), metrics), os.path.join({str(tmp_path)!r}, "
-        "'rank%s.pt' % os.environ['RANK']))\n"
+        f"import sys\nsys.path[:0] = [{ROOT!r}, {HERE!r}]\nimport test_train\n"
+        "test_train.each_run(sys.argv[1])\n"
     )
-    return run_distributed(script, argv, processes)
+    return run_distributed(script, [str(listed)], processes)
+
+
+def each_run(listed):
+    """In a torchrun process: the runs of torchrun() in turn."""
+    train.peak_flops = fixed_peak
+    in_turn(json.load(open(listed)), run_and_save)
+
+
+def fixed_peak(device, dtype):
+    return 1e15
+
+
+def run_and_save(argv):
+    """train.main(argv), this rank's (state dict, metrics) saved in its out_dir."""
+    model, metrics = train.main(argv)
+    (out_dir,) = [a.removeprefix("--out_dir=") for a in argv if a.startswith("--out_dir=")]
+    torch.save((model.state_dict(), metrics), os.path.join(out_dir, f"rank{os.environ['RANK']}.pt"))
+
+
+# (optimizer, micro-steps) of test_ddp_two_processes_equal_one_process
+DDP = [("adamw", 4), ("muon", 2)]
+
+
+def ddp_argv(lm_dir, optimizer, micro_steps):
+    """test_ddp_two_processes_equal_one_process's run, out_dir aside."""
+    return TINY + [
+        f"--dataset={lm_dir}",
+        "--max_iters=3",
+        f"--gradient_accumulation_steps={micro_steps}",
+        "--eval_interval=100",
+        f"--optimizer={optimizer}",
+        "--log_interval=1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def launched(lm_dir, tmp_path_factory):
+    """The torchrun runs of the DDP tests below, in one launch (each start of the processes
+    costs seconds): each of DDP's runs into <optimizer>/ddp, then a run of 2 steps into bare and
+    its bare resume to 4. -> (their folder, the finished process)"""
+    tmp = tmp_path_factory.mktemp("launched")
+    runs = [ddp_argv(lm_dir, *run) + [f"--out_dir={tmp / run[0] / 'ddp'}"] for run in DDP]
+    bare = f"--out_dir={tmp / 'bare'}"
+    first = [f"--dataset={lm_dir}", "--max_iters=2", "--gradient_accumulation_steps=2", bare]
+    runs += [TINY + first, [bare, "--init_from=resume", "--max_iters=4"]]
+    return tmp, torchrun(tmp, runs)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer, micro_steps", [("adamw", 4), ("muon", 2)])
-def test_ddp_two_processes_equal_one_process(lm_dir, tmp_path, optimizer, micro_steps):
+@pytest.mark.parametrize("optimizer, micro_steps", DDP)
+def test_ddp_two_processes_equal_one_process(lm_dir, launched, tmp_path, optimizer, micro_steps):
     """Two ranks share the micro-steps (DDP's no_sync on all but each rank's last) and average:
     the parameters of one process accumulating all of them; MFU is each device's own (the rate
     is the job's). The ranks agree bit for bit. AdamW over four: one process adds the
@@ -365,20 +415,14 @@ def test_ddp_two_processes_equal_one_process(lm_dir, tmp_path, optimizer, micro_
     its Newton-Schulz, in bfloat16 where native, can turn a last-bit difference into a move of
     5e-5 (one momentum entry rounding to the other bfloat16 neighbour)."""
     atol = 1e-6 if optimizer == "adamw" else 0.0
-    argv = TINY + [
-        f"--dataset={lm_dir}",
-        "--max_iters=3",
-        f"--gradient_accumulation_steps={micro_steps}",
-        "--eval_interval=100",
-        f"--optimizer={optimizer}",
-        "--log_interval=1",
-    ]
-    result = torchrun(tmp_path, argv + [f"--out_dir={tmp_path / 'ddp'}"])
+    argv = ddp_argv(lm_dir, optimizer, micro_steps)
+    folder, result = launched
     assert result.returncode == 0, result.stderr[-2000:]
+    ddp = folder / optimizer / "ddp"
     single, metrics = run_in_one_thread(argv[len(TINY) :] + [f"--out_dir={tmp_path / 'one'}"])
     (rank0, metrics0), (rank1, metrics1) = (
-        torch.load(tmp_path / "rank0.pt"),
-        torch.load(tmp_path / "rank1.pt"),
+        torch.load(ddp / "rank0.pt"),
+        torch.load(ddp / "rank1.pt"),
     )
     for name, p in single.state_dict().items():
         assert torch.equal(rank0[name], rank1[name]) and torch.allclose(
@@ -388,27 +432,22 @@ def test_ddp_two_processes_equal_one_process(lm_dir, tmp_path, optimizer, micro_
     # (losses near 2.3) added in another order, each sum off by a few units in the last place
     # (2.4e-7 at 2.3), far below 1e-5
     assert metrics0 == metrics1 and metrics0 == pytest.approx(metrics, abs=1e-5)
-    logs = [r for r in map(json.loads, open(tmp_path / "ddp" / "metrics.jsonl")) if "mfu" in r]
+    logs = [r for r in map(json.loads, open(ddp / "metrics.jsonl")) if "mfu" in r]
     # block_size 16, 2 processes
     per_device = [flops_per_token(single, 16) * r["tok/s"] / 2 / 1e15 for r in logs]
     assert len(logs) == 3 and [r["mfu"] for r in logs] == pytest.approx(per_device, rel=1e-9)
 
 
 @pytest.mark.slow
-def test_a_bare_resume_under_torchrun_takes_the_saved_settings(lm_dir, tmp_path):
-    """torchrun ... --out_dir=X --init_from=resume: the saved gradient_accumulation_steps (2, a
-    multiple of the 2 processes) is in before the check, not the default 1."""
-    out = f"--out_dir={tmp_path / 'ddp'}"
-    first = torchrun(
-        tmp_path,
-        TINY + [f"--dataset={lm_dir}", "--max_iters=2", "--gradient_accumulation_steps=2", out],
-    )
-    assert first.returncode == 0, first.stderr[-2000:]
-    resumed = torchrun(tmp_path, [out, "--init_from=resume", "--max_iters=4"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+def test_a_bare_resume_under_torchrun_takes_the_saved_settings(launched):
+    """torchrun ... --out_dir=X --init_from=resume (launched's last run): the saved
+    gradient_accumulation_steps (2, a multiple of the 2 processes) is in before the check, not the
+    default 1."""
+    folder, result = launched
+    assert result.returncode == 0, result.stderr[-2000:]
     assert (
-        state(tmp_path / "ddp")["step"] == 4
-        and state(tmp_path / "ddp")["config"]["gradient_accumulation_steps"] == 2
+        state(folder / "bare")["step"] == 4
+        and state(folder / "bare")["config"]["gradient_accumulation_steps"] == 2
     )
 
 
@@ -609,6 +648,12 @@ def test_interrupted_save_leaves_previous_checkpoint(lm_dir, tmp_path, monkeypat
     assert state(tmp_path)["step"] == good["step"] == 2
 
 
+def logged_a_step(out_dir):
+    """Whether a run's metrics.jsonl holds a log line, not only step 0's evaluation."""
+    path = out_dir / "metrics.jsonl"
+    return path.exists() and '"tok/s"' in path.read_text()
+
+
 @pytest.mark.slow
 def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
     proc = subprocess.Popen(
@@ -623,10 +668,8 @@ def test_sigterm_saves_a_loadable_checkpoint(lm_dir, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    for line in proc.stderr:  # wait for training to start
-        if line.startswith("step 0:"):
-            break
-    time.sleep(1.0)
+    # training under way: its first log line (step 10) written
+    wait_for(proc, partial(logged_a_step, tmp_path), "a log line")
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 128 + signal.SIGTERM, err[-1000:]
@@ -666,10 +709,8 @@ def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(lm_dir, tmp_pa
         start_new_session=True,
     )  # a process group: a hung run is killed whole below
     try:
-        for line in proc.stderr:  # wait for training to start
-            if line.startswith("step 0:"):
-                break
-        time.sleep(1.0)
+        # training under way: its first log line (step 10) written
+        wait_for(proc, partial(logged_a_step, tmp_path), "a log line")
         os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
         err = proc.communicate(timeout=60)[1]
     finally:
