@@ -8,11 +8,11 @@ The clone is `git clone` of this checkout's HEAD into a temporary folder, with .
 (a link to this checkout's), WANDB_MODE=offline, HF_HUB_OFFLINE=1 and TIKTOKEN_CACHE_DIR set.
 Each ```bash block's lines, joined at a trailing backslash and cut at `&&`, run one at a time with
 bash in the clone, changed only so:
-- a line's `# offline: FLAGS` comment: FLAGS appended, the form the README gives for offline;
+- a line's `# offline: FLAGS` comment: FLAGS appended, the form the page gives for offline;
 - train.py: --max_iters=ITERS --eval_iters=2 --eval_interval=ITERS appended, a run of seconds;
 - serve.py: started, waited on until it answers, stopped at the end of its page; port 8000 is
   taken by another free one throughout the page if something else holds it;
-- `my_texts/`, the README's stand-in for your text: Tiny Shakespeare cut into 8 files;
+- `my_texts/`, the pages' stand-in for your text: Tiny Shakespeare cut into 8 files;
 - each ```python block runs with python (beside the server it talks to);
 - what SKIP names does not run, for the reason given.
 """
@@ -86,7 +86,7 @@ def page_blocks():
 
 
 def commands(line, iters):
-    """A README line -> the commands the walk runs for it: [(shown, run, why skipped or None)]."""
+    """A page's line -> the commands the walk runs for it: [(shown, run, why skipped or None)]."""
     offline = OFFLINE.search(line)
     line = COMMENT.sub("", line).strip()
     if offline:
