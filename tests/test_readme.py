@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 import train
-from bench.readme import PAGES
+from bench.readme import PAGES, page_blocks
 
 # a command starts at python or torchrun and ends where the shell or the markdown takes over
 COMMAND = re.compile(r"\b(?:python|torchrun)\s([^`|;#\n]+)")
@@ -40,6 +40,18 @@ def test_the_pages_are_the_readme_and_every_docs_page():
     pages = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))}
     assert PAGES[0] == "README.md"
     assert sorted(PAGES[1:]) == sorted(pages)
+
+
+def test_requests_to_the_server_follow_serve_py_on_its_page():
+    """bench/readme.py stops serve.py at the end of its page: a request before it, or on another
+    page, would find no server."""
+    serving = None
+    for page, _, lines in page_blocks():
+        for line in lines:
+            if "serve.py" in line:
+                serving = page
+            elif ":8000" in line:
+                assert serving == page, f"{page} asks a server it has not started: {line[:60]}"
 
 
 class Parsed(BaseException):
