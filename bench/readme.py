@@ -1,16 +1,18 @@
 """
-The README's commands, run in the order shown on a fresh clone, offline: each one's exit status.
+The commands of README.md, then of the docs/ pages in PAGES' order, run in the order shown on a
+fresh clone, offline: each one's exit status.
   python bench/readme.py          # trainings cut to --iters steps
   python bench/readme.py --long   # the multi-minute benchmarks too
+  python bench/readme.py --list   # the commands, as the walk would run them; nothing runs
 The clone is `git clone` of this checkout's HEAD into a temporary folder, with ../shared beside it
 (a link to this checkout's), WANDB_MODE=offline, HF_HUB_OFFLINE=1 and TIKTOKEN_CACHE_DIR set.
 Each ```bash block's lines, joined at a trailing backslash and cut at `&&`, run one at a time with
 bash in the clone, changed only so:
-- a line's `# offline: FLAGS` comment: FLAGS appended, the form the README gives for offline;
+- a line's `# offline: FLAGS` comment: FLAGS appended, the form the page gives for offline;
 - train.py: --max_iters=ITERS --eval_iters=2 --eval_interval=ITERS appended, a run of seconds;
-- serve.py: started, waited on until it answers, stopped at the next `## ` section; port 8000 is
-  taken by another free one throughout the section if something else holds it;
-- `my_texts/`, the README's stand-in for your text: Tiny Shakespeare cut into 8 files;
+- serve.py: started, waited on until it answers, stopped at the end of its page; port 8000 is
+  taken by another free one throughout the page if something else holds it;
+- `my_texts/`, the pages' stand-in for your text: Tiny Shakespeare cut into 8 files;
 - each ```python block runs with python (beside the server it talks to);
 - what SKIP names does not run, for the reason given.
 """
@@ -28,10 +30,23 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+# the pages walked, in order: each page's commands need only what the pages before it made
+PAGES = [
+    "README.md",
+    "docs/training.md",
+    "docs/data.md",
+    "docs/attention.md",
+    "docs/generation.md",
+    "docs/serving.md",
+    "docs/export.md",
+    "docs/checkpoints.md",
+    "docs/scaling.md",
+    "docs/speed.md",
+]
 # (a pattern of a command, why the walk leaves it out); --long runs those marked long
 SKIP = [
     (r"^pip install", "installs into this environment, which holds every extra already"),
-    (r"python -m pytest", "the whole suite: CI runs it"),
+    (r"python -m pytest", "the tests: CI runs them"),
     (r"^torchrun", "several GPUs, and OpenWebText or GPT-2's weights from the hub"),
     (r"bench/gpu\.sh", "a GPU"),
     (r"--init_from=gpt2", "GPT-2's weights from the hub: network"),
@@ -43,13 +58,10 @@ PORT = 8000
 
 
 def blocks(text):
-    """[(section, language, [logical lines])] of the README's bash and python blocks, in order."""
+    """[(language, [logical lines])] of a page's bash and python blocks, in order."""
     found = []
-    section = ""
     lines = iter(text.splitlines())
     for line in lines:
-        if line.startswith("## "):
-            section = line
         if line in ("```bash", "```python"):
             body = []
             for inner in lines:
@@ -57,15 +69,24 @@ def blocks(text):
                     break
                 body.append(inner)
             if line == "```python":
-                found.append((section, "python", ["\n".join(body)]))
+                found.append(("python", ["\n".join(body)]))
             else:
                 joined = "\n".join(body).replace("\\\n", " ")
-                found.append((section, "bash", [x for x in joined.splitlines() if x.strip()]))
+                found.append(("bash", [x for x in joined.splitlines() if x.strip()]))
+    return found
+
+
+def page_blocks():
+    """[(page, language, [logical lines])] of every page's blocks, in PAGES' order."""
+    found = []
+    for page in PAGES:
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            found += [(page, language, lines) for language, lines in blocks(f.read())]
     return found
 
 
 def commands(line, iters):
-    """A README line -> the commands the walk runs for it: [(shown, run, why skipped or None)]."""
+    """A page's line -> the commands the walk runs for it: [(shown, run, why skipped or None)]."""
     offline = OFFLINE.search(line)
     line = COMMENT.sub("", line).strip()
     if offline:
@@ -136,14 +157,12 @@ def make_texts(clone):
 
 def walk(clone, env, iters, long):
     """Runs every command -> [(shown, status)], status an exit code or why it was skipped."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
     results = []
     server = None
-    server_section = None
+    server_page = None
     port = PORT
-    for section, language, lines in blocks(text):
-        if server and section != server_section:
+    for page, language, lines in page_blocks():
+        if server and page != server_page:
             results.append(("(Ctrl-C) serve.py", stop_server(server)))
             print(f"exit {results[-1][1]:<4} (Ctrl-C) serve.py", flush=True)
             server = None
@@ -158,12 +177,12 @@ def walk(clone, env, iters, long):
                     print(f"skipped   {shown}  ({why})", flush=True)
                     continue
                 if run and "serve.py" in run:
-                    if port_taken(port):  # someone else's server: this section takes another
+                    if port_taken(port):  # someone else's server: this page takes another
                         port = free_port()
                         run = run.replace(str(PORT), str(port))
                         run += f" --port={port}"
                     server = start_server(run, clone, env, port)
-                    server_section = section
+                    server_page = page
                     up = server.poll() is None
                     results.append((shown, "started" if up else server.returncode))
                     print(f"{'started' if up else 'failed':9} {shown}", flush=True)
@@ -198,6 +217,21 @@ def walk(clone, env, iters, long):
     return results
 
 
+def listing(iters, long):
+    """Prints what the walk would run, page by page, and what it would skip; runs nothing."""
+    for page, language, lines in page_blocks():
+        for line in lines:
+            if language == "python":
+                parts = [("the python block", "python - (the python block)", None)]
+            else:
+                parts = commands(line, iters)
+            for shown, run, why in parts:
+                if why and not (long and why.startswith("long")):
+                    print(f"{page}: skipped ({why}): {shown}")
+                else:
+                    print(f"{page}: {run}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="readme.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -205,7 +239,10 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=4, help="train.py's steps (default: %(default)s)")
     p.add_argument("--long", action="store_true", help="run the benchmarks of minutes too")
     p.add_argument("--keep", action="store_true", help="keep the clone, and say where")
+    p.add_argument("--list", action="store_true", help="print the commands it would run, and stop")
     a = p.parse_args(argv)
+    if a.list:
+        return listing(a.iters, a.long)
     if not os.path.isdir(SHARED):
         p.error(f"no {SHARED}: the offline commands read their files there")
     folder = tempfile.mkdtemp(prefix="readme-walk-")

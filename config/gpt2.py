@@ -9,7 +9,7 @@ wandb_project = "owt"
 task = "lm"
 dataset = "openwebtext"
 # 16 rows x 1024 tokens x 32 micro-steps = 524,288 tokens (2^19) per step, whatever the number of
-# processes; 32 micro-steps share out evenly over 1, 2, 4, 8, 16 or 32 processes (the README's
+# processes; 32 micro-steps share out evenly over 1, 2, 4, 8, 16 or 32 processes (docs/scaling.md's
 # one- and two-node commands)
 batch_size = 16
 block_size = 1024

@@ -30,7 +30,7 @@ def shard(model, run):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(run.device_type, (run.world_size,))
-    # gathered in the autocast dtype, reduced in float32 as DDP's; the shards stay float32 (README)
+    # gathered in the autocast dtype, reduced in float32 as DDP's; the shards stay float32
     policy = MixedPrecisionPolicy(param_dtype=getattr(torch, run.dtype), reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)

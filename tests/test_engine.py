@@ -442,7 +442,7 @@ def test_waiting_requests_take_turns_by_client():
 
 
 def test_a_float32_row_is_the_same_alone_and_beside_others():
-    """What README promises of the batch: in float32 (oneDNN's packed products on a CPU) a
+    """What docs/generation.md says of the batch: in float32 (oneDNN's packed products on a CPU) a
     sampled row's tokens are the ones it gets alone, and its log-probabilities differ only by
     the reordered sums' rounding: a log-softmax moves by at most twice its logits' largest
     change, 2 * ATOL. bfloat16 and int8 round each product to bfloat16, where a reordered sum

@@ -105,7 +105,7 @@ def in_one_thread(argv):
 def measured():
     """A run with a test's peak FLOP/s (no matmuls timed at each start) whose first optimizer step
     prints the bytes this process holds of the parameters that optimizer updates (AdamW's: all of
-    them), their gradients and its state: under FSDP its local shards. README.md quotes them."""
+    them), their gradients and its state: under FSDP its local shards (docs/scaling.md)."""
 
     printed = False
 

@@ -1,7 +1,8 @@
-"""Every command the README shows names a script that exists and flags that script takes, so a
-renamed flag fails here (bench/readme.py runs the commands themselves)."""
+"""Every command README.md and the docs/ pages show names a script that exists and flags that
+script takes, so a renamed flag fails here (bench/readme.py runs the commands themselves)."""
 
 import argparse
+import glob
 import os
 import re
 import runpy
@@ -11,6 +12,7 @@ import pytest
 from conftest import ROOT
 
 import train
+from bench.readme import PAGES, page_blocks
 
 # a command starts at python or torchrun and ends where the shell or the markdown takes over
 COMMAND = re.compile(r"\b(?:python|torchrun)\s([^`|;#\n]+)")
@@ -18,18 +20,38 @@ SEPARATOR = re.compile(r"&&|\\$")
 
 
 def readme_commands():
-    """(script, [its --flags]) of every python or torchrun command in the README, in order."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read().replace("# offline:", "")  # the flags a line takes offline are its own
+    """(script, [its --flags]) of every python or torchrun command in the pages, in order."""
     found = []
-    for match in COMMAND.finditer(text):
-        words = shlex.split(SEPARATOR.split(match.group(1))[0])
-        scripts = [i for i, word in enumerate(words) if word.endswith(".py")]
-        if scripts:  # python -m pytest names none
-            first = scripts[0]
-            flags = [w.partition("=")[0] for w in words[first + 1 :] if w.startswith("--")]
-            found.append((words[first], flags))
+    for page in PAGES:
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            text = f.read().replace("# offline:", "")  # the flags a line takes offline are its own
+        for match in COMMAND.finditer(text):
+            words = shlex.split(SEPARATOR.split(match.group(1))[0])
+            scripts = [i for i, word in enumerate(words) if word.endswith(".py")]
+            if scripts:  # python -m pytest names none
+                first = scripts[0]
+                flags = [w.partition("=")[0] for w in words[first + 1 :] if w.startswith("--")]
+                found.append((words[first], flags))
     return found
+
+
+def test_the_pages_are_the_readme_and_every_docs_page():
+    """A page added to docs/ is walked and checked too, not left to go stale."""
+    pages = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))}
+    assert PAGES[0] == "README.md"
+    assert sorted(PAGES[1:]) == sorted(pages)
+
+
+def test_requests_to_the_server_follow_serve_py_on_its_page():
+    """bench/readme.py stops serve.py at the end of its page: a request before it, or on another
+    page, would find no server."""
+    serving = None
+    for page, _, lines in page_blocks():
+        for line in lines:
+            if "serve.py" in line:
+                serving = page
+            elif ":8000" in line:
+                assert serving == page, f"{page} asks a server it has not started: {line[:60]}"
 
 
 class Parsed(BaseException):
@@ -56,13 +78,14 @@ def accepted_flags(script):
 def test_the_readme_shows_commands_of_every_kind():
     """The extraction finds what the README holds: a test that would pass on nothing fails."""
     scripts = {script for script, _ in readme_commands()}
-    assert {"train.py", "sample.py", "serve.py", "classify.py", "export.py"} <= scripts
+    assert {"train.py", "sample.py", "serve.py", "classify.py", "export.py", "plot.py"} <= scripts
     assert ("sample.py", ["--out_dir", "--start"]) in readme_commands()
+    assert ("export.py", ["--out_dir", "--hf_dir"]) in readme_commands()  # a docs/ page's
 
 
 @pytest.mark.parametrize("script", sorted({script for script, _ in readme_commands()}))
 def test_every_readme_command_names_a_script_and_flags_it_takes(script):
-    assert os.path.isfile(os.path.join(ROOT, script)), f"the README runs {script}, which is gone"
+    assert os.path.isfile(os.path.join(ROOT, script)), f"the pages run {script}, which is gone"
     flags = {flag for name, given in readme_commands() if name == script for flag in given}
     unknown = flags - accepted_flags(script)
-    assert not unknown, f"the README gives {script} flags it does not take: {sorted(unknown)}"
+    assert not unknown, f"the pages give {script} flags it does not take: {sorted(unknown)}"

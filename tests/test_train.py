@@ -21,6 +21,7 @@ from test_robustness import wait_for
 
 import plot
 import train
+from bench.readme import PAGES
 from lib import checkpoint, classifier, config
 from lib.batches import MAX_EPOCHS, epochs_line, load_split
 from lib.common import Error
@@ -545,7 +546,7 @@ def test_one_device_for_several_processes_is_refused(device, monkeypatch):
 
 @pytest.mark.slow
 def test_two_nodes_equal_one_process(lm_dir, tmp_path):
-    """The README's multi-node command, as two "nodes" on this machine:
+    """docs/scaling.md's multi-node command, as two "nodes" on this machine:
     torchrun --nnodes=2 --node_rank=0|1 with one process each, meeting at 127.0.0.1 (gloo), give the
     parameters of one process."""
     import socket
@@ -849,20 +850,23 @@ def test_every_config_file_parses_from_any_directory(name, monkeypatch):
 
 
 def readme_torchrun_commands():
-    """(processes in all, config file) of every torchrun command the README gives."""
+    """(processes in all, config file) of every torchrun command README.md and docs/ give."""
     commands = []
-    for line in open(os.path.join(ROOT, "README.md")):
-        if line.lstrip().startswith("torchrun"):
-            nodes = int(re.search(r"--nnodes=(\d+)", line).group(1)) if "--nnodes" in line else 1
-            per_node = int(re.search(r"--nproc_per_node=(\d+)", line).group(1))
-            commands.append((nodes * per_node, re.search(r"train\.py (\S+)", line).group(1)))
+    for page in PAGES:
+        for line in open(os.path.join(ROOT, page), encoding="utf-8"):
+            if line.lstrip().startswith("torchrun"):
+                nodes = (
+                    int(re.search(r"--nnodes=(\d+)", line).group(1)) if "--nnodes" in line else 1
+                )
+                per_node = int(re.search(r"--nproc_per_node=(\d+)", line).group(1))
+                commands.append((nodes * per_node, re.search(r"train\.py (\S+)", line).group(1)))
     return commands
 
 
 def test_readme_torchrun_commands_fit_their_configs():
-    """Each process takes an equal share of the micro-steps: the README's multi-GPU and multi-node
-    commands must divide their config's gradient_accumulation_steps, or every rank stops at the
-    check."""
+    """Each process takes an equal share of the micro-steps: the multi-GPU and multi-node commands
+    of docs/scaling.md must divide their config's gradient_accumulation_steps, or every rank stops
+    at the check."""
     commands = readme_torchrun_commands()
     assert {n for n, _ in commands} >= {8, 16}, commands
     for processes, config_file in commands:

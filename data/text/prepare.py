@@ -195,7 +195,7 @@ def main(argv=None):
             encode(corpus, tok, splits, args, tails)
             small = small_split(splits, corpus, args)
             if small:
-                # few documents: each one's tail to val (see the README's "Train on your own text")
+                # few documents: each one's tail to val (docs/data.md, "A few long documents")
                 tails = True
                 print(
                     f"{small} holds {splits[small].counts['tokens']:,} tokens as the hash of each "
