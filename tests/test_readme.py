@@ -27,12 +27,24 @@ def readme_commands():
             text = f.read().replace("# offline:", "")  # the flags a line takes offline are its own
         for match in COMMAND.finditer(text):
             words = shlex.split(SEPARATOR.split(match.group(1))[0])
-            scripts = [i for i, word in enumerate(words) if word.endswith(".py")]
-            if scripts:  # python -m pytest names none
-                first = scripts[0]
-                flags = [w.partition("=")[0] for w in words[first + 1 :] if w.startswith("--")]
-                found.append((words[first], flags))
+            found += script_flags(words)
     return found
+
+
+def script_flags(words):
+    """[(script, [its --flags])] of one command's words; after a bare --, the command that
+    bench/core_tokens.py runs, a command of its own."""
+    inner = []
+    if "--" in words:
+        cut = words.index("--")
+        words, inner = words[:cut], words[cut + 1 :]
+    scripts = [i for i, word in enumerate(words) if word.endswith(".py")]
+    found = []
+    if scripts:  # python -m pytest names none
+        first = scripts[0]
+        flags = [w.partition("=")[0] for w in words[first + 1 :] if w.startswith("--")]
+        found.append((words[first], flags))
+    return found + (script_flags(inner) if inner else [])
 
 
 def test_the_pages_are_the_readme_and_every_docs_page():
