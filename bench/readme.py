@@ -155,6 +155,16 @@ def make_texts(clone):
             f.writelines(lines[i * size : (i + 1) * size])
 
 
+def untracked(clone):
+    """0 where the pages' commands left git status clean (what they write is ignored), else
+    what they left, as a status line."""
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True
+    )
+    left = status.stdout.splitlines()
+    return "; ".join(left[:8]) if left else 0
+
+
 def walk(clone, env, iters, long):
     """Runs every command -> [(shown, status)], status an exit code or why it was skipped."""
     results = []
@@ -256,6 +266,7 @@ def main(argv=None):
         "TIKTOKEN_CACHE_DIR": os.path.join(folder, "shared", "tiktoken_cache"),
     }
     results = walk(clone, env, a.iters, a.long)
+    results.append(("git status (clean after every command)", untracked(clone)))
     failed = [(shown, status) for shown, status in results if status not in (0, "started")]
     failed = [(shown, status) for shown, status in failed if not str(status).startswith("skip")]
     ran = sum(1 for _, status in results if not str(status).startswith("skip"))
