@@ -120,7 +120,7 @@ def start_server(run, clone, env, port):
         cwd=clone,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open(os.path.join(clone, "serve.log"), "w"),
+        stderr=open(os.path.join(os.path.dirname(clone), "serve.log"), "w"),
         start_new_session=True,
     )
     deadline = time.time() + 300
