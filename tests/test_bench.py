@@ -116,7 +116,10 @@ model = GPT(GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8)
 parallel(model, Run("cpu", "float32"), checkpointing=False)
 Engine(for_decoding(model, "cpu", "float32"), rows=1)
 loaded()
-get_tokenizer({"type": "bpe", "encoding": "r50k_base"})
+try:  # without GPT-2's BPE file at hand (no ../shared, no network) it fails once imported
+    get_tokenizer({"type": "bpe", "encoding": "r50k_base"})
+except Exception:
+    pass
 window = GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8, window=2)
 Engine(GPT(window), rows=1)
 parallel(model, Run("cpu", "float32"), checkpointing=True)
