@@ -51,9 +51,10 @@ GGUF_DTYPES = ("float32", "float16", "q8_0")
 HF_ACTIVATION = {gelu: name for name, gelu in HF_GELU.items()}
 
 
-def hf_state_dict(model):
-    """Our tensors under GPT-2's names; Linear weights transposed to Conv1D's [in, out]; zeros for
-    the biases a bias=False model lacks (GPT-2 has them everywhere)."""
+def hf_state_dict(model, conv1d=True):
+    """Our tensors under GPT-2's names; with conv1d, Linear weights transposed to Conv1D's [in,
+    out], as GPT-2's folders hold them (GGUF's are Linear's); zeros for the biases a bias=False
+    model lacks (GPT-2 has them everywhere)."""
     state = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight":
@@ -62,8 +63,8 @@ def hf_state_dict(model):
             ".proj.", ".c_proj."
         )
         hf = hf.replace(".fc.", ".c_fc.")
-        conv1d = hf.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
-        state[hf] = tensor.t().contiguous() if conv1d else tensor
+        linear = hf.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+        state[hf] = tensor.t().contiguous() if conv1d and linear else tensor
     for name in list(state):
         if name.endswith(".weight") and name.split(".")[-2] in (
             "ln_1",
@@ -74,7 +75,8 @@ def hf_state_dict(model):
             "c_fc",
         ):
             bias = name[: -len("weight")] + "bias"
-            state.setdefault(bias, torch.zeros(state[name].shape[-1]))
+            outputs = state[name].shape[-1 if conv1d else 0]  # Conv1D's [in, out]
+            state.setdefault(bias, torch.zeros(outputs))
     return state
 
 
@@ -238,7 +240,7 @@ def export(out_dir, hf_dir=None, overwrite=False, gguf_path=None, gguf_dtype="fl
         with writing(gguf_path):
             os.makedirs(os.path.dirname(os.path.abspath(gguf_path)), exist_ok=True)
         name = f"{info.get('dataset') or 'gpt-starter'} GPT"
-        state = hf_state_dict(model)
+        state = hf_state_dict(model, conv1d=False)
         write_gguf(gguf_path, state, model.config, tokenizer, hf_tokenizer, gguf_dtype, name)
         print(
             f"wrote {gguf_path}: llama.cpp's gpt2, {gguf_dtype} weights, "

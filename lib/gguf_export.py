@@ -15,14 +15,12 @@ DTYPES = {
     "float16": (gguf.LlamaFileType.MOSTLY_F16, Type.F16),
     "q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, Type.Q8_0),
 }
-# the Hugging Face export's weights stored as Conv1D's [in, out]: GGUF's are Linear's [out, in]
-CONV1D = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
 
 
 def write_gguf(path, state, config, tokenizer, bpe, dtype, name):
     """Writes path whole or not at all. state: export.hf_state_dict's tensors (GPT-2's names,
-    biases everywhere), renamed by llama.cpp's own table; bpe: export.bpe_files' (vocab, merges),
-    None for characters."""
+    biases everywhere, Linear's [out, in]), renamed by llama.cpp's own table; bpe:
+    export.bpe_files' (vocab, merges), None for characters."""
     file_type, matrices = DTYPES[dtype]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, config.n_layer)
     with atomic_path(path) as tmp:
@@ -38,8 +36,6 @@ def write_gguf(path, state, config, tokenizer, bpe, dtype, name):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         add_tokenizer(writer, tokenizer, bpe)
         for hf_name, tensor in state.items():
-            if hf_name.endswith(CONV1D):
-                tensor = tensor.t()
             if hf_name == "transformer.wte.weight":
                 # the rows past the tokenizer's (GPT-2's 50,257 padded to 50,304) are never read
                 # nor picked: llama.cpp's vocabulary is the tokenizer's

@@ -15,7 +15,7 @@ from conftest import ROOT, needs_shared
 
 from bench import gguf_check as bench
 from engine import Engine
-from export import export, main
+from export import GGUF_DTYPES, export, main
 from lib.bpe import bytes_to_unicode, save_ranks, train_bpe
 from lib.checkpoint import save_pretrained
 from lib.common import Error, WriteError, run_script
@@ -360,3 +360,10 @@ def test_a_plain_export_imports_no_gguf():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
+
+
+def test_every_gguf_dtype_the_flag_takes_is_one_the_writer_writes():
+    """--gguf_dtype's choices (export.py, which imports no gguf) name the writer's types."""
+    from lib.gguf_export import DTYPES
+
+    assert tuple(DTYPES) == GGUF_DTYPES
