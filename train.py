@@ -19,7 +19,7 @@ from tqdm import tqdm
 from lib import checkpoint, config
 from lib.batches import epochs_line, load_data, to_device
 from lib.build import make_model
-from lib.common import Error, autocast, run_script
+from lib.common import Error, run_script
 from lib.distributed import StepGuard, agreed, parallel, started
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
@@ -87,7 +87,7 @@ def train(cfg, run, guard, state):
     resumed_step = None if state is None else step
     epochs = epochs_line(train_data, cfg)
     record, speed, bar = start_records(cfg, run, raw_model, seconds, resumed_step, epochs)
-    ctx = autocast(run.device, run.dtype)
+    ctx = train_step.ctx  # the steps' autocast, for evaluations
     metric, goal = train_data.best
 
     def save():
