@@ -24,8 +24,7 @@ import torch
 
 from lib.classifier import attention_maps, load, predict
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.formats import DEVICE_KEY
-from lib.keys import Key, flags
+from lib.keys import DEVICE_KEY, Key, flags
 from lib.plots import pyplot, save_figure
 from lib.prepare import read_labelled
 

@@ -12,8 +12,8 @@ from functools import partial
 import decoding
 from engine import COMPILE_KEY, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.formats import DEVICE_KEY, WEIGHTS_KEY, for_decoding, resolve_weights
-from lib.keys import GPT2_NAMES, Key, flags, keys_of
+from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
+from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
 from lib.text import continuation
 from lib.weights import load_gpt
 

@@ -31,8 +31,8 @@ import sys
 
 from engine import COMPILE_KEY
 from lib.common import ArgumentParser, run_script
-from lib.formats import DEVICE_KEY, WEIGHTS_KEY
-from lib.keys import Key, flags
+from lib.formats import WEIGHTS_KEY
+from lib.keys import DEVICE_KEY, Key, flags
 from lib.transport import DEADLINE, exposure
 from serving.app import Server
 from serving.playground import Playground

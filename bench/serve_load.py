@@ -29,8 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from engine import COMPILE_KEY  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.formats import DEVICE_KEY, WEIGHTS_KEY  # noqa: E402
-from lib.keys import Key, flags  # noqa: E402
+from lib.formats import WEIGHTS_KEY  # noqa: E402
+from lib.keys import DEVICE_KEY, Key, flags  # noqa: E402
 from lib.transport import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = [

@@ -59,8 +59,7 @@ from bench.steps import (
 from bench.time_to_loss import time_to_loss
 from bench.timing import bench_matmul, machine, table, two
 from lib.common import ArgumentParser, pick_device, run_script
-from lib.formats import DEVICE_KEY
-from lib.keys import Key, flags
+from lib.keys import DEVICE_KEY, Key, flags
 
 FLAGS = {
     "device": DEVICE_KEY,

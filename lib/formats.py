@@ -16,7 +16,6 @@ WEIGHTS_KEY = Key(
     "CPUs, float32 on other GPUs",
     choices=WEIGHTS,
 )
-DEVICE_KEY = Key("auto", "cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
 
 
 def for_decoding(model, device, weights="auto"):

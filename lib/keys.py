@@ -59,6 +59,10 @@ class Key:
         return None
 
 
+# every script's --device
+DEVICE_KEY = Key("auto", "cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
+
+
 def flags(parser, keys):
     """An argparse flag --name for each Key of keys, as the scripts declare theirs: a False
     default makes a switch; any other parses as its default's type (str for None), within its
