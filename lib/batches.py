@@ -17,7 +17,7 @@ from lib.schema import check_keys, check_label_names, check_tokenizer, checking
 ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 # a prepared dataset's meta.json; a classifier's also holds its labels and max_length
 META = {
-    "task": Key("lm", choices=("lm", "classify")),
+    "task": Key("lm", choices=("lm", "classify", "chat")),
     "vocab_size": Key(1, ge=1),
     "tokenizer": Key({}),
     "dtype": Key("uint16", choices=tuple(ID_LIMITS)),
@@ -76,6 +76,7 @@ class LMData:
     best = ("val/loss", "min")
     labelled = False  # evaluations report accuracy for labelled data
     unit = "tok"  # the speed counts tokens
+    task = "lm"  # the model it trains
 
     def __init__(self, path, size, block_size, meta):
         """path: the split's files, less their extension; size: its tokens, as meta.json says."""
@@ -158,6 +159,10 @@ def load_split(data_dir, split, block_size):
         from lib.labelled import ClassificationData
 
         return ClassificationData(*args)
+    if meta["task"] == "chat":
+        from lib.conversations import ConversationData
+
+        return ConversationData(*args)
     return LMData(*args)
 
 
@@ -183,9 +188,10 @@ def load_data(cfg):
 
         get_tokenizer(spec, os.path.join(path, "meta.json"))
     val_data = load_split(path, "val", cfg.block_size)
-    task = train_data.meta["task"]
-    if task != cfg.task:
-        raise Error(f"dataset {cfg.dataset} is prepared for task={task}, but task={cfg.task}")
+    if train_data.task != cfg.task:
+        raise Error(
+            f"dataset {cfg.dataset} is prepared for task={train_data.task}, but task={cfg.task}"
+        )
     return train_data, val_data
 
 

@@ -1,6 +1,7 @@
 """The model a run trains, built from its settings: from scratch, from a pretrained GPT's
 weights, or from a resumed run's state."""
 
+import sys
 from dataclasses import asdict, fields, replace
 
 import torch
@@ -52,6 +53,8 @@ def make_model(cfg, meta, state):
     if source is not None:  # the pretrained shape, its vocabulary included
         shape = {k: getattr(source.config, k) for k in SHAPE if hasattr(source.config, k)}
         shape["block_size"] = min(cfg.block_size, source.config.block_size)
+        # room for the dataset's tokens: a chat fine-tune's
+        shape["vocab_size"] = max(shape["vocab_size"], meta["vocab_size"])
     cfg = replace(cfg, **shape)
     if state is None and source is None:
         return cfg, new_model(asdict(cfg), meta)
@@ -59,4 +62,16 @@ def make_model(cfg, meta, state):
         model = new_model(asdict(cfg), meta)
     if state is not None:
         return cfg, model.load_weights(state["model"])
-    return cfg, model.load_body(source.state_dict())
+    return cfg, model.load_body(grown(source.state_dict(), cfg.vocab_size))
+
+
+def grown(state, rows):
+    """state with its token table grown to rows, each new row drawn from the old rows'
+    mean and spread (Hugging Face's resize_token_embeddings draws alike)."""
+    table = state["wte.weight"]
+    if rows == len(table):
+        return state
+    print(f"the token table grows from {len(table)} to {rows} rows", file=sys.stderr)
+    mean, std = table.mean(0), table.std(0)
+    new = torch.normal(mean.expand(rows - len(table), -1), std)
+    return {**state, "wte.weight": torch.cat([table, new])}

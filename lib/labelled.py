@@ -22,6 +22,30 @@ def pad_batch(rows, pad_token_id):
     return torch.from_numpy(idx), torch.from_numpy(attention_mask)
 
 
+def read_rows(path, n, meta):
+    """(tokens, offsets) of a split of n rows, row i tokens[offsets[i]:offsets[i + 1]]."""
+    if n == 0:
+        raise Error(f"{path}: the split has no rows: prepare it from more data")
+    tokens = load_array(path + ".bin", meta["dtype"])
+    offsets = load_array(path + ".offsets.npy")
+    check(
+        len(offsets) == n + 1 and offsets[0] == 0 and (np.diff(offsets) >= 0).all(),
+        path + ".offsets.npy",
+        f"not {n + 1:,} rising offsets from 0",
+    )
+    check(
+        offsets[-1] == len(tokens),
+        path + ".bin",
+        f"{len(tokens):,} tokens, the offsets say {offsets[-1]:,}",
+    )
+    check(
+        len(tokens) == 0 or int(tokens.max()) < meta["vocab_size"],
+        path + ".bin",
+        f"token ids past vocab_size {meta['vocab_size']}",
+    )
+    return tokens, offsets
+
+
 class ClassificationData:
     """Labelled rows, read in epochs (a fresh permutation each); a batch is padded to its own
     longest row."""
@@ -29,16 +53,14 @@ class ClassificationData:
     best = ("val/accuracy", "max")
     labelled = True
     unit = "ex"  # the speed counts examples
+    task = "classify"
 
     def __init__(self, path, n, block_size, meta):
         """path: the split's files, less their extensions; n: its rows, as meta.json says."""
-        if n == 0:
-            raise Error(f"{path}: the split has no rows: prepare it from more data")
         self.meta = meta
         self.folder = os.path.dirname(path)
         self.block_size = block_size
-        tokens = load_array(path + ".bin", meta["dtype"])
-        offsets = load_array(path + ".offsets.npy")
+        self.tokens, self.offsets = read_rows(path, n, meta)
         labels_path = path + ".labels.npy"
         labels = load_array(labels_path)
         check(
@@ -48,31 +70,14 @@ class ClassificationData:
         )
         check(len(labels) == n, labels_path, f"{len(labels):,} labels for {n:,} rows")
         check(
-            len(offsets) == n + 1 and offsets[0] == 0 and (np.diff(offsets) >= 0).all(),
-            path + ".offsets.npy",
-            f"not {n + 1:,} rising offsets from 0",
-        )
-        check(
-            offsets[-1] == len(tokens),
-            path + ".bin",
-            f"{len(tokens):,} tokens, the offsets say {offsets[-1]:,}",
-        )
-        check(
-            len(tokens) == 0 or int(tokens.max()) < meta["vocab_size"],
-            path + ".bin",
-            f"token ids past vocab_size {meta['vocab_size']}",
-        )
-        check(
             0 <= labels.min() and labels.max() < len(meta["label_names"]),
             labels_path,
             f"labels outside 0..{len(meta['label_names']) - 1}",
         )
-        self.tokens = tokens
-        self.offsets = offsets
         self.labels = labels
 
     def __len__(self):
-        return len(self.labels)
+        return len(self.offsets) - 1
 
     def epochs(self, rows):
         """How many times rows drawn rows read the split."""

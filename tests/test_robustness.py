@@ -261,6 +261,17 @@ BAD_INPUTS = [
         ["--dataset={d}/lm", "--init_from={d}/clf", "--out_dir={d}/o9"],
         "holds an EncoderClassifier",
     ),
+    (
+        "data/chat/prepare.py",
+        ["--tokenizer_from={d}/nothing", "--out_dir={d}/c1"],
+        "no config.json there",
+    ),
+    (
+        "data/chat/prepare.py",
+        ["--source={d}/nope.jsonl", "--tokenizer_from={d}/gpt", "--out_dir={d}/c2"],
+        "no such file or folder",
+    ),
+    ("bench/chat_example.py", ["--data={d}/nothing"], "meta.json"),
     ("sample.py", ["--out_dir={d}/nothing"], "no checkpoint in"),
     ("sample.py", ["--out_dir={d}/clf"], "sample.py needs a GPT"),
     ("sample.py", ["--out_dir={d}/broken"], "not a readable checkpoint"),

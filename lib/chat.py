@@ -1,0 +1,76 @@
+"""Conversations: the one chat template, its special tokens (ids after the tokenizer's own, which
+no text encodes to) and which tokens a fine-tune learns: the assistant's."""
+
+from lib.common import Error
+
+ROLES = ("system", "user", "assistant")
+END = "<|end|>"  # ends every turn; a reply ends where the model draws it
+# each role's marker, then the end of a turn: their ids in this order
+SPECIAL_TOKENS = tuple(f"<|{role}|>" for role in ROLES) + (END,)
+# the template in transformers' form (tokenizer_config.json's chat_template): a
+# marker, the content and END for each message; a reply starts at the marker
+TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+class ChatTokenizer:
+    """A tokenizer with the chat tokens after its vocabulary. Text encodes as the
+    tokenizer's does, so a "<|user|>" typed in a message is plain text."""
+
+    def __init__(self, base):
+        self.base = base
+        first = base.vocab_size
+        self.ids = {name: first + i for i, name in enumerate(SPECIAL_TOKENS)}
+        self.names = {i: name for name, i in self.ids.items()}
+        self.vocab_size = first + len(SPECIAL_TOKENS)
+        self.end_token = self.ids[END]
+        self.spec = {**base.spec, "chat": True}
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)  # encode, eot_token, start_token, name
+
+    def decode(self, ids):
+        """The base tokenizer's text, each chat token as its name."""
+        parts, run = [], []
+        for i in ids:
+            if i in self.names:
+                parts += [self.base.decode(run), self.names[i]]
+                run = []
+            else:
+                run.append(i)
+        return "".join(parts) + self.base.decode(run)
+
+    def render(self, messages, reply=False):
+        """(ids, learn) of messages in the template; learn[i]: whether a fine-tune learns
+        token i (an assistant's content and its END); reply: end with the assistant's
+        marker, the prompt of an answer."""
+        ids, learn = [], []
+        for message in messages:
+            content = self.encode(message["content"])
+            ids += [self.ids[f"<|{message['role']}|>"], *content, self.end_token]
+            answer = message["role"] == "assistant"
+            learn += [False] + [answer] * (len(content) + 1)
+        if reply:
+            ids.append(self.ids["<|assistant|>"])
+            learn.append(False)
+        return ids, learn
+
+
+def check_messages(messages):
+    """A conversation as OpenAI's and Hugging Face's files hold it: a list of
+    {"role", "content"} objects; an Error says what is wrong."""
+    if not isinstance(messages, list) or not messages:
+        raise Error("'messages' must be a non-empty list of {role, content} objects")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise Error(f"messages[{i}] is {type(message).__name__}, not an object")
+        if message.get("role") not in ROLES:
+            raise Error(
+                f"messages[{i}]: role {message.get('role')!r:.40} is not one of {', '.join(ROLES)}"
+            )
+        if not isinstance(message.get("content"), str):
+            raise Error(f"messages[{i}]: 'content' must be a string")
