@@ -25,17 +25,8 @@ from safetensors.torch import save_file
 
 from lib.bpe import bytes_to_unicode, merges, save_ranks
 from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer, TrainedBPE
-from lib.common import (
-    ArgumentParser,
-    Error,
-    WriteError,
-    atomic_path,
-    fsync,
-    run_script,
-    temporary,
-    write_json,
-    writing,
-)
+from lib.common import ArgumentParser, Error, run_script
+from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
 from lib.keys import Key, flags
 from lib.tokenizer import get_tokenizer

@@ -2,7 +2,8 @@
 the samples, each the prompt followed by its continuation, separated by a line of dashes; what was
 loaded and the speed go to stderr, so the output can be piped. Examples:
   python sample.py --out_dir out --start "ROMEO:" --num_samples 3 --max_new_tokens 200
-  python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream"""
+  python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream
+  python sample.py --out_dir out-chat --chat                 talk to a chat fine-tune"""
 
 import sys
 import time
@@ -56,6 +57,12 @@ FLAGS = {
         False,
         "go on past the tokenizer's end-of-text token (<|endoftext|>), which otherwise ends a "
         "sample, unprinted, as the end of a document",
+    ),
+    "messages": Key(None, "a JSON file of a conversation ({'messages': [...]}): reply to it"),
+    "chat": Key(
+        False,
+        "talk to a chat model (config/chat.py's), after --messages' conversation if given: each "
+        "line typed is your turn; the oldest turns leave past the context",
     ),
     "no_cache": Key(
         False,
@@ -124,14 +131,7 @@ def main(argv=None):
         args.init_from or args.out_dir, device, hub=bool(args.init_from)
     )
     model = for_decoding(model, device, args.weights)
-    try:
-        prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
-    except Error as e:  # a character the char model never saw
-        raise Error(f"--start: {e}") from None
     log(f"{what}; {device}, {resolve_weights(args.weights, device)} weights")
-    block_size = model.config.block_size
-    if len(prompt) > block_size:
-        log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")
     t0 = time.perf_counter()
     try:
         engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
@@ -142,6 +142,17 @@ def main(argv=None):
     )
     if args.compile:
         log(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s")
+    if args.chat or args.messages:
+        from lib.talk import talk
+
+        return talk(engine, tokenizer, picks, args)
+    try:
+        prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
+    except Error as e:  # a character the char model never saw
+        raise Error(f"--start: {e}") from None
+    block_size = model.config.block_size
+    if len(prompt) > block_size:
+        log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")
     end_token = None if args.ignore_eos else tokenizer.eot_token  # None for plain characters
     request = engine.submit(prompt, picks, args.max_new_tokens, end_token)
     print_samples(engine, request, tokenizer, args)

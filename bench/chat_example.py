@@ -28,8 +28,8 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
 from lib.batches import load_split
-from lib.build import grown
 from lib.common import ArgumentParser, run_script
+from lib.finetune import grown
 from lib.keys import Key, flags
 from lib.tokenizer import get_tokenizer
 from lib.weights import load_pretrained

@@ -8,7 +8,7 @@ import os
 import sys
 
 from lib.bpe_tokenizer import RANKS_FILE, TrainedBPE
-from lib.common import atomic_path
+from lib.files import atomic_path
 
 
 def train_bpe(texts, vocab_size):

@@ -14,7 +14,8 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from lib.common import TEMPORARY, Error, WriteError, atomic_path, check_regular, fsync, read_json
+from lib.common import Error, check_regular, read_json
+from lib.files import TEMPORARY, WriteError, atomic_path, fsync
 from lib.locks import try_lock
 
 # the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit

@@ -1,23 +1,17 @@
-"""What the scripts share: errors, devices and dtypes, atomic writes."""
+"""What the scripts share: errors, the command line, devices and dtypes, reading JSON."""
 
 import argparse
 import json
 import os
 import re
-import secrets
 import sys
 from contextlib import contextmanager, nullcontext
 
 import torch
-from safetensors import SafetensorError
 
 
 class Error(Exception):
     """A problem the user can fix; library code raises it, and never prints or exits."""
-
-
-class WriteError(Error):
-    """A write the system refused (a full disk, no permission)."""
 
 
 def run_script(main, prog):
@@ -131,66 +125,6 @@ def autocast(device, dtype):
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
-
-
-# --------------------------------------------------------------------------------------- files
-# the name of atomic_path's temporary file, which a process killed mid-write leaves behind
-TEMPORARY = re.compile(r"\.\d+-[0-9a-f]{8}\.tmp$")
-
-
-@contextmanager
-def atomic_path(path):
-    """A temporary name that replaces path on success, or is deleted: path is always whole."""
-    tmp = temporary(path)
-    try:
-        with writing(path):
-            yield tmp
-            # the mode open() gives a new file (safetensors' save_file makes its files 0600)
-            os.chmod(tmp, 0o666 & ~umask())
-            fsync(tmp)  # on the disk before the rename, the rename before the return
-            os.replace(tmp, path)
-        fsync(os.path.dirname(os.path.abspath(path)))
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def temporary(path):
-    """A new name beside path, in TEMPORARY's form, for what is written to replace it."""
-    return f"{path}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-
-
-def umask():
-    """The process's umask, which only setting it reads."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-@contextmanager
-def writing(path):
-    """A refused write as a WriteError naming path and the cause."""
-    try:
-        yield
-    except (OSError, RuntimeError, SafetensorError) as e:  # torch.save: a RuntimeError
-        cause = getattr(e, "strerror", None) or str(e).partition("\n")[0]
-        raise WriteError(f"cannot write {path} ({cause}): what it held before is whole") from None
-
-
-def fsync(path):
-    """Flush a file or a folder to the disk."""
-    if os.path.isdir(path) and os.name == "nt":  # no need, and no way
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json(path, obj):
-    with atomic_path(path) as tmp, open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
 
 
 def check_regular(path):

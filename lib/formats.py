@@ -4,7 +4,7 @@ lib/int8.py)."""
 import torch
 import torch.nn as nn
 
-from lib.common import Error, native_bf16
+from lib.common import native_bf16
 from lib.keys import Key
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
@@ -20,8 +20,6 @@ WEIGHTS_KEY = Key(
 
 def for_decoding(model, device, weights="auto"):
     """The model in eval mode on device, its weights stored once, in one format."""
-    if weights not in WEIGHTS:
-        raise Error(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     model = model.to(device).eval()
     weights = resolve_weights(weights, device)
     if weights == "bfloat16":

@@ -5,7 +5,7 @@ it, and the gguf package (llama.cpp's own writer) with it."""
 import gguf
 from gguf import GGMLQuantizationType as Type
 
-from lib.common import atomic_path
+from lib.files import atomic_path
 from lib.tokenizer import EOT
 
 # --gguf_dtype: (llama.cpp's file type, the type of its weight matrices); Q8_0 is int8 in blocks

@@ -4,7 +4,8 @@ metrics.jsonl, and matplotlib set up to draw into files."""
 import os
 import sys
 
-from lib.common import Error, atomic_path
+from lib.common import Error
+from lib.files import atomic_path
 from lib.records import read_metrics
 
 # the metrics drawn beside the loss, each in a panel of its own: a classifier's accuracy, and a
@@ -84,7 +85,7 @@ def evaluations(out_dir, x):
 
 def save_figure(fig, path, dpi):
     """fig as an image of the type path's extension names, written atomically: a write the system
-    refuses is one line (lib.common.writing), an image there before stays whole."""
+    refuses is one line (lib.files.writing), an image there before stays whole."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=dpi, format=os.path.splitext(path)[1][1:].lower())
 

@@ -19,7 +19,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from lib.common import ArgumentParser, Error, atomic_path, write_json
+from lib.common import ArgumentParser, Error
+from lib.files import atomic_path, write_json
 from lib.keys import Key, flags
 from lib.locks import try_lock
 

@@ -6,7 +6,8 @@ import sys
 import time
 from dataclasses import asdict
 
-from lib.common import Error, atomic_path, check_regular, write_json, writing
+from lib.common import Error, check_regular
+from lib.files import atomic_path, write_json, writing
 
 
 def read_metrics(out_dir):

@@ -98,6 +98,9 @@ OPTIONS = (
     "tiktoken",
     "lib.labelled",  # task=classify
     "lib.int8",  # weights=int8
+    "lib.chat",  # a chat model's tokenizer
+    "lib.conversations",  # a chat fine-tune's data
+    "lib.talk",  # sample.py --chat, --messages
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys
@@ -124,6 +127,7 @@ window = GPTConfig(vocab_size=2, block_size=4, n_layer=1, n_head=1, n_embd=8, wi
 Engine(GPT(window), rows=1)
 parallel(model, Run("cpu", "float32"), checkpointing=True)
 for_decoding(GPT(window), "cpu", "int8")
+get_tokenizer({"type": "char", "chars": "ab", "chat": True})
 loaded()
 """
 
@@ -136,4 +140,11 @@ def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own()
     ).stdout
     plain, taken = (set(line.split()) for line in out.splitlines())
     assert plain & set(OPTIONS) == set()
-    assert {"patterns", "lib.parallel", "lib.bpe_tokenizer", "tiktoken", "lib.int8"} <= taken
+    assert {
+        "patterns",
+        "lib.parallel",
+        "lib.bpe_tokenizer",
+        "tiktoken",
+        "lib.int8",
+        "lib.chat",
+    } <= taken

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lib import common, formats, mfu
-from lib.common import ArgumentParser, Error, atomic_path
+from lib.common import ArgumentParser, Error
+from lib.files import atomic_path
 from lib.keys import Key, flags
 
 

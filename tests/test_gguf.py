@@ -18,7 +18,8 @@ from engine import Engine
 from export import GGUF_DTYPES, export, main
 from lib.bpe import bytes_to_unicode, save_ranks, train_bpe
 from lib.checkpoint import save_pretrained
-from lib.common import Error, WriteError, run_script
+from lib.common import Error, run_script
+from lib.files import WriteError
 from lib.tokenizer import get_tokenizer
 from lib.weights import from_checkpoint
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig

@@ -273,6 +273,7 @@ BAD_INPUTS = [
     ),
     ("bench/chat_example.py", ["--data={d}/nothing"], "meta.json"),
     ("sample.py", ["--out_dir={d}/nothing"], "no checkpoint in"),
+    ("sample.py", ["--out_dir={d}/gpt", "--chat"], "has no chat tokens: fine-tune it"),
     ("sample.py", ["--out_dir={d}/clf"], "sample.py needs a GPT"),
     ("sample.py", ["--out_dir={d}/broken"], "not a readable checkpoint"),
     ("sample.py", ["--out_dir={d}/gpt", "--top_p=1.5"], "top_p=1.5: must be <= 1"),
@@ -769,9 +770,9 @@ import runpy
 import sys
 import time
 
-import lib.common
+import lib.files
 
-fsync = lib.common.fsync
+fsync = lib.files.fsync
 
 
 def slow_fsync(path):
@@ -779,7 +780,7 @@ def slow_fsync(path):
     fsync(path)
 
 
-lib.common.fsync = slow_fsync
+lib.files.fsync = slow_fsync
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -1192,7 +1193,7 @@ def test_seeds_and_top_k_at_their_limits(files):
 def test_atomic_writes_reach_the_disk_before_and_after_the_rename(tmp_path, monkeypatch):
     """The file is fsynced before it replaces the old one (a power loss then leaves one of the two
     whole), its folder after (the rename itself is on the disk when the call returns)."""
-    import lib.common
+    import lib.files
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -1207,7 +1208,7 @@ def test_atomic_writes_reach_the_disk_before_and_after_the_rename(tmp_path, monk
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    lib.common.write_json(str(tmp_path / "a.json"), {"x": 1})
+    lib.files.write_json(str(tmp_path / "a.json"), {"x": 1})
     assert events == [("fsync", False), ("replace", "a.json"), ("fsync", True)]
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
 

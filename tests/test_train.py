@@ -842,9 +842,11 @@ def test_bad_setups_fail_before_training(lm_dir, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "config"))))
-def test_every_config_file_parses_from_any_directory(name, monkeypatch):
-    # include() paths are relative to the config file, not to the working directory
-    monkeypatch.chdir("/")
+def test_every_config_file_parses_from_any_directory(name, monkeypatch, tmp_path):
+    # include() paths are relative to the config file, not to the working directory, where
+    # config/chat.py's base model is a folder
+    (tmp_path / "out-shakespeare-char-cpu").mkdir()
+    monkeypatch.chdir(tmp_path)
     # each its own folder
     assert settings([os.path.join(ROOT, "config", name)])["out_dir"] != DEFAULTS["out_dir"]
 

@@ -29,8 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for
 from lib import prepare
 from lib.bpe import save_ranks, train_bpe
 from lib.bpe_tokenizer import BPETokenizer, TrainedBPE
-from lib.common import ArgumentParser, Error, atomic_path, run_script
+from lib.common import ArgumentParser, Error, run_script
 from lib.corpus import PIECE, Corpus
+from lib.files import atomic_path
 from lib.keys import Key, flags
 from lib.tokenizer import CharTokenizer
 
