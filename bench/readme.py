@@ -37,6 +37,7 @@ PAGES = [
     "docs/data.md",
     "docs/attention.md",
     "docs/generation.md",
+    "docs/chat.md",
     "docs/serving.md",
     "docs/export.md",
     "docs/checkpoints.md",
