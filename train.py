@@ -216,8 +216,8 @@ def evaluate(model, data, cfg, run, ctx):
     rows = every_row[run.rank :: run.world_size]
     # the rows to run through: under FSDP as many as rank 0's
     span = len(every_row[:: run.world_size]) if run.sharded else len(rows)
-    # loss x rows, correct predictions, rows
-    sums = torch.tensor([0.0, 0.0, len(rows)], device=run.device)
+    # loss x targets, correct predictions, targets
+    sums = torch.zeros(3, device=run.device)
     # a classifier in float32, as classify.py and the playground run it: one accuracy
     precision = nullcontext() if data.labelled else ctx
     for i in range(0, span, cfg.batch_size):
@@ -228,7 +228,11 @@ def evaluate(model, data, cfg, run, ctx):
             logits, loss = model(**batch)
         if stand_in:
             continue
-        sums[0] += loss.float() * len(batch["idx"])
+        # the loss: a mean over the targets it counts (-1 none)
+        targets = batch.get("targets", batch.get("labels"))
+        counted = (targets >= 0).sum()
+        sums[0] += loss.float() * counted
+        sums[2] += counted
         if data.labelled:
             sums[1] += (logits.argmax(-1) == batch["labels"]).sum()
     if run.distributed:

@@ -60,6 +60,13 @@ class ChatTokenizer:
         return ids, learn
 
 
+def with_chat(tokenizer, chat, where):
+    """The tokenizer, with the chat tokens after where its spec's "chat" is true."""
+    if not isinstance(chat, bool):
+        raise Error(f"{where}: 'tokenizer.chat' is {chat!r:.40}, not true or false")
+    return ChatTokenizer(tokenizer) if chat else tokenizer
+
+
 def check_messages(messages):
     """A conversation as OpenAI's and Hugging Face's files hold it: a list of
     {"role", "content"} objects; an Error says what is wrong."""

@@ -11,12 +11,11 @@ from lib.keys import Key
 from model import ARCHITECTURES
 
 # a tokenizer spec's keys besides its type: a tiktoken encoding by name, or a trained one in a
-# file; "lowercase", "eot" and "chat" (lib/chat.py's tokens after) are optional
-CHAT = {"chat": Key(False)}
+# file; "lowercase" and "eot" are optional
 TOKENIZERS = {
-    "char": {"chars": Key(""), "eot": Key(False), **CHAT},
-    "bpe": {"encoding": Key(""), "lowercase": Key(False), **CHAT},
-    "trained": {"file": Key(""), "sha256": Key(""), **CHAT},
+    "char": {"chars": Key(""), "eot": Key(False)},
+    "bpe": {"encoding": Key(""), "lowercase": Key(False)},
+    "trained": {"file": Key(""), "sha256": Key("")},
 }
 # a checkpoint's config.json; a classifier's also holds its label names and max_length
 CARD = {
@@ -62,7 +61,7 @@ def check_tokenizer(spec):
     check_keys(spec, {"type": Key("char", choices=("char", "bpe"))}, where="tokenizer.")
     # as get_tokenizer reads it: a char one by its characters, whatever else it holds
     form = "trained" if spec["type"] == "bpe" and "file" in spec else spec["type"]
-    check_keys(spec, TOKENIZERS[form], ("lowercase", "eot", "chat"), where="tokenizer.")
+    check_keys(spec, TOKENIZERS[form], ("lowercase", "eot"), where="tokenizer.")
     if form == "trained" and os.path.basename(spec["file"]) != spec["file"]:
         raise Error(f"'tokenizer.file' {spec['file']!r:.40} is not a file name")
 

@@ -21,10 +21,10 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
         from lib.bpe_tokenizer import bpe_tokenizer
 
         tokenizer = bpe_tokenizer(spec, where)
-    if spec.get("chat"):  # a fine-tune's: the chat tokens after
-        from lib.chat import ChatTokenizer
+    if "chat" in spec:  # a chat fine-tune's: its tokens after
+        from lib.chat import with_chat
 
-        tokenizer = ChatTokenizer(tokenizer)
+        tokenizer = with_chat(tokenizer, spec["chat"], where)
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise Error(
             f"{where}: the tokenizer has {tokenizer.vocab_size:,} tokens, the model's vocabulary "

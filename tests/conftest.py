@@ -1,6 +1,7 @@
 """Shared test setup: the read-only ../shared folder (real data, the GPT-2 BPE file), when it is
 there."""
 
+import json
 import os
 import re
 import subprocess
@@ -123,3 +124,38 @@ def eot_checkpoint(out_dir, chars):
         model, out_dir, task="lm", tokenizer={"type": "char", "chars": chars, "eot": True}
     )
     return str(out_dir)
+
+
+def tiny_gpt2(folder):
+    """A tiny random GPT-2 in the Hugging Face layout (see test_model.py), GPT-2's 50,257 tokens,
+    context 64, 1 layer of 16, saved in folder -> its path."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    V, P, D = 50257, 64, 16
+
+    def r(*s):
+        return torch.randn(*s) * 0.2
+
+    sd = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
+    block = {
+        "ln_1.weight": 1 + r(D),
+        "ln_1.bias": r(D),
+        "ln_2.weight": 1 + r(D),
+        "ln_2.bias": r(D),
+        "attn.c_attn.weight": r(D, 3 * D),
+        "attn.c_attn.bias": r(3 * D),
+        "attn.c_proj.weight": r(D, D),
+        "attn.c_proj.bias": r(D),
+        "mlp.c_fc.weight": r(D, 4 * D),
+        "mlp.c_fc.bias": r(4 * D),
+        "mlp.c_proj.weight": r(4 * D, D),
+        "mlp.c_proj.bias": r(D),
+    }
+    sd.update({"h.0." + k: v for k, v in block.items()})
+    os.makedirs(folder)
+    save_file(sd, os.path.join(folder, "model.safetensors"))
+    hf_config = {"vocab_size": V, "n_positions": P, "n_layer": 1, "n_head": 2, "n_embd": D}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config, f)
+    return str(folder)

@@ -9,8 +9,9 @@ from contextlib import redirect_stderr
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, needs_shared
+from conftest import TINY, needs_shared, tiny_gpt2
 from test_robustness import cli
+from test_train import torchrun
 
 import train
 from decoding import NextToken, Options
@@ -252,3 +253,64 @@ def test_sample_replies_to_a_messages_file_and_in_a_terminal_loop(tuned, tmp_pat
     assert first == greedy_reply(out_dir, asked)
     history = asked + [{"role": "assistant", "content": first}, {"role": "user", "content": "cab"}]
     assert second == greedy_reply(out_dir, history)
+
+
+@needs_shared
+def test_gpt2_fine_tunes_on_conversations_in_its_bpe(tmp_path):
+    """GPT-2's weights (a Hugging Face folder) and BPE: the chat tokens take ids 50257 to 50260,
+    rows that the fine-tune adds to GPT-2's 50,257; the checkpoint talks."""
+    gpt2 = tiny_gpt2(tmp_path / "gpt2")
+    source = tmp_path / "chats.jsonl"
+    lines = [
+        [{"role": "user", "content": f"Héllo {i}"}, {"role": "assistant", "content": f"{i} ✓"}]
+        for i in range(40)
+    ]
+    source.write_text("".join(json.dumps({"messages": line}) + "\n" for line in lines))
+    data = tmp_path / "data"
+    code, _, err = cli(
+        "data/chat/prepare.py",
+        f"--source={source}",
+        f"--tokenizer_from={gpt2}",
+        f"--out_dir={data}",
+        "--val_fraction=0.5",
+    )
+    assert code == 0, err
+    meta = json.load(open(data / "meta.json"))
+    assert meta["vocab_size"] == 50261 and meta["tokenizer"]["encoding"] == "r50k_base"
+    model, _ = tune(str(data), gpt2, tmp_path / "out", "--max_iters=1", "--block_size=64")
+    assert model.wte.weight.shape == (50261, 16)
+    asked = LINES[0]["messages"][:1]
+    reply = greedy_reply(str(tmp_path / "out"), asked)
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(asked))
+    common = ["--greedy", "--weights=float32", "--max_new_tokens=20"]
+    code, out, err = cli(
+        "sample.py", f"--out_dir={tmp_path / 'out'}", f"--messages={path}", *common
+    )
+    assert code == 0 and out == reply + "\n", err
+
+
+@pytest.mark.slow
+def test_a_chat_fine_tune_under_ddp_equals_one_process(base, chats, tmp_path):
+    """Two ranks, a micro-step each, against one process taking both: the same padded rows, the
+    same masked means, (a + b) / 2 against a / 2 + b / 2 (halving is exact): equal bit for bit."""
+    argv = TINY + [
+        f"--dataset={chats}",
+        f"--init_from={base}",
+        "--block_size=48",
+        "--max_iters=2",
+        "--gradient_accumulation_steps=2",
+        "--eval_interval=100",
+    ]
+    result = torchrun(tmp_path, [argv + [f"--out_dir={tmp_path / 'ddp'}"]])
+    assert result.returncode == 0, result.stderr[-2000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each torchrun worker: the same sums in the same order
+    try:
+        single, metrics = train.main(argv + [f"--out_dir={tmp_path / 'one'}"])
+    finally:
+        torch.set_num_threads(threads)
+    rank0, metrics0 = torch.load(tmp_path / "ddp" / "rank0.pt")
+    for name, p in single.state_dict().items():
+        assert torch.equal(rank0[name], p), name
+    assert metrics0 == pytest.approx(metrics, abs=1e-5)

@@ -1106,6 +1106,7 @@ DAMAGED_FILES = [
     ("gpt", "config.json", "model.n_head", None, "n_head=6: must be a divisor of n_embd=16"),
     ("gpt", "config.json", "model.dropout", 5, "model.dropout=5.0: must be < 1"),
     ("gpt", "config.json", "model.attn_impl", "sdp", "model.attn_impl='sdp': must be one of sdpa"),
+    ("gpt", "config.json", "tokenizer.chat", "yes", "'tokenizer.chat' is 'yes', not true or"),
     # a char tokenizer is read as characters whatever else it holds
     ("gpt", "config.json", "tokenizer", CHAR_FILE, "no 'tokenizer.chars' key"),
     ("lm", "meta.json", "tokenizer", CHAR_FILE, "no 'tokenizer.chars' key"),

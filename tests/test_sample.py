@@ -1,7 +1,6 @@
 """sample.py end to end, as a user runs it (a subprocess), on a tiny random char-level GPT and a
 tiny random GPT-2."""
 
-import json
 import os
 import subprocess
 import sys
@@ -9,7 +8,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import ROOT, eot_checkpoint, generate, needs_shared
+from conftest import ROOT, eot_checkpoint, generate, needs_shared, tiny_gpt2
 
 from decoding import NextToken, Options
 from engine import Row
@@ -315,39 +314,7 @@ def test_gpt2_without_the_hub_is_one_line_naming_the_local_folder(tmp_path, offl
 def test_init_from_a_hugging_face_gpt2_directory_with_bpe(tmp_path):
     """A tiny random GPT-2 in the Hugging Face layout (see test_model.py), GPT-2's 50,257 tokens:
     random tokens include byte pieces of multi-byte characters, which streaming must not break."""
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    V, P, D = 50257, 64, 16
-
-    def r(*s):
-        return torch.randn(*s) * 0.2
-
-    sd = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
-    sd.update(
-        {
-            "h.0." + k: v
-            for k, v in {
-                "ln_1.weight": 1 + r(D),
-                "ln_1.bias": r(D),
-                "ln_2.weight": 1 + r(D),
-                "ln_2.bias": r(D),
-                "attn.c_attn.weight": r(D, 3 * D),
-                "attn.c_attn.bias": r(3 * D),
-                "attn.c_proj.weight": r(D, D),
-                "attn.c_proj.bias": r(D),
-                "mlp.c_fc.weight": r(D, 4 * D),
-                "mlp.c_fc.bias": r(4 * D),
-                "mlp.c_proj.weight": r(4 * D, D),
-                "mlp.c_proj.bias": r(D),
-            }.items()
-        }
-    )
-    gpt2 = tmp_path / "tiny-gpt2"
-    gpt2.mkdir()
-    save_file(sd, gpt2 / "model.safetensors")
-    hf_config = {"vocab_size": V, "n_positions": P, "n_layer": 1, "n_head": 2, "n_embd": D}
-    (gpt2 / "config.json").write_text(json.dumps(hf_config))
+    gpt2 = tiny_gpt2(tmp_path / "tiny-gpt2")
     args = [
         "--init_from",
         str(gpt2),
