@@ -142,7 +142,8 @@ def chat_tokenizer(name):
     tokenizer = get_tokenizer(spec, path)
     if not spec.get("chat"):
         tokenizer = ChatTokenizer(tokenizer)
-    context = card.get("model", {}).get("block_size") or card.get("n_ctx", 1024)
+    # ours, or a Hugging Face GPT-2's
+    context = card["model"]["block_size"] if "model" in card else card.get("n_positions", 1024)
     source_file = spec.get("file") and os.path.join(name, spec["file"])
     return tokenizer, source_file, context
 
