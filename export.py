@@ -11,8 +11,8 @@ Options GPT-2 does not have (rotary positions, QK-norm, a sparse attention patte
 expressed in its layout: such a model is refused.
   python export.py --out_dir=out-shakespeare-char --gguf=shakespeare.gguf --gguf_dtype=q8_0
 writes one GGUF file, which llama.cpp, Ollama and LM Studio run (llama.cpp's gpt2 architecture, the
-tokenizer inside; needs the gguf package: pip install -e '.[gguf]'). Its GELU is the tanh form: a
-model trained with gelu=none is refused there.
+tokenizer inside, a chat model's tokens and template too; needs the gguf package: pip install -e
+'.[gguf]'). Its GELU is the tanh form: a model trained with gelu=none is refused there.
 """
 
 import os
