@@ -3,16 +3,16 @@ Export a GPT checkpoint of this project to the Hugging Face GPT-2 layout, which 
 as GPT2LMHeadModel (AutoModelForCausalLM, pipeline("text-generation")):
   python export.py --out_dir=out-shakespeare --hf_dir=hf-shakespeare
 writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv1D weights are
-[in, out]), generation_config.json, a model card (README.md) and, for a byte-pair encoding
-(GPT-2's or one trained on the data), the tokenizer files (vocab.json, merges.txt), which give the
-same ids as tiktoken; a trained one's tokenizer.tiktoken too, which sample.py reads. A
-character-level model exports its weights; its tokenizer is this project's.
+[in, out]), generation_config.json, a model card (README.md) and the tokenizer's files for
+AutoTokenizer (tokenizer.json; a byte-pair encoding's vocab.json and merges.txt too), which give
+our ids; a trained BPE's tokenizer.tiktoken too, which sample.py reads. A chat model's carry its
+template (tokenizer_config.json's chat_template) and end a reply at <|end|> (eos).
 Options GPT-2 does not have (rotary positions, QK-norm, a sparse attention pattern) cannot be
 expressed in its layout: such a model is refused.
   python export.py --out_dir=out-shakespeare-char --gguf=shakespeare.gguf --gguf_dtype=q8_0
 writes one GGUF file, which llama.cpp, Ollama and LM Studio run (llama.cpp's gpt2 architecture, the
-tokenizer inside; needs the gguf package: pip install -e '.[gguf]'). Its GELU is the tanh form: a
-model trained with gelu=none is refused there.
+tokenizer inside, a chat model's tokens and template too; needs the gguf package: pip install -e
+'.[gguf]'). Its GELU is the tanh form: a model trained with gelu=none is refused there.
 """
 
 import os
@@ -24,12 +24,12 @@ import torch
 from safetensors.torch import save_file
 
 from lib.bpe import bytes_to_unicode, merges, save_ranks
-from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer, TrainedBPE
+from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer
 from lib.common import ArgumentParser, Error, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
 from lib.keys import Key, flags
-from lib.tokenizer import get_tokenizer
+from lib.tokenizer import EOT, get_tokenizer, special_tokens
 from lib.weights import from_checkpoint
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions
@@ -72,9 +72,9 @@ def hf_state_dict(model, conv1d=True):
 
 
 def bpe_files(encoding):
-    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding, written
-    in GPT-2's byte-to-character map: Hugging Face's byte-pair encoding of these merges gives
-    tiktoken's ids."""
+    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding's
+    ranks (its special tokens aside), written in GPT-2's byte-to-character map: Hugging Face's
+    byte-pair encoding of these merges gives tiktoken's ids."""
     ranks = encoding._mergeable_ranks  # token bytes -> rank = id
     char = bytes_to_unicode()
 
@@ -91,9 +91,7 @@ def bpe_files(encoding):
         )
     merged = [(rank, pairs[token]) for token, rank in ranks.items() if len(token) > 1]
     lines = [f"{text(left)} {text(right)}" for _, (left, right) in sorted(merged)]
-    vocab = {text(token): rank for token, rank in ranks.items()}
-    vocab.update(encoding._special_tokens)
-    return vocab, lines
+    return {text(token): rank for token, rank in ranks.items()}, lines
 
 
 def model_card(info, config, tokenizer):
@@ -224,15 +222,16 @@ def export(out_dir, hf_dir=None, overwrite=False, gguf_path=None, gguf_dtype="fl
     if hf_dir is not None:
         check_target(out_dir, hf_dir, overwrite)
     # refused, if at all, before a file is written
-    hf_tokenizer = bpe_files(tokenizer.enc) if isinstance(tokenizer, BPETokenizer) else None
+    base = getattr(tokenizer, "base", tokenizer)  # a chat tokenizer's own
+    bpe = bpe_files(tokenizer.enc) if isinstance(base, BPETokenizer) else None
     if hf_dir is not None:
-        write_hf(hf_dir, model, info, tokenizer, hf_tokenizer)
+        write_hf(hf_dir, model, info, tokenizer, bpe)
     if gguf_path is not None:
         with writing(gguf_path):
             os.makedirs(os.path.dirname(os.path.abspath(gguf_path)), exist_ok=True)
         name = f"{info.get('dataset') or 'gpt-starter'} GPT"
         state = hf_state_dict(model, conv1d=False)
-        write_gguf(gguf_path, state, model.config, tokenizer, hf_tokenizer, gguf_dtype, name)
+        write_gguf(gguf_path, state, model.config, tokenizer, bpe, gguf_dtype, name)
         print(
             f"wrote {gguf_path}: llama.cpp's gpt2, {gguf_dtype} weights, "
             f"{os.path.getsize(gguf_path) / 1e6:.1f} MB; tokenizer: {tokenizer.name}",
@@ -274,16 +273,17 @@ def gguf_writer():
     return write_gguf
 
 
-def write_hf(hf_dir, model, info, tokenizer, hf_tokenizer):
+def write_hf(hf_dir, model, info, tokenizer, bpe):
     """The Hugging Face folder: GPT-2's config, weights and tokenizer files, and a model card."""
     config = model.config
     with staged(hf_dir) as folder:
         with atomic_path(os.path.join(folder, "model.safetensors")) as tmp:
             save_file(hf_state_dict(model), tmp, metadata={"format": "pt"})
-        if isinstance(tokenizer, TrainedBPE):
-            # sample.py reads the export with it
-            tokenizer.spec = save_ranks(tokenizer.ranks, folder)
-        eos = tokenizer.eot_token
+        if "file" in tokenizer.spec:  # a trained BPE's, which sample.py reads the export with
+            tokenizer.spec = {**tokenizer.spec, **save_ranks(tokenizer.ranks, folder)}
+        bos = tokenizer.eot_token
+        # a chat model's replies end at the end of its turn (transformers' generate stops there)
+        eos = tokenizer.end_token if tokenizer.spec.get("chat") else bos
         write_json(
             os.path.join(folder, "config.json"),
             {
@@ -302,7 +302,7 @@ def write_hf(hf_dir, model, info, tokenizer, hf_tokenizer):
                 "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0,
                 "tie_word_embeddings": True,
-                "bos_token_id": eos,
+                "bos_token_id": bos,
                 "eos_token_id": eos,
                 "torch_dtype": "float32",
                 # this project's tokenizer (characters or a tiktoken encoding), for sample.py
@@ -311,9 +311,9 @@ def write_hf(hf_dir, model, info, tokenizer, hf_tokenizer):
         )
         write_json(
             os.path.join(folder, "generation_config.json"),
-            {"bos_token_id": eos, "eos_token_id": eos},
+            {"bos_token_id": bos, "eos_token_id": eos},
         )
-        described = write_tokenizer(folder, tokenizer, hf_tokenizer, config.block_size)
+        described = write_tokenizer(folder, tokenizer, bpe, config.block_size)
         with (
             atomic_path(os.path.join(folder, "README.md")) as tmp,
             open(tmp, "w", encoding="utf-8") as f,
@@ -328,45 +328,56 @@ def write_hf(hf_dir, model, info, tokenizer, hf_tokenizer):
 
 def write_tokenizer(folder, tokenizer, bpe, block_size):
     """The tokenizer's files for AutoTokenizer -> what they are. bpe: bpe_files()' (vocab,
-    merges) of a BPE; characters get a tokenizer.json of their own."""
-    eot = "<|endoftext|>"
+    merges) of a BPE, None for characters. A chat model's carry its template, and end a reply
+    at the end of a turn."""
     settings = {"model_max_length": block_size}
     if tokenizer.eot_token is not None:
-        settings |= {"bos_token": eot, "eos_token": eot}
+        settings |= {"bos_token": EOT, "eos_token": EOT}
+    hf_tokenizer(tokenizer, bpe).save(os.path.join(folder, "tokenizer.json"))
+    described = "tokenizer.json: AutoTokenizer gives a character's id"
     if bpe is None:
-        char_tokenizer(tokenizer).save(os.path.join(folder, "tokenizer.json"))
         settings["tokenizer_class"] = "PreTrainedTokenizerFast"
-        write_json(os.path.join(folder, "tokenizer_config.json"), settings)
-        return "tokenizer.json: AutoTokenizer gives a character's id"
-    vocab, merge_lines = bpe
-    write_json(os.path.join(folder, "vocab.json"), vocab)
-    with (
-        atomic_path(os.path.join(folder, "merges.txt")) as tmp,
-        open(tmp, "w", encoding="utf-8") as f,
-    ):
-        f.write("#version: 0.2\n" + "\n".join(merge_lines) + "\n")
-    settings |= {
-        "tokenizer_class": "GPT2Tokenizer",
-        "unk_token": eot,
-        "add_prefix_space": False,
-    }
+    else:
+        vocab, merge_lines = bpe
+        write_json(os.path.join(folder, "vocab.json"), vocab | special_tokens(tokenizer))
+        with (
+            atomic_path(os.path.join(folder, "merges.txt")) as tmp,
+            open(tmp, "w", encoding="utf-8") as f,
+        ):
+            f.write("#version: 0.2\n" + "\n".join(merge_lines) + "\n")
+        settings |= {
+            "tokenizer_class": "GPT2Tokenizer",
+            "unk_token": EOT,
+            "add_prefix_space": False,
+        }
+        described = "tokenizer.json, vocab.json, merges.txt: AutoTokenizer gives tiktoken's ids"
+    if tokenizer.spec.get("chat"):
+        from lib.chat import END, TEMPLATE
+
+        settings |= {"eos_token": END, "chat_template": TEMPLATE}
+        described += "; the chat template"
     write_json(os.path.join(folder, "tokenizer_config.json"), settings)
-    return "vocab.json, merges.txt: AutoTokenizer gives tiktoken's ids"
+    return described
 
 
-def char_tokenizer(tokenizer):
-    """A character vocabulary as Hugging Face's tokenizers holds it: each character a word of
-    its own, decoded by joining them; the end of text a special token."""
+def hf_tokenizer(tokenizer, bpe):
+    """Our tokenizer as Hugging Face's tokenizers holds it: characters each a word of its own,
+    decoded by joining them, or bpe's byte-pair encoding of GPT-2's words; the special tokens
+    (the end of text, a chat model's) at our ids, never made from text."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = dict(tokenizer.stoi)
-    if tokenizer.eot_token is not None:
-        vocab["<|endoftext|>"] = tokenizer.eot_token
-    hf = Tokenizer(models.WordLevel(vocab, unk_token=None))
-    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    hf.decoder = decoders.Fuse()
-    if tokenizer.eot_token is not None:
-        hf.add_special_tokens(["<|endoftext|>"])
+    specials = special_tokens(tokenizer)
+    if bpe is None:
+        hf = Tokenizer(models.WordLevel(tokenizer.stoi | specials, unk_token=None))
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        hf.decoder = decoders.Fuse()
+    else:
+        vocab, merge_lines = bpe
+        pairs = [tuple(line.split(" ")) for line in merge_lines]
+        hf = Tokenizer(models.BPE(vocab | specials, pairs))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens(list(specials))
     return hf
 
 

@@ -6,7 +6,7 @@ import gguf
 from gguf import GGMLQuantizationType as Type
 
 from lib.files import atomic_path
-from lib.tokenizer import EOT
+from lib.tokenizer import special_tokens
 
 # --gguf_dtype: (llama.cpp's file type, the type of its weight matrices); Q8_0 is int8 in blocks
 # of 32 with a float16 scale each
@@ -63,12 +63,11 @@ def tensor_type(hf_name, array, matrices):
 def add_tokenizer(writer, tokenizer, bpe):
     """A byte-pair encoding as llama.cpp's gpt2 tokenizer (GPT-2's split of text into words, then
     the merges); characters as its rwkv one, the longest token that matches, which is the one
-    character (a backslash escaped: rwkv's tokens read \\x00-style escapes)."""
+    character (a backslash escaped: rwkv's tokens read \\x00-style escapes). The special tokens
+    follow as control tokens; a chat model's template and end of turn with them."""
     if bpe is None:
         writer.add_tokenizer_model("rwkv")
         tokens = [char.replace("\\", "\\\\") for char in tokenizer.chars]
-        if tokenizer.eot_token is not None:
-            tokens.append(EOT)
     else:
         vocab, merges = bpe
         writer.add_tokenizer_model("gpt2")
@@ -76,10 +75,21 @@ def add_tokenizer(writer, tokenizer, bpe):
         tokens = sorted(vocab, key=vocab.get)
         writer.add_token_merges(merges)
     types = [gguf.TokenType.NORMAL] * len(tokens)
+    specials = special_tokens(tokenizer)  # their ids follow the vocabulary's
+    tokens += specials
+    types += [gguf.TokenType.CONTROL] * len(specials)
+    eos = tokenizer.eot_token
+    if tokenizer.spec.get("chat"):
+        from lib.chat import TEMPLATE
+
+        writer.add_chat_template(TEMPLATE)
+        eos = tokenizer.end_token  # a reply ends at the end of its turn
+        # named, not guessed from the tokens' text (<|endoftext|> would match as well)
+        writer.add_eot_token_id(eos)
     if tokenizer.eot_token is not None:
-        types[tokenizer.eot_token] = gguf.TokenType.CONTROL
         writer.add_bos_token_id(tokenizer.eot_token)
-        writer.add_eos_token_id(tokenizer.eot_token)
+    if eos is not None:
+        writer.add_eos_token_id(eos)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_add_bos_token(False)  # a prompt starts as given, as sample.py's

@@ -10,10 +10,12 @@ import torch
 from conftest import SHARED, generate, needs_shared
 
 from decoding import NextToken, Options
+from engine import Engine
 from export import export
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.gpt2 import from_pretrained
+from lib.tokenizer import EOT, get_tokenizer
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip(
@@ -21,11 +23,12 @@ transformers = pytest.importorskip(
 )
 
 
-def checkpoint(path, tokenizer, **options):
+def checkpoint(path, tokenizer, data_dir=None, **options):
+    """A random GPT over tokenizer's ids (GPT-2's padded to 50,304) saved in path; a trained BPE's
+    file lies in data_dir."""
     torch.manual_seed(0)
-    vocab = 50304
-    if tokenizer["type"] == "char":
-        vocab = len(tokenizer["chars"]) + tokenizer.get("eot", False)
+    ours = get_tokenizer(tokenizer, os.path.join(data_dir or path, "meta.json"))
+    vocab = 50304 if tokenizer.get("encoding") else ours.vocab_size
     model = GPT(
         GPTConfig(
             vocab_size=vocab,
@@ -40,9 +43,12 @@ def checkpoint(path, tokenizer, **options):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
+        if tokenizer.get("chat"):  # its replies end within a few tokens, as a fine-tune's do
+            model.wte.weight[ours.end_token] *= 4
     save_pretrained(
         model,
         path,
+        data_dir,
         task="lm",
         dataset="toy",
         tokenizer=tokenizer,
@@ -98,7 +104,7 @@ def test_autotokenizer_gives_a_character_models_ids(tmp_path, eot):
     ids = tokenizer.encode(line)
     assert ids == ours.encode(line)
     assert tokenizer.decode(ids) == line
-    assert tokenizer.eos_token_id == ours.eot_token
+    assert tokenizer.eos_token_id == ours.eot_token and tokenizer.chat_template is None
 
 
 @needs_shared
@@ -208,3 +214,105 @@ def test_a_half_precision_char_export_samples_with_its_own_tokenizer(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(Error, match="config.json: the tokenizer has 10 tokens, the model's vocab"):
         load_gpt(str(tmp_path / "hf"), "cpu", hub=True)
+
+
+# ------------------------------------------------------------------------------------------ chat
+# every role, several turns, text beyond ASCII, empty contents
+CONVERSATIONS = [
+    [{"role": "user", "content": "hello"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "héllo 世界 🙂"},
+        {"role": "assistant", "content": "world"},
+        {"role": "user", "content": " two  words\n"},
+    ],
+    [{"role": role, "content": ""} for role in ("system", "user", "assistant")],
+]
+CONTENTS = [m["content"] for messages in CONVERSATIONS for m in messages]
+
+
+@pytest.fixture(scope="module")
+def chat_exports(tmp_path_factory):
+    """{kind: (model, our chat tokenizer, its export)}: random chat models over the
+    conversations' characters (and an end of text), a BPE trained on them and, where the shared
+    folder holds its file, GPT-2's BPE."""
+    from lib.bpe import save_ranks, train_bpe
+
+    root = tmp_path_factory.mktemp("chat")
+    (root / "data").mkdir()
+    trained = save_ranks(train_bpe(CONTENTS * 20, 300).ranks, root / "data")
+    chars = "".join(sorted(set("".join(CONTENTS))))
+    specs = {"char": {"type": "char", "chars": chars, "eot": True}, "trained": trained}
+    if os.path.isdir(os.environ.get("TIKTOKEN_CACHE_DIR", "")):
+        specs["gpt2"] = {"type": "bpe", "encoding": "r50k_base"}
+    found = {}
+    for kind, spec in specs.items():
+        spec = {**spec, "chat": True}
+        model = checkpoint(root / kind, spec, root / "data")
+        export(str(root / kind), str(root / f"hf-{kind}"))
+        tokenizer = get_tokenizer(spec, str(root / "data" / "meta.json"))
+        found[kind] = model, tokenizer, root / f"hf-{kind}"
+    return found
+
+
+def chat_export(chat_exports, kind):
+    if kind not in chat_exports:
+        pytest.skip("GPT-2's BPE needs TIKTOKEN_CACHE_DIR (the shared folder's tiktoken_cache)")
+    return chat_exports[kind]
+
+
+@pytest.mark.parametrize("kind", ["char", "trained", "gpt2"])
+def test_a_chat_models_template_gives_our_ids(chat_exports, kind):
+    """transformers' apply_chat_template renders each conversation as ours: every role, several
+    turns, empty contents, with or without the assistant's marker to answer after; the chat tokens
+    are special tokens at our ids, and <|end|> ends a reply."""
+    from lib.chat import END, SPECIAL_TOKENS
+
+    _, ours, folder = chat_export(chat_exports, kind)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    for messages in CONVERSATIONS:
+        for reply in (False, True):
+            rendered = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=reply, return_dict=True
+            )
+            assert rendered["input_ids"] == ours.render(messages, reply)[0], (messages, reply)
+    added = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    first = ours.base.vocab_size  # the chat tokens follow the end of text
+    chat = {token: first + i for i, token in enumerate(SPECIAL_TOKENS)}
+    assert {t["content"]: t["id"] for t in added if t["special"]} == {EOT: first - 1, **chat}
+    assert tokenizer.eos_token == END and tokenizer.eos_token_id == first + 3
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation == {"bos_token_id": first - 1, "eos_token_id": first + 3}
+
+
+def our_reply(model, prompt, end_token, n):
+    """Our greedy reply to prompt (ids), as sample.py's engine decodes it, and the end of its
+    turn if drawn within n tokens."""
+    engine = Engine(model, 1)
+    pick = NextToken(Options(), greedy=True)
+    row = engine.submit(prompt, [pick], n, end_token).rows[0]
+    while engine.busy():
+        engine.step()
+    return row.generated + [end_token] * row.ended
+
+
+def hf_reply(model, prompt, n):
+    """transformers' greedy generate: the ids after prompt."""
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_generate_replies_as_ours_and_stops_at_the_end_of_the_turn(chat_exports):
+    """A random chat model of a trained BPE: transformers' greedy generate gives our replies'
+    tokens, and stops where ours stop, at <|end|>, one of them after a few tokens."""
+    model, ours, folder = chat_exports["trained"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    replies = []
+    for messages in CONVERSATIONS:
+        prompt = ours.render(messages, reply=True)[0]
+        replies.append(our_reply(model, prompt, ours.end_token, 8))
+        assert hf_reply(hf, prompt, 8) == replies[-1], messages
+    assert any(len(reply) > 1 and reply[-1] == ours.end_token for reply in replies)

@@ -185,6 +185,32 @@ def test_the_tokenizer_is_inside(checkpoints, tmp_path, kind):
         assert merges[0] == "Ġ t"  # GPT-2's first merge
 
 
+@pytest.mark.parametrize("kind", ["char", "trained", "gpt2"])
+def test_a_chat_models_tokens_template_and_end_of_turn_are_inside(checkpoints, tmp_path, kind):
+    """A chat model's file: the chat tokens (lib/chat.py's) at our ids after the vocabulary's,
+    control tokens, as <|endoftext|> is, their rows in the token table; the template; a reply
+    ends at <|end|> (eos, and llama.cpp's end of turn), the end of text still its bos."""
+    from lib.chat import SPECIAL_TOKENS, TEMPLATE
+
+    plain = checkpoint(checkpoints, kind)
+    card = json.loads(open(os.path.join(plain, "config.json")).read())
+    base = read_tokenizer(plain)
+    spec = {**card["tokenizer"], "chat": True}
+    vocab = max(card["model"]["vocab_size"], base.vocab_size + 4)  # GPT-2's padding holds them
+    out_dir = make_checkpoint(tmp_path / "chat", spec, vocab, plain)
+    export(out_dir, gguf_path=str(tmp_path / "m.gguf"))
+    tensors, fields = read(tmp_path / "m.gguf")
+    tokens = fields["tokenizer.ggml.tokens"]
+    types = fields["tokenizer.ggml.token_type"]
+    n = base.vocab_size
+    assert tokens[n:] == list(SPECIAL_TOKENS) and types[n:] == [3] * 4
+    assert len(tokens) == len(types) == n + 4
+    assert tensors["token_embd.weight"][1].shape == (n + 4, 32)
+    assert fields["tokenizer.chat_template"] == TEMPLATE
+    assert fields["tokenizer.ggml.eos_token_id"] == fields["tokenizer.ggml.eot_token_id"] == n + 3
+    assert fields.get("tokenizer.ggml.bos_token_id") == base.eot_token
+
+
 # ------------------------------------------------------------------------------- llama.cpp itself
 def llama_cpp():
     return pytest.importorskip(
