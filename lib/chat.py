@@ -2,6 +2,7 @@
 no text encodes to) and which tokens a fine-tune learns: the assistant's."""
 
 from lib.common import Error
+from lib.tokenizer import EOT
 
 ROLES = ("system", "user", "assistant")
 END = "<|end|>"  # ends every turn; a reply ends where the model draws it
@@ -81,3 +82,10 @@ def check_messages(messages):
             )
         if not isinstance(message.get("content"), str):
             raise Error(f"messages[{i}]: 'content' must be a string")
+
+
+def special_tokens(tokenizer):
+    """{token: id} of the ids no text encodes to, which follow the vocabulary's in id order:
+    <|endoftext|>, then a chat tokenizer's (lib/chat.py)."""
+    found = {} if tokenizer.eot_token is None else {EOT: tokenizer.eot_token}
+    return found | getattr(tokenizer, "ids", {})

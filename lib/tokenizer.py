@@ -33,13 +33,6 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
     return tokenizer
 
 
-def special_tokens(tokenizer):
-    """{token: id} of the ids no text encodes to, which follow the vocabulary's in id order:
-    <|endoftext|>, then a chat tokenizer's (lib/chat.py)."""
-    found = {} if tokenizer.eot_token is None else {EOT: tokenizer.eot_token}
-    return found | getattr(tokenizer, "ids", {})
-
-
 class CharTokenizer:
     name = "characters"
 
