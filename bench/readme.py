@@ -10,8 +10,9 @@ Each ```bash block's lines, joined at a trailing backslash and cut at `&&`, run 
 bash in the clone, changed only so:
 - a line's `# offline: FLAGS` comment: FLAGS appended, the form the page gives for offline;
 - train.py: --max_iters=ITERS --eval_iters=2 --eval_interval=ITERS appended, a run of seconds;
-- serve.py: started, waited on until it answers, stopped at the end of its page; port 8000 is
-  taken by another free one throughout the page if something else holds it;
+- serve.py: started, waited on until it answers, stopped at the end of its page or at the
+  page's next serve.py; port 8000 is taken by another free one throughout the page if something
+  else holds it;
 - `my_texts/`, the pages' stand-in for your text: Tiny Shakespeare cut into 8 files;
 - each ```python block runs with python (beside the server it talks to);
 - what SKIP names does not run, for the reason given.
@@ -190,6 +191,8 @@ def walk(clone, env, iters, long):
                     print(f"skipped   {shown}  ({why})", flush=True)
                     continue
                 if run and "serve.py" in run:
+                    if server:  # the page's next server takes the place of the one running
+                        results.append(("(Ctrl-C) serve.py", stop_server(server)))
                     if port_taken(port):  # someone else's server: this page takes another
                         port = free_port()
                         run = run.replace(str(PORT), str(port))
