@@ -148,6 +148,12 @@ def stop_server(process):
     return 0 if status == 130 else status
 
 
+def interrupt(server, results):
+    """stop_server(server), its status recorded in results and printed."""
+    results.append(("(Ctrl-C) serve.py", stop_server(server)))
+    print(f"exit {results[-1][1]:<4} (Ctrl-C) serve.py", flush=True)
+
+
 def make_texts(clone):
     """my_texts/: Tiny Shakespeare in 8 files, 8 documents."""
     with open(os.path.join(SHARED, "data", "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
@@ -177,8 +183,7 @@ def walk(clone, env, iters, long):
     port = PORT
     for page, language, lines in page_blocks():
         if server and page != server_page:
-            results.append(("(Ctrl-C) serve.py", stop_server(server)))
-            print(f"exit {results[-1][1]:<4} (Ctrl-C) serve.py", flush=True)
+            interrupt(server, results)
             server = None
         for line in lines:
             if language == "python":
@@ -192,7 +197,7 @@ def walk(clone, env, iters, long):
                     continue
                 if run and "serve.py" in run:
                     if server:  # the page's next server takes the place of the one running
-                        results.append(("(Ctrl-C) serve.py", stop_server(server)))
+                        interrupt(server, results)
                     if port_taken(port):  # someone else's server: this page takes another
                         port = free_port()
                         run = run.replace(str(PORT), str(port))
@@ -229,7 +234,7 @@ def walk(clone, env, iters, long):
                     print((status.stdout + status.stderr)[-2000:], flush=True)
                     break  # what follows && does not run
     if server:
-        results.append(("(Ctrl-C) serve.py", stop_server(server)))
+        interrupt(server, results)
     return results
 
 

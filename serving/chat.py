@@ -41,11 +41,9 @@ def chat_completion(playground, req, deadline):
     if not tokenizer.spec.get("chat"):
         raise RequestError(400, f"model {name!r}: {NO_CHAT}", "model")
     ids = prompt_ids(tokenizer, conversation(req.messages), m["model"].config.block_size)
-    field = "max_completion_tokens"
-    if req.max_tokens is not None and req.max_completion_tokens is not None:
+    field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+    if field == "max_completion_tokens" and req.max_tokens is not None:
         raise RequestError(400, f"send max_tokens or its newer name {field}, not both", field)
-    if req.max_completion_tokens is None:
-        field = "max_tokens"
     max_tokens = getattr(req, field) or playground.max_tokens
     at_most(field, max_tokens, playground.max_tokens)
     fields = {k: v for k, v in req if k in CompletionRequest.model_fields}
