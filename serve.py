@@ -12,6 +12,9 @@ probabilities and every attention head.
                          logprobs, echo, and every decoding option (OpenAI's defaults); vLLM's
                          ignore_eos: on past the end-of-text token; trace: the top candidates at
                          every filter
+  POST /v1/chat/completions   OpenAI's messages (a chat fine-tune's model: lib/chat.py's template),
+                         each reply ending at <|end|>; the same fields as completions but prompt,
+                         logprobs, echo, trace, ignore_eos; max_completion_tokens
   POST /v1/classify      {"input": a text or a list of texts, "attention": true for one text's
                          every head}
   GET /tokenizer_info, POST /tokenize, POST /detokenize    vLLM's, which lm-evaluation-harness

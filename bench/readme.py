@@ -10,8 +10,9 @@ Each ```bash block's lines, joined at a trailing backslash and cut at `&&`, run 
 bash in the clone, changed only so:
 - a line's `# offline: FLAGS` comment: FLAGS appended, the form the page gives for offline;
 - train.py: --max_iters=ITERS --eval_iters=2 --eval_interval=ITERS appended, a run of seconds;
-- serve.py: started, waited on until it answers, stopped at the end of its page; port 8000 is
-  taken by another free one throughout the page if something else holds it;
+- serve.py: started, waited on until it answers, stopped at the end of its page or at the
+  page's next serve.py; port 8000 is taken by another free one throughout the page if something
+  else holds it;
 - `my_texts/`, the pages' stand-in for your text: Tiny Shakespeare cut into 8 files;
 - each ```python block runs with python (beside the server it talks to);
 - what SKIP names does not run, for the reason given.
@@ -148,6 +149,12 @@ def stop_server(process):
     return 0 if status == 130 else status
 
 
+def interrupt(server, results):
+    """stop_server(server), its status recorded in results and printed."""
+    results.append(("(Ctrl-C) serve.py", stop_server(server)))
+    print(f"exit {results[-1][1]:<4} (Ctrl-C) serve.py", flush=True)
+
+
 def make_texts(clone):
     """my_texts/: Tiny Shakespeare in 8 files, 8 documents."""
     with open(os.path.join(SHARED, "data", "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
@@ -177,8 +184,7 @@ def walk(clone, env, iters, long):
     port = PORT
     for page, language, lines in page_blocks():
         if server and page != server_page:
-            results.append(("(Ctrl-C) serve.py", stop_server(server)))
-            print(f"exit {results[-1][1]:<4} (Ctrl-C) serve.py", flush=True)
+            interrupt(server, results)
             server = None
         for line in lines:
             if language == "python":
@@ -191,6 +197,8 @@ def walk(clone, env, iters, long):
                     print(f"skipped   {shown}  ({why})", flush=True)
                     continue
                 if run and "serve.py" in run:
+                    if server:  # the page's next server takes the place of the one running
+                        interrupt(server, results)
                     if port_taken(port):  # someone else's server: this page takes another
                         port = free_port()
                         run = run.replace(str(PORT), str(port))
@@ -227,7 +235,7 @@ def walk(clone, env, iters, long):
                     print((status.stdout + status.stderr)[-2000:], flush=True)
                     break  # what follows && does not run
     if server:
-        results.append(("(Ctrl-C) serve.py", stop_server(server)))
+        interrupt(server, results)
     return results
 
 

@@ -7,9 +7,11 @@ measured round: flat memory means no request leaves anything behind. With --big,
 rounds run again beside one more client that sends 64 prompts x 8 choices again and again: what
 the other clients' latency pays for it. With --bad, they run again beside a client that sends
 malformed and oversized requests (BAD) again and again, each of which must be refused with a 4xx,
-and the engine's rows must all be free at the end.
+and the engine's rows must all be free at the end. With --chat, each GPT's requests are chat
+completions of data/chat/prepare.py's word tasks, for a checkpoint fine-tuned on them.
   python bench/serve_load.py --out_dir=out-shakespeare-char --out_dir=out-agnews \\
       --requests=200 --concurrency=8
+  python bench/serve_load.py --out_dir=out-chat --chat --concurrency=1   # then 8: the ratio
 """
 
 import json
@@ -60,6 +62,10 @@ FLAGS = {
         False,
         "each GPT's rounds again, beside a client sending malformed and oversized requests",
     ),
+    "chat": Key(
+        False,
+        "each GPT's requests as chat completions of the word tasks (config/chat.py's checkpoint)",
+    ),
     "device": replace(DEVICE_KEY, default="cpu"),
     "weights": WEIGHTS_KEY,
     "compile": COMPILE_KEY,
@@ -90,6 +96,19 @@ BAD = [
         "no_repeat_ngram_size": 3,
     },
     {"prompt": "ROMEO: " * 10**5, "max_tokens": 5},
+]
+
+
+# a chat checkpoint's questions: data/chat/prepare.py's word tasks
+QUESTIONS = [
+    "Reverse: hello",
+    "Capitals: stone",
+    "Spell backwards: river",
+    "Reverse: garden",
+    "Capitals: candle",
+    "Spell backwards: planet",
+    "Reverse: silver",
+    "Capitals: window",
 ]
 
 
@@ -134,18 +153,16 @@ def start_server(out_dirs, device, weights, compile):
     raise Error(f"serve.py ended before serving: exit {server.wait()}")
 
 
-def body_for(model, i, max_tokens):
+def body_for(model, i, max_tokens, chat=False):
     if model["task"] == "classify":
         return "/v1/classify", {"model": model["id"], "input": HEADLINES[i % len(HEADLINES)]}
+    drawn = {"model": model["id"], "max_tokens": max_tokens, "seed": i}
+    drawn.update(temperature=0.8, top_k=200)
+    if chat:
+        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        return "/v1/chat/completions", {**drawn, "messages": messages}
     prompt = ["ROMEO:", "JULIET:", "First Citizen:", "KING HENRY:"][i % 4]
-    return "/v1/completions", {
-        "model": model["id"],
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "seed": i,
-        "temperature": 0.8,
-        "top_k": 200,
-    }
+    return "/v1/completions", {**drawn, "prompt": prompt}
 
 
 def keep_sending(url, bodies, stop, statuses):
@@ -169,7 +186,7 @@ def keep_sending(url, bodies, stop, statuses):
 def measure(server, url, model, args, big=None):
     """One model's rounds: (requests/s, p50 and p99 latency in s, generated tokens/s, memory after
     each round). big: request bodies that one more client sends again and again meanwhile."""
-    bodies = [body_for(model, i, args.max_tokens) for i in range(args.distinct)]
+    bodies = [body_for(model, i, args.max_tokens, args.chat) for i in range(args.distinct)]
     alone = [post(url + path, body) for path, body in bodies]
     stop = threading.Event()
     statuses = []

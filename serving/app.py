@@ -1,6 +1,6 @@
 """The app: FastAPI's routes over a Playground (the page, the API), its errors as OpenAI's, the
-guard in front, a completion streamed or answered whole (its decoding stopped when the client
-leaves), and uvicorn's server on a socket bound first."""
+guard in front, a completion or chat completion streamed or answered whole (its decoding stopped
+when the client leaves), and uvicorn's server on a socket bound first."""
 
 import asyncio
 import os
@@ -21,6 +21,7 @@ from lib.transport import (
     host_names,
     listen,
 )
+from serving.chat import ChatRequest, chat_completion
 from serving.protocol import (
     ClassifyRequest,
     CompletionRequest,
@@ -58,15 +59,11 @@ def make_app(playground, names, port, origins=(), deadline=DEADLINE):
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        completion = playground.completion(body, deadline)
-        await completion.start()
-        if body.stream:
-            return EventStream(completion)
-        try:  # a client that leaves stops its decoding
-            answer = await unless_gone(completion.answer(), request.receive)
-            return JSONResponse(answer)  # plain JSON already: no jsonable_encoder walk
-        finally:
-            completion.close()
+        return await respond(playground.completion(body, deadline), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        return await respond(chat_completion(playground, body, deadline), request)
 
     @app.post("/v1/classify")
     async def classify_texts(body: ClassifyRequest):
@@ -155,6 +152,18 @@ class EventStream(StreamingResponse):
         finally:
             await self.body_iterator.aclose()
             self.completion.close()
+
+
+async def respond(completion, request):
+    """A completion (or chat completion) submitted, then streamed or answered whole."""
+    await completion.start()
+    if completion.req.stream:
+        return EventStream(completion)
+    try:  # a client that leaves stops its decoding
+        answer = await unless_gone(completion.answer(), request.receive)
+        return JSONResponse(answer)  # plain JSON already: no jsonable_encoder walk
+    finally:
+        completion.close()
 
 
 async def until_gone(receive):

@@ -67,6 +67,9 @@ class Completion:
     """One completion request: n choices per prompt (in OpenAI's order), each prompt one engine
     request of the model's Decoder; events() says what each engine step adds."""
 
+    ID = "cmpl"  # OpenAI's id prefix and objects: the answer's, a streamed chunk's
+    OBJECT = CHUNK = "text_completion"
+
     def __init__(self, playground, name, m, req, prompts, options, seed, stops):
         self.playground = playground
         self.req = req
@@ -79,8 +82,8 @@ class Completion:
         self.requests = []
         self.choices = []
         self.head = {
-            "id": f"cmpl-{secrets.token_hex(12)}",
-            "object": "text_completion",
+            "id": f"{self.ID}-{secrets.token_hex(12)}",
+            "object": self.OBJECT,
             "created": int(time.time()),
             "model": name,
         }
@@ -104,12 +107,16 @@ class Completion:
             # the prompt scored only where its log-probabilities are asked for
             echo = req.echo and req.logprobs is not None
             # the engine's client: its prompts take turns with other completions' prompts
-            end = None if req.ignore_eos else self.tokenizer.eot_token  # None for characters
+            end = self.end_token()
             request = self.decoder.submit(ids, picks, req.max_tokens, end, req.logprobs, echo, self)
             self.requests.append(request)
             for row, trace in zip(request.rows, traces):
                 self.choices.append(Choice(len(self.choices), row, text, trace, req.echo))
         self.watcher = asyncio.ensure_future(self.give_back_when_decoded())
+
+    def end_token(self):
+        """The token that ends a choice: the tokenizer's end of text (None for characters)."""
+        return None if self.req.ignore_eos else self.tokenizer.eot_token
 
     async def give_back_when_decoded(self):
         for request in self.requests:
@@ -244,30 +251,38 @@ class Completion:
         return {**self.head, "choices": choices, "usage": self.usage()}
 
     async def stream(self):
-        """Server-sent events, as OpenAI streams: a chunk per choice and token, the usage with
-        stream_options' include_usage, then data: [DONE]; an error past the headers is the
-        stream's last event, as OpenAI sends it."""
+        """Server-sent events, as OpenAI streams: the opening chunks, then the chunks of each
+        choice's tokens, the usage with stream_options' include_usage, then data: [DONE]; an
+        error past the headers is the stream's last event, as OpenAI sends it."""
+        head = {**self.head, "object": self.CHUNK}
         try:
+            for choice in self.opening():
+                yield event({**head, "choices": [choice]})
             async for step in self.events():
-                for i, text, finish, trace, logprobs in step:
-                    if text or finish or trace or logprobs:
-                        choice = {
-                            "text": text,
-                            "index": i,
-                            "logprobs": logprobs,
-                            "finish_reason": finish,
-                        }
-                        if trace:
-                            choice["trace"] = trace
-                        yield event({**self.head, "choices": [choice]})
+                for entry in step:
+                    for choice in self.chunks(*entry):
+                        yield event({**head, "choices": [choice]})
         except Exception as e:  # past the headers: the error is an event, then [DONE]
             yield event(error_response(e).body)
             yield b"data: [DONE]\n\n"
             return
         options = self.req.stream_options
         if options and options.include_usage:
-            yield event({**self.head, "choices": [], "usage": self.usage()})
+            yield event({**head, "choices": [], "usage": self.usage()})
         yield b"data: [DONE]\n\n"
+
+    def opening(self):
+        """The chunks' choices before any token: none for a completion."""
+        return []
+
+    def chunks(self, i, text, finish, trace, logprobs):
+        """The streamed choices of one event of choice i: one, where it adds anything."""
+        if not (text or finish or trace or logprobs):
+            return []
+        choice = {"text": text, "index": i, "logprobs": logprobs, "finish_reason": finish}
+        if trace:
+            choice["trace"] = trace
+        return [choice]
 
 
 def join_logprobs(choice, logprobs):

@@ -15,7 +15,7 @@ from lib.formats import for_decoding
 from lib.transport import DEADLINE, MAX_ACTIVE, RequestError, Slots
 from lib.weights import load_gpt
 from serving.completions import Completion, check_candidates
-from serving.protocol import MAX_TEXTS, option_named
+from serving.protocol import MAX_TEXTS, at_most, option_named
 from serving.scheduler import MAX_ROWS, Decoder, ServingEngine, free_rows
 
 
@@ -93,6 +93,7 @@ class Playground:
                     "labels": m.get("labels"),
                     **{k: getattr(config, k) for k in shape},
                     **free_rows(m),
+                    "chat": m["tokenizer"].spec.get("chat", False),
                 }
             )
         return {"object": "list", "data": data}
@@ -140,17 +141,15 @@ class Playground:
         return name, self.models[name]
 
     # ---------------------------------------------------------------------------------- completions
-    def completion(self, req, deadline=DEADLINE):
-        """A checked completion request -> a Completion, not yet submitted; one that the model's
-        measured speed cannot finish within deadline seconds is refused at once."""
+    def completion(self, req, deadline=DEADLINE, kind=Completion):
+        """A checked completion request -> a Completion (or kind, its subclass), not yet
+        submitted; one that the model's measured speed cannot finish within deadline seconds is
+        refused at once."""
         name, m = self.pick_model(req.model, "lm")
         if req.max_tokens == 0 and not req.echo:
             raise RequestError(400, "max_tokens 0 scores the prompt: send echo too", "max_tokens")
-        limits = [("max_tokens", self.max_tokens), ("n", self.max_n)]
-        for field, high in limits:
-            if getattr(req, field) > high:
-                got = getattr(req, field)
-                raise RequestError(400, f"{field} must be at most {high}, got {got}", field)
+        at_most("max_tokens", req.max_tokens, self.max_tokens)
+        at_most("n", req.n, self.max_n)
         stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
         if len(stops) > 4 or not all(stops):
             raise RequestError(
@@ -183,7 +182,7 @@ class Playground:
         except Error as e:
             raise RequestError(400, str(e), option_named(str(e))) from None
         check_candidates(req, prompts, options)
-        return Completion(self, name, m, req, prompts, options, seed, stops)
+        return kind(self, name, m, req, prompts, options, seed, stops)
 
     def prompts(self, prompt, m):
         """A request's prompt -> [(its text, its token ids)], one per prompt given: a text, a

@@ -49,18 +49,23 @@ class StreamOptions(Body):
     include_usage: bool = Field(False, description="a last chunk with the usage")
 
 
-class CompletionFields(Body):
+class DecodeFields(Body):
+    """What a completion and a chat completion both take (with decoding.Options' fields)."""
+
     model: str | None = None
+    n: int = Field(1, ge=1, description="completions per prompt")
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class CompletionFields(DecodeFields):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         "", description="a text, token ids, or a list of either (one completion each)"
     )
     max_tokens: int = Field(16, ge=0, description="0: the prompt scored only (with echo)")
-    n: int = Field(1, ge=1, description="completions per prompt")
-    stop: str | list[str] | None = None
     ignore_eos: bool = Field(False, description="go on past the tokenizer's end-of-text token")
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     logprobs: int | None = Field(
         None, ge=0, le=MAX_TRACE, description="each token's log-probability and this many top"
     )
@@ -144,6 +149,12 @@ def error_response(e):
     if isinstance(e, RequestError):
         return e.response()
     return server_error(None, e)
+
+
+def at_most(field, value, high):
+    """A 400 naming field where its value is past the server's limit high."""
+    if value > high:
+        raise RequestError(400, f"{field} must be at most {high}, got {value}", field)
 
 
 def option_named(message):

@@ -386,7 +386,7 @@ BAD = [
     ("POST", "/v1/classify", {"input": ["a", "b"], "attention": True}, 400, "attention"),
     ("POST", "/v1/classify", {"text": "abc"}, 400, "text"),
     ("POST", "/v1/completions", b"{" + b" " * transport.MAX_BODY + b"}", 413, None),
-    ("POST", "/v1/chat/completions", {}, 404, None),
+    ("POST", "/v1/chat/completions", {}, 400, "messages"),
     ("GET", "/v1/nothing", None, 404, None),
 ]
 
