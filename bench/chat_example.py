@@ -7,6 +7,7 @@ data's masks all ones). Each fine-tune runs as a user runs it, in a folder of it
   python train.py config/shakespeare_char_cpu.py
   python data/chat/prepare.py --tokenizer_from out-shakespeare-char-cpu
   python bench/chat_example.py            # the base, then two fine-tunes of a few minutes each
+  python bench/chat_example.py --max_iters=300      # shorter fine-tunes
   python bench/chat_example.py --score out-chat     # one checkpoint's exact match alone
 """
 
@@ -39,6 +40,7 @@ FLAGS = {
     "base": Key("out-shakespeare-char-cpu", "the model before the fine-tune"),
     "data": Key("data/chat", "the prepared conversations (their val split is scored)"),
     "config": Key("config/chat.py", "the fine-tune's config"),
+    "max_iters": Key(0, "the fine-tunes' steps, the schedule alike (0: the config's)", ge=0),
     "score": Key(None, "score this checkpoint alone"),
     "json": Key(None, "write the results to this file too"),
 }
@@ -73,10 +75,12 @@ def grown_base(base, vocab_size):
     return model.load_body(grown(source.state_dict(), vocab_size)).eval()
 
 
-def fine_tune(config, out_dir, dataset):
+def fine_tune(config, out_dir, dataset, max_iters):
     """train.py on config into out_dir, as a user runs it -> seconds."""
     t0 = time.perf_counter()
     command = [sys.executable, "train.py", config, f"--out_dir={out_dir}", f"--dataset={dataset}"]
+    if max_iters:
+        command += [f"--max_iters={max_iters}", f"--lr_decay_iters={max_iters}"]
     subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
@@ -110,7 +114,7 @@ def main():
             ("every token", mask_off(data_dir, os.path.join(tmp, "all"))),
         ):
             out_dir = os.path.join(tmp, name.replace(" ", "_"))
-            seconds = fine_tune(args.config, out_dir, dataset)
+            seconds = fine_tune(args.config, out_dir, dataset, args.max_iters)
             # scored on the masked val: the replies alone, whatever the loss learned
             model, _ = load_pretrained(out_dir)
             results[name] = {"exact_match": exact_match(model, val), "seconds": seconds}
