@@ -269,6 +269,35 @@ def test_llama_cpp_reads_text_as_our_tokens(checkpoints, tmp_path, kind):
         assert llama.detokenize(ids).decode() == text
 
 
+@pytest.mark.parametrize("kind", ["char", "trained", "gpt2"])
+def test_llama_cpp_reads_the_chat_template_as_our_ids_and_replies_as_ours(
+    checkpoints, tmp_path, kind
+):
+    """A chat model's file in llama.cpp: the rendered template, its markers parsed as special
+    tokens, is our render's ids; greedy from a reply's prompt, the tokens ours are."""
+    llama_cpp()
+    plain = checkpoint(checkpoints, kind)
+    card = json.loads(open(os.path.join(plain, "config.json")).read())
+    base = read_tokenizer(plain)
+    spec = {**card["tokenizer"], "chat": True}
+    vocab = max(card["model"]["vocab_size"], base.vocab_size + 4)
+    out_dir = make_checkpoint(tmp_path / "chat", spec, vocab, plain)
+    export(out_dir, gguf_path=str(tmp_path / "m.gguf"))
+    llama = bench.load_llama(tmp_path / "m.gguf")
+    tokenizer = read_tokenizer(out_dir)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "ROMEO: what say'st thou?"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "Hello"},
+    ]
+    ids, _ = tokenizer.render(messages, reply=True)
+    rendered = tokenizer.decode(ids)  # the template's text: markers and contents
+    assert llama.tokenize(rendered.encode(), add_bos=False, special=True) == ids
+    ours, _ = our_greedy(out_dir, ids, 40)
+    assert bench.llama_greedy(llama, ids, 40)[0] == ours
+
+
 @pytest.mark.slow
 @needs_shared
 def test_llama_cpps_converter_reads_our_hugging_face_export(checkpoints, tmp_path):
