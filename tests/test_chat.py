@@ -17,6 +17,7 @@ import train
 from decoding import NextToken, Options
 from engine import Engine
 from lib.chat import SPECIAL_TOKENS, ChatTokenizer
+from lib.common import Error
 from lib.checkpoint import save_pretrained
 from lib.conversations import ConversationData
 from lib.tokenizer import CharTokenizer, get_tokenizer
@@ -154,6 +155,7 @@ def test_each_bad_line_is_named_and_counted(base, tmp_path):
         f"--tokenizer_from={base}",
         f"--out_dir={tmp_path / 'out'}",
         "--val_fraction=0.5",
+        "--block_size=40",
     )
     said = err.splitlines()
     assert f"{source}:2: not JSON; skipped" in said
@@ -165,7 +167,7 @@ def test_each_bad_line_is_named_and_counted(base, tmp_path):
     assert f"{source}:5: messages[0]: 'content' must be a string; skipped" in said
     assert f"{source}:6: no assistant turn: nothing to learn; skipped" in said
     assert f"{source}:7: characters not in this model's vocabulary: 'ABC'; skipped" in said
-    assert f"{source}:8: 66 tokens, past block_size + 1 = 49; skipped" in said
+    assert f"{source}:8: 66 tokens, past block_size + 1 = 41; skipped" in said
     assert (
         "skipped 7 lines: 3 bad messages, 1 not JSON, 1 no messages, 1 no assistant turn, "
         "1 too long" in said
@@ -314,3 +316,9 @@ def test_a_chat_fine_tune_under_ddp_equals_one_process(base, chats, tmp_path):
     for name, p in single.state_dict().items():
         assert torch.equal(rank0[name], p), name
     assert metrics0 == pytest.approx(metrics, abs=1e-5)
+
+
+def test_a_conversation_past_the_context_is_refused_not_cut(base, chats, tmp_path):
+    with pytest.raises(Error, match=r"a conversation of \d+ tokens, past block_size \+ 1 = 17"):
+        tune(chats, base, tmp_path, "--max_iters=1", "--block_size=16")
+    assert not os.path.exists(tmp_path / "model.safetensors")

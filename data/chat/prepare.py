@@ -39,7 +39,7 @@ FLAGS = {
         f"the checkpoint to fine-tune (its folder), or {', '.join(GPT2_NAMES)}: GPT-2's BPE",
     ),
     "out_dir": Key(HERE, "where to write"),
-    "block_size": Key(None, "the longest conversation, less one (default: the model's)", ge=1),
+    "block_size": Key(0, "the longest conversation, less one (0: the model's block_size)", ge=0),
     "val_fraction": Key(0.1, "the share of conversations for val", gt=0, lt=1),
     "examples": Key(6000, "word tasks to generate, without --source", ge=1),
     "seed": Key(1337, "the word tasks' random seed"),
