@@ -17,8 +17,8 @@ import train
 from decoding import NextToken, Options
 from engine import Engine
 from lib.chat import SPECIAL_TOKENS, ChatTokenizer
-from lib.common import Error
 from lib.checkpoint import save_pretrained
+from lib.common import Error
 from lib.conversations import ConversationData
 from lib.tokenizer import CharTokenizer, get_tokenizer
 from lib.weights import load_pretrained
