@@ -2,11 +2,13 @@
 The chat example, measured: exact match of greedy replies to the held-out word tasks (the val
 conversations of data/chat/prepare.py, whose questions train never holds) before the fine-tune
 (the base model, its token table grown as the fine-tune grows it), after `python train.py
-config/chat.py`, and after the same fine-tune with the loss on every token (the mask off: the
-data's masks all ones). Each fine-tune runs as a user runs it, in a folder of its own.
+config/chat.py`, after the same fine-tune with the loss on every token (the mask off: the data's
+masks all ones), and after it on packed rows (consecutive conversations joined while they fit in
+block_size + 1 tokens, the masks kept: a reply then attends to the conversations before it in its
+row). Each fine-tune runs as a user runs it, in a folder of its own.
   python train.py config/shakespeare_char_cpu.py
   python data/chat/prepare.py --tokenizer_from out-shakespeare-char-cpu
-  python bench/chat_example.py            # the base, then two fine-tunes of a few minutes each
+  python bench/chat_example.py            # the base, then three fine-tunes of a few minutes each
   python bench/chat_example.py --max_iters=300      # shorter fine-tunes
   python bench/chat_example.py --score out-chat     # one checkpoint's exact match alone
 """
@@ -44,6 +46,9 @@ FLAGS = {
     "score": Key(None, "score this checkpoint alone"),
     "json": Key(None, "write the results to this file too"),
 }
+
+# the tokens of a packed row: config/chat.py's block_size + 1
+ROW = 65
 
 
 def exact_match(model, data, rows=64):
@@ -94,6 +99,27 @@ def mask_off(data_dir, to):
     return to
 
 
+def packed(data_dir, to, size):
+    """A copy of the prepared conversations, consecutive ones joined into rows of at most size
+    tokens (their offsets merged)."""
+    shutil.copytree(data_dir, to)
+    with open(os.path.join(to, "meta.json")) as f:
+        meta = json.load(f)
+    for split in ("train", "val"):
+        path = os.path.join(to, f"{split}.offsets.npy")
+        offsets = np.load(path)
+        rows = [0]
+        for start, end in zip(offsets[:-1], offsets[1:]):
+            if end - rows[-1] > size:  # the conversation opens a row of its own
+                rows.append(start)
+        rows.append(offsets[-1])
+        np.save(path, np.array(rows, dtype=np.int64))
+        meta["splits"][split] = len(rows) - 1
+    with open(os.path.join(to, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    return to
+
+
 def main():
     p = ArgumentParser(description=__doc__)
     flags(p, FLAGS)
@@ -110,15 +136,16 @@ def main():
     print(f"before the fine-tune: {results['before']:.1%}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name, dataset in (
-            ("masked", data_dir),
-            ("every token", mask_off(data_dir, os.path.join(tmp, "all"))),
+            ("the loss on the replies", data_dir),
+            ("the loss on every token", mask_off(data_dir, os.path.join(tmp, "all"))),
+            ("packed rows", packed(data_dir, os.path.join(tmp, "packed"), ROW)),
         ):
-            out_dir = os.path.join(tmp, name.replace(" ", "_"))
+            out_dir = os.path.join(tmp, name.split()[-1])
             seconds = fine_tune(args.config, out_dir, dataset, args.max_iters)
             # scored on the masked val: the replies alone, whatever the loss learned
             model, _ = load_pretrained(out_dir)
             results[name] = {"exact_match": exact_match(model, val), "seconds": seconds}
-            print(f"after, loss on {name}: {results[name]['exact_match']:.1%} ({seconds:.0f} s)")
+            print(f"after, {name}: {results[name]['exact_match']:.1%} ({seconds:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
