@@ -63,7 +63,7 @@ from lib.keys import DEVICE_KEY, Key, flags
 
 FLAGS = {
     "device": DEVICE_KEY,
-    "repeats": Key(5, "timed repeats per figure, after one warm-up"),
+    "repeats": Key(5, "timed repeats per figure, after one warm-up", ge=1),
     "quick": Key(
         False,
         "2 repeats, n = 128 and 512, 100 new tokens, training batches of at most 4 rows, "
@@ -144,8 +144,6 @@ def main(argv=None):
     if profile and not os.path.isfile(profile):
         p.error(f"--profile {a.profile}: no such config file (try config/shakespeare_char.py)")
     os.chdir(ROOT)  # config files exec other config files by relative path
-    if a.repeats < 1:
-        p.error(f"--repeats {a.repeats}: must be at least 1")
     device = pick_device(a.device)
     if profile:
         return profile_train(profile, device)
