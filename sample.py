@@ -15,10 +15,9 @@ from engine import COMPILE_KEY, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
 from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
-from lib.text import continuation
+from lib.text import SEPARATOR, continuation
 from lib.weights import load_gpt
 
-SEPARATOR = "-" * 40
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
 FLAGS = {
     "out_dir": Key("out", "a checkpoint written by train.py"),

@@ -86,6 +86,6 @@ def check_messages(messages):
 
 def special_tokens(tokenizer):
     """{token: id} of the ids no text encodes to, which follow the vocabulary's in id order:
-    <|endoftext|>, then a chat tokenizer's (lib/chat.py)."""
+    <|endoftext|>, then a chat tokenizer's."""
     found = {} if tokenizer.eot_token is None else {EOT: tokenizer.eot_token}
     return found | getattr(tokenizer, "ids", {})

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import torch
 
-from lib.batches import check, load_array
+from lib.batches import LMData, check, load_array
 from lib.common import Error
 from lib.labelled import ClassificationData, read_rows
 
@@ -53,7 +53,4 @@ class ConversationData(ClassificationData):
             targets[row, : end - start - 1] = ids[1:].where(learn, -1)
         return {"idx": idx, "targets": targets}
 
-    @staticmethod
-    def count(batch):
-        """What the throughput counts: tokens."""
-        return batch["idx"].numel()
+    count = staticmethod(LMData.count)  # tokens

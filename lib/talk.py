@@ -7,15 +7,13 @@ import sys
 
 from lib.chat import check_messages
 from lib.common import Error
-from lib.text import continuation
-
-SEPARATOR = "-" * 40
+from lib.text import SEPARATOR, continuation
 
 
 def talk(engine, tokenizer, picks, args):
     """Replies on stdout to args.messages' conversation (a sample per pick), then with
     args.chat to each line typed."""
-    if not hasattr(tokenizer, "render"):
+    if not tokenizer.spec.get("chat"):
         raise Error(
             f"{args.init_from or args.out_dir} has no chat tokens: fine-tune it on "
             "conversations first (data/chat/prepare.py, config/chat.py)"

@@ -1,4 +1,6 @@
-"""Stop strings in a decode's growing text."""
+"""Stop strings in a decode's growing text, and the line between samples."""
+
+SEPARATOR = "-" * 40  # printed between samples
 
 
 def first_stop(text, stops):
