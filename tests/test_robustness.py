@@ -373,7 +373,12 @@ BAD_INPUTS = [
         "pass texts or --file, not both",
     ),
     ("classify.py", ["--out_dir={d}/clf", "xyz"], "not in this model's vocabulary"),
-    ("bench/speed.py", ["--repeats=0"], "--repeats 0: must be at least 1"),
+    ("bench/speed.py", ["--repeats=0"], "--repeats: must be >= 1, got 0"),
+    (
+        "bench/speed.py",
+        ["--time_to_loss", "config/shakespeare_char_cpu.py", "--repeats=0"],
+        "--repeats: must be >= 1, got 0",
+    ),
     ("bench/speed.py", ["--device=gpu"], "--device gpu"),
     ("bench/speed.py", ["--profile=missing.py"], "no such config file"),
     ("bench/speed.py", ["--bogus"], "unrecognized arguments: --bogus"),
