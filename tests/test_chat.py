@@ -16,7 +16,7 @@ from test_train import torchrun
 import train
 from decoding import NextToken, Options
 from engine import Engine
-from lib.chat import SPECIAL_TOKENS, ChatTokenizer
+from lib.chat import SPECIAL_TOKENS, ChatTokenizer, fitted
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.conversations import ConversationData
@@ -63,6 +63,28 @@ def test_the_template_by_hand():
     prompt, _ = tok.render(messages[:2], reply=True)
     assert prompt == ids[:7]  # a reply's prompt: up to the assistant's marker
     assert tok.decode(ids) == "<|system|>a<|end|><|user|>b<|end|><|assistant|>cc<|end|>"
+
+
+def test_the_oldest_turns_leave_once_a_reply_no_longer_fits():
+    """fitted: while the prompt and room for the reply (max_tokens, at most half the context)
+    outgrow block_size, the oldest message after the system prompt leaves, and a reply whose
+    question left; a first reply that fits stays, and so does the last message."""
+    tok = ChatTokenizer(CharTokenizer("abc"))
+    roles = ("system", "assistant", "user", "assistant", "user")
+    contents = ("a", "bb", "aaa", "bbb", "c")  # 3, 4, 5, 5 and 3 tokens, then the marker
+    messages = [{"role": r, "content": c} for r, c in zip(roles, contents)]
+
+    def kept(block_size, max_tokens):
+        ids, dropped = fitted(tok, messages, block_size, max_tokens)
+        rest = messages[:1] + messages[1 + dropped :]
+        assert ids == tok.render(rest, reply=True)[0]
+        return dropped
+
+    assert kept(31, 10) == 0  # 21 tokens and 10 for the reply
+    assert kept(30, 10) == 1
+    assert kept(26, 10) == 3  # the reply "bbb" leaves with its question
+    assert kept(40, 100) == 1  # room for 20, half the context
+    assert kept(8, 4) == 3  # the last message stays, though past
 
 
 def test_typed_markers_are_plain_text():
