@@ -1,6 +1,7 @@
 """Chat: the template and its tokens, conversations as data with the loss on the assistant's tokens
 alone, the fine-tune that grows the token table, and sample.py talking to the result."""
 
+import importlib.util
 import io
 import json
 import os
@@ -9,7 +10,7 @@ from contextlib import redirect_stderr
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, needs_shared, tiny_gpt2
+from conftest import ROOT, TINY, needs_shared, tiny_gpt2
 from test_robustness import cli
 from test_train import torchrun
 
@@ -85,6 +86,30 @@ def test_the_oldest_turns_leave_once_a_reply_no_longer_fits():
     assert kept(26, 10) == 3  # the reply "bbb" leaves with its question
     assert kept(40, 100) == 1  # room for 20, half the context
     assert kept(8, 4) == 3  # the last message stays, though past
+
+
+def test_the_docs_say_what_the_word_tasks_hold():
+    """docs/chat.md states where the chat example stops: the questions, word lengths, letters and
+    system prompt of the conversations data/chat/prepare.py draws."""
+    path = os.path.join(ROOT, "data", "chat", "prepare.py")
+    spec = importlib.util.spec_from_file_location("chat_prepare", path)
+    prepare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare)
+    asks, words, systems = set(), set(), set()
+    for _, line in prepare.word_tasks(3000, 0):
+        *system, question, _ = json.loads(line)["messages"]
+        ask, _, word = question["content"].rpartition(" ")
+        asks.add(ask)
+        words.add(word)
+        systems |= {m["content"] for m in system}
+    lengths = sorted({len(word) for word in words})
+    assert "".join(sorted(set("".join(words)))) == "abcdefghijklmnopqrstuvwxyz"
+    with open(os.path.join(ROOT, "docs", "chat.md"), encoding="utf-8") as f:
+        said = " ".join(f.read().split())
+    stated = f"a word of {lengths[0]} to {lengths[-1]} letters drawn from a to z in lower case"
+    assert stated in said
+    assert all(f"`{ask} `" in said for ask in asks)
+    assert [f"system prompt `{system}` or none" in said for system in systems] == [True]
 
 
 def test_typed_markers_are_plain_text():
