@@ -1,7 +1,7 @@
 """Sample from a trained checkpoint (--out_dir) or from GPT-2 (--init_from). Stdout carries only
 the samples, each the prompt followed by its continuation, separated by a line of dashes; what was
 loaded and the speed go to stderr, so the output can be piped. Examples:
-  python sample.py --out_dir out --start "ROMEO:" --num_samples 3 --max_new_tokens 200
+  python sample.py --out_dir out-shakespeare-char-cpu --start "ROMEO:" --num_samples 3
   python sample.py --init_from gpt2 --start FILE:prompt.txt --top_p 0.9 --stop $'\\n\\n' --stream
   python sample.py --out_dir out-chat --chat                 talk to a chat fine-tune"""
 

@@ -3,7 +3,7 @@ A playground in the browser over this project's checkpoints, and the OpenAI-styl
 (FastAPI on uvicorn; its docs at /docs): type a prompt and watch a GPT decode, with each token's
 candidates before and after every decoding filter; type a headline and see the classifier's
 probabilities and every attention head.
-  python serve.py --out_dir=out-shakespeare-char --out_dir=out-agnews
+  python serve.py --out_dir=out-shakespeare-char-cpu --out_dir=out-agnews
       then open http://127.0.0.1:8000
   GET  /v1/models        the loaded checkpoints
   GET  /v1/options       every decoding option, as decoding.Options declares it
@@ -14,7 +14,8 @@ probabilities and every attention head.
                          every filter
   POST /v1/chat/completions   OpenAI's messages (a chat fine-tune's model: lib/chat.py's template),
                          each reply ending at <|end|>; the same fields as completions but prompt,
-                         logprobs, echo, trace, ignore_eos; max_completion_tokens
+                         logprobs, echo, trace, ignore_eos; max_completion_tokens; drop_oldest:
+                         the oldest turns dropped from a conversation past the context
   POST /v1/classify      {"input": a text or a list of texts, "attention": true for one text's
                          every head}
   GET /tokenizer_info, POST /tokenize, POST /detokenize    vLLM's, which lm-evaluation-harness

@@ -4,7 +4,7 @@
 #   python data/chat/prepare.py --tokenizer_from out-shakespeare-char-cpu
 #   python train.py config/chat.py
 #   python sample.py --out_dir out-chat --chat
-# Your own conversations: data/chat/prepare.py --source FILE.jsonl (README there).
+# Your own conversations: data/chat/prepare.py --source FILE.jsonl (docs/chat.md has the format).
 out_dir = "out-chat"
 wandb_project = "chat"
 

@@ -84,6 +84,22 @@ def check_messages(messages):
             raise Error(f"messages[{i}]: 'content' must be a string")
 
 
+def fitted(tokenizer, messages, block_size, max_tokens):
+    """(ids, dropped) of a reply's prompt: while it and room for the reply (max_tokens, at
+    most half of block_size) outgrow block_size, the oldest message after a system prompt is
+    dropped, and a reply whose question left; the last message stays."""
+    room = min(max_tokens, block_size // 2)
+    system = messages[:1] if messages[0]["role"] == "system" else []
+    turns = messages[len(system) :]
+    ids, _ = tokenizer.render(messages, reply=True)
+    while len(ids) + room > block_size and len(turns) > 1:
+        turns = turns[1:]
+        while len(turns) > 1 and turns[0]["role"] == "assistant":
+            turns = turns[1:]
+        ids, _ = tokenizer.render(system + turns, reply=True)
+    return ids, len(messages) - len(system) - len(turns)
+
+
 def special_tokens(tokenizer):
     """{token: id} of the ids no text encodes to, which follow the vocabulary's in id order:
     <|endoftext|>, then a chat tokenizer's."""

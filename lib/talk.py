@@ -5,7 +5,7 @@ context."""
 import json
 import sys
 
-from lib.chat import check_messages
+from lib.chat import check_messages, fitted
 from lib.common import Error
 from lib.text import SEPARATOR, continuation
 
@@ -71,9 +71,7 @@ def read_messages(path):
 def reply(engine, tokenizer, messages, pick, args, stream):
     """The assistant's reply to messages, cut at its end of turn or --stop; printed,
     token by token with stream. -> its text."""
-    # room for a reply of max_new_tokens, or half the context
-    room = min(args.max_new_tokens, engine.block_size // 2)
-    ids = fitted(tokenizer, messages, engine.block_size - room)
+    ids, _ = fitted(tokenizer, messages, engine.block_size, args.max_new_tokens)
     request = engine.submit(ids, [pick], args.max_new_tokens, tokenizer.end_token)
     stops = [args.stop] if args.stop else []
     text, shown = "", 0
@@ -89,16 +87,3 @@ def reply(engine, tokenizer, messages, pick, args, stream):
         engine.step()
     print(text[shown if stream else 0 :], flush=True)
     return text
-
-
-def fitted(tokenizer, messages, size):
-    """The prompt of a reply to messages, the oldest turns after a system prompt dropped
-    while it is longer than size, or starts at a reply, and more than the last is left."""
-    system = messages[:1] if messages[0]["role"] == "system" else []
-    turns = messages[len(system) :]
-    while len(turns) > 1:
-        ids, _ = tokenizer.render(system + turns, reply=True)
-        if len(ids) <= size and turns[0]["role"] != "assistant":
-            return ids
-        turns = turns[1:]
-    return tokenizer.render(system + turns, reply=True)[0]

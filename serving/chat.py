@@ -4,7 +4,7 @@ strings), each reply ending where the model draws <|end|>; the answer in OpenAI'
 
 from pydantic import Field, create_model
 
-from lib.chat import check_messages
+from lib.chat import check_messages, fitted
 from lib.common import Error
 from lib.transport import RequestError
 from serving.completions import Completion
@@ -28,6 +28,11 @@ class ChatFields(DecodeFields):
     )
     max_tokens: int | None = Field(None, ge=1, description="default: the server's --max_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, description="max_tokens' newer name")
+    drop_oldest: bool = Field(
+        False,
+        description="drop the oldest messages after a system prompt until the conversation "
+        "fits with room for the reply, as sample.py --chat does; dropped_messages counts them",
+    )
 
 
 ChatRequest = create_model("ChatRequest", __base__=ChatFields, **decoding_fields())
@@ -40,16 +45,21 @@ def chat_completion(playground, req, deadline):
     tokenizer = m["tokenizer"]
     if not tokenizer.spec.get("chat"):
         raise RequestError(400, f"model {name!r}: {NO_CHAT}", "model")
-    ids = prompt_ids(tokenizer, conversation(req.messages), m["model"].config.block_size)
+    messages = conversation(req.messages)
     field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
     if field == "max_completion_tokens" and req.max_tokens is not None:
         raise RequestError(400, f"send max_tokens or its newer name {field}, not both", field)
     max_tokens = getattr(req, field) or playground.max_tokens
     at_most(field, max_tokens, playground.max_tokens)
+    block_size = m["model"].config.block_size
+    ids, dropped = prompt_ids(tokenizer, messages, block_size, max_tokens, req.drop_oldest)
     fields = {k: v for k, v in req if k in CompletionRequest.model_fields}
     fields.update(model=name, prompt=ids, max_tokens=max_tokens)
     asked = CompletionRequest.model_construct(**fields)  # every other field its default
-    return playground.completion(asked, deadline, ChatCompletion)
+    chat = playground.completion(asked, deadline, ChatCompletion)
+    if req.drop_oldest:  # in the answer and in each chunk streamed
+        chat.head["dropped_messages"] = dropped
+    return chat
 
 
 def conversation(messages):
@@ -90,10 +100,14 @@ def content_text(content, i):
     return content
 
 
-def prompt_ids(tokenizer, messages, block_size):
-    """The conversation's ids in the template, ending with the assistant's marker."""
+def prompt_ids(tokenizer, messages, block_size, max_tokens, drop_oldest):
+    """(ids, dropped): the conversation's ids in the template, ending with the assistant's
+    marker; with drop_oldest, the dropped oldest messages left out (lib/chat.py's fitted)."""
     try:
-        ids, _ = tokenizer.render(messages, reply=True)
+        if drop_oldest:
+            ids, dropped = fitted(tokenizer, messages, block_size, max_tokens)
+        else:
+            ids, dropped = tokenizer.render(messages, reply=True)[0], 0
     except Error as e:  # a character a char model never saw
         raise bad(f"messages: {e}") from None
     if len(ids) > block_size:
@@ -101,7 +115,7 @@ def prompt_ids(tokenizer, messages, block_size):
             f"messages come to {len(ids)} tokens in the chat template, past this model's "
             f"block_size {block_size}: send fewer or shorter messages"
         )
-    return ids
+    return ids, dropped
 
 
 def bad(message):

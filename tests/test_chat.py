@@ -1,6 +1,7 @@
 """Chat: the template and its tokens, conversations as data with the loss on the assistant's tokens
 alone, the fine-tune that grows the token table, and sample.py talking to the result."""
 
+import importlib.util
 import io
 import json
 import os
@@ -9,14 +10,14 @@ from contextlib import redirect_stderr
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, needs_shared, tiny_gpt2
+from conftest import ROOT, TINY, needs_shared, tiny_gpt2
 from test_robustness import cli
 from test_train import torchrun
 
 import train
 from decoding import NextToken, Options
 from engine import Engine
-from lib.chat import SPECIAL_TOKENS, ChatTokenizer
+from lib.chat import SPECIAL_TOKENS, ChatTokenizer, fitted
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.conversations import ConversationData
@@ -63,6 +64,52 @@ def test_the_template_by_hand():
     prompt, _ = tok.render(messages[:2], reply=True)
     assert prompt == ids[:7]  # a reply's prompt: up to the assistant's marker
     assert tok.decode(ids) == "<|system|>a<|end|><|user|>b<|end|><|assistant|>cc<|end|>"
+
+
+def test_the_oldest_turns_leave_once_a_reply_no_longer_fits():
+    """fitted: while the prompt and room for the reply (max_tokens, at most half the context)
+    outgrow block_size, the oldest message after the system prompt leaves, and a reply whose
+    question left; a first reply that fits stays, and so does the last message."""
+    tok = ChatTokenizer(CharTokenizer("abc"))
+    roles = ("system", "assistant", "user", "assistant", "user")
+    contents = ("a", "bb", "aaa", "bbb", "c")  # 3, 4, 5, 5 and 3 tokens, then the marker
+    messages = [{"role": r, "content": c} for r, c in zip(roles, contents)]
+
+    def kept(block_size, max_tokens):
+        ids, dropped = fitted(tok, messages, block_size, max_tokens)
+        rest = messages[:1] + messages[1 + dropped :]
+        assert ids == tok.render(rest, reply=True)[0]
+        return dropped
+
+    assert kept(31, 10) == 0  # 21 tokens and 10 for the reply
+    assert kept(30, 10) == 1
+    assert kept(26, 10) == 3  # the reply "bbb" leaves with its question
+    assert kept(40, 100) == 1  # room for 20, half the context
+    assert kept(8, 4) == 3  # the last message stays, though past
+
+
+def test_the_docs_say_what_the_word_tasks_hold():
+    """docs/chat.md states where the chat example stops: the questions, word lengths, letters and
+    system prompt of the conversations data/chat/prepare.py draws."""
+    path = os.path.join(ROOT, "data", "chat", "prepare.py")
+    spec = importlib.util.spec_from_file_location("chat_prepare", path)
+    prepare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare)
+    asks, words, systems = set(), set(), set()
+    for _, line in prepare.word_tasks(3000, 0):
+        *system, question, _ = json.loads(line)["messages"]
+        ask, _, word = question["content"].rpartition(" ")
+        asks.add(ask)
+        words.add(word)
+        systems |= {m["content"] for m in system}
+    lengths = sorted({len(word) for word in words})
+    assert "".join(sorted(set("".join(words)))) == "abcdefghijklmnopqrstuvwxyz"
+    with open(os.path.join(ROOT, "docs", "chat.md"), encoding="utf-8") as f:
+        said = " ".join(f.read().split())
+    stated = f"a word of {lengths[0]} to {lengths[-1]} letters drawn from a to z in lower case"
+    assert stated in said
+    assert all(f"`{ask} `" in said for ask in asks)
+    assert [f"system prompt `{system}` or none" in said for system in systems] == [True]
 
 
 def test_typed_markers_are_plain_text():

@@ -1,6 +1,6 @@
 """serve.py's /v1/chat/completions through OpenAI's client: each reply the engine's decode of the
 conversation rendered in lib/chat.py's template, ended by <|end|>, streamed alike; stop strings,
-usage, the 400s, and the page's chat tab in headless Chromium."""
+usage, the 400s, and the page's chat section in headless Chromium."""
 
 import http.client
 import json
@@ -169,6 +169,34 @@ def test_a_typed_marker_is_plain_text(client, server):
     assert answer.usage.prompt_tokens == prompt_tokens == 1 + 8 + 1 + 1
 
 
+def fits(messages, room):
+    """The conversation with its oldest turns after the system prompt dropped until its
+    prompt (each message its marker, characters and end; then the assistant's marker) and
+    room more tokens fit block_size 64, never starting at a reply: (it, how many left)."""
+    for dropped in range(len(messages) - 1):
+        kept = messages[:1] + messages[1 + dropped :]
+        tokens = sum(len(m["content"]) + 2 for m in kept) + 1
+        if tokens + room <= 64 and kept[1]["role"] == "user":
+            return kept, dropped
+    raise AssertionError("the last message alone does not fit")
+
+
+def test_drop_oldest_replies_to_the_turns_that_fit_and_counts_the_rest(client):
+    """Past block_size beside a reply of max_tokens, drop_oldest leaves out the oldest turns
+    after the system prompt: the reply is the one to the rest, dropped_messages counts them;
+    without it, the answer has no such field."""
+    turns = [{"role": r, "content": "abc: head"} for r in ("user", "assistant") * 2]
+    messages = [MESSAGES[0], *turns, MESSAGES[1]]  # 67 tokens
+    asked = dict(model="chat", temperature=0, max_tokens=12)
+    answer = client.chat.completions.create(
+        messages=messages, extra_body={"drop_oldest": True}, **asked
+    )
+    kept, dropped = fits(messages, 12)
+    alone = client.chat.completions.create(messages=kept, **asked)
+    assert (answer.dropped_messages, dropped) == (2, 2)
+    assert replies(answer) == replies(alone) and "dropped_messages" not in alone.model_extra
+
+
 def user(content):
     return {"model": "chat", "messages": [{"role": "user", "content": content}]}
 
@@ -208,7 +236,7 @@ def test_bad_chat_requests_get_a_400_naming_the_field(server, body, param, words
 @pytest.mark.skipif(
     find() is None, reason="no Chromium here (Debian's chromium package; .ci/run installs it)"
 )
-def test_the_chat_tab_streams_replies_to_the_conversation(server, client, tmp_path):
+def test_the_chat_section_streams_replies_to_the_conversation(server, client, tmp_path):
     """Two turns under a system prompt: each reply the API's to the conversation so far, with
     the page's decoding options; Clear empties it; a model without chat tokens is said so."""
     browser = Browser(find(), str(tmp_path / "profile"))
@@ -243,5 +271,50 @@ def test_the_chat_tab_streams_replies_to_the_conversation(server, client, tmp_pa
                       select.value = "plain"; select.dispatchEvent(new Event("change"))""")
         assert browser.js('document.getElementById("chat-note").textContent') == NO_CHAT
         assert browser.js('document.getElementById("send").disabled')
+    finally:
+        browser.close()
+
+
+@pytest.mark.skipif(
+    find() is None, reason="no Chromium here (Debian's chromium package; .ci/run installs it)"
+)
+def test_the_chat_section_drops_the_oldest_turns_and_says_so(server, client, tmp_path):
+    """Five turns with block_size 64: once the conversation and room for a reply of max_tokens
+    outgrow it, each reply is the API's to the system prompt and the turns that fit; the
+    turns left out are faded, and a note says so."""
+    browser = Browser(find(), str(tmp_path / "profile"))
+    options = dict(max_tokens=12, seed=5, temperature=0.8, extra_body={"top_k": 200})
+    messages = [{"role": "system", "content": "be a dad."}]
+    seen = []
+    try:
+        browser.goto(f"http://{server[0]}/")
+        browser.wait("document.body.dataset.ready")
+        browser.js('document.getElementById("max_tokens").value = "12";')
+        browser.js('document.getElementById("seed").value = "5";')
+        browser.js('document.getElementById("system").value = "be a dad.";')
+        for text in ("abc: head", "bad", "a ruse", "cab: a cab", "he sees"):
+            browser.js(f"""document.getElementById("message").value = {json.dumps(text)};
+                           document.getElementById("send").click()""")
+            state = 'document.body.dataset.chat !== "running" && document.body.dataset.chat'
+            assert browser.wait(state) == "done", browser.js(
+                'document.getElementById("chat-error").textContent'
+            )
+            messages.append({"role": "user", "content": text})
+            kept, dropped = fits(messages, 12)
+            answer = client.chat.completions.create(model="chat", messages=kept, **options)
+            messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+            faded = browser.js('document.querySelectorAll("#conversation .turn.dropped").length')
+            assert faded == dropped
+            shown = browser.js('document.getElementById("chat").innerText')  # what one sees
+            assert (f"the oldest {dropped} messages (faded)" in shown) == (dropped > 0)
+            seen.append(dropped)
+            browser.js('document.body.dataset.chat = ""')
+        turns = browser.js(
+            '[...document.querySelectorAll("#conversation .turn")].map((t) => t.textContent)'
+        )
+        assert turns == [m["content"] for m in messages[1:]]
+        assert seen[0] == 0 and seen[-1] >= 4  # the conversation went on past the context
+        browser.js('document.getElementById("clear").click()')
+        assert "(faded)" not in browser.js('document.getElementById("chat").innerText')
     finally:
         browser.close()

@@ -1,7 +1,9 @@
 """Every command README.md and the docs/ pages show names a script that exists and flags that
-script takes, so a renamed flag fails here (bench/readme.py runs the commands themselves)."""
+script takes, so a renamed flag fails here (bench/readme.py runs the commands themselves); run in
+order, no training overwrites another's folder; the scripts' examples load the README's models."""
 
 import argparse
+import ast
 import glob
 import os
 import re
@@ -13,22 +15,28 @@ from conftest import ROOT
 
 import train
 from bench.readme import PAGES, page_blocks
+from lib.config import parse
 
 # a command starts at python or torchrun and ends where the shell or the markdown takes over
-COMMAND = re.compile(r"\b(?:python|torchrun)\s([^`|;#\n]+)")
+COMMAND = re.compile(r"\b(python|torchrun)\s([^`|;#\n]+)")
 SEPARATOR = re.compile(r"&&|\\$")
 
 
-def readme_commands():
-    """(script, [its --flags]) of every python or torchrun command in the pages, in order."""
+def page_commands():
+    """(page, python or torchrun, its words) of every command in the pages, in order."""
     found = []
     for page in PAGES:
         with open(os.path.join(ROOT, page), encoding="utf-8") as f:
             text = f.read().replace("# offline:", "")  # the flags a line takes offline are its own
         for match in COMMAND.finditer(text):
-            words = shlex.split(SEPARATOR.split(match.group(1))[0])
-            found += script_flags(words)
+            words = shlex.split(SEPARATOR.split(match.group(2))[0])
+            found.append((page, match.group(1), words))
     return found
+
+
+def readme_commands():
+    """(script, [its --flags]) of every python or torchrun command in the pages, in order."""
+    return [found for _, _, words in page_commands() for found in script_flags(words)]
 
 
 def script_flags(words):
@@ -101,3 +109,48 @@ def test_every_readme_command_names_a_script_and_flags_it_takes(script):
     flags = {flag for name, given in readme_commands() if name == script for flag in given}
     unknown = flags - accepted_flags(script)
     assert not unknown, f"the pages give {script} flags it does not take: {sorted(unknown)}"
+
+
+def trained(words):
+    """The settings of a command's training, as train.py reads its config files and overrides
+    (bench/core_tokens.py's after its --), or None where it trains nothing."""
+    words = words[words.index("--") + 1 :] if "--" in words else words
+    if "train.py" not in words or {"--help", "--print_config"} & set(words):
+        return None
+    args = words[words.index("train.py") + 1 :]
+    paths = [a if a.startswith("--") else os.path.join(ROOT, a) for a in args]
+    return parse(paths, train.KEYS, "")[0]
+
+
+def test_no_training_of_the_pages_overwrites_another_ones_folder():
+    """Run in order, each train.py command writes an out_dir of its own, or resumes its own, or
+    is one shown before (torchrun's, one run's forms on several GPUs, aside)."""
+    written = {}
+    for page, launcher, words in page_commands():
+        settings = trained(words)
+        if launcher == "torchrun" or settings is None or settings.init_from == "resume":
+            continue
+        page_before, words_before = written.setdefault(settings.out_dir, (page, words))
+        assert words_before == words, (
+            f"{page}'s {shlex.join(words)} writes {settings.out_dir}, which {page_before}'s "
+            f"{shlex.join(words_before)} made: give it an --out_dir of its own"
+        )
+
+
+def test_the_scripts_examples_load_the_readmes_models():
+    """The checkpoints the --help examples of the README's scripts load are the README's."""
+    readme = [trained(words) for page, _, words in page_commands() if page == "README.md"]
+    made = {settings.out_dir for settings in readme if settings}
+    assert made == {"out-agnews", "out-shakespeare-char-cpu", "out-chat"}
+    for script in ("train.py", "sample.py", "classify.py", "serve.py"):
+        with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+            doc = ast.get_docstring(ast.parse(f.read()))
+        named = set(re.findall(r"--out_dir[= ](\S+)", doc))
+        assert named <= made, f"{script} --help loads {sorted(named - made)}, not a README model"
+
+
+def test_the_readme_gives_its_offline_flags_in_the_commands():
+    """An offline reader copies the quick start's commands as they are: no flag waits in an
+    `# offline:` comment, which a copy of the command leaves behind."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert "# offline:" not in f.read()
