@@ -2,11 +2,10 @@
 talks in the terminal, the history kept and its oldest turns dropped once it outgrows the
 context."""
 
-import json
 import sys
 
 from lib.chat import check_messages
-from lib.common import Error
+from lib.common import Error, read_json
 from lib.text import SEPARATOR, continuation
 
 
@@ -55,10 +54,9 @@ def ask():
 def read_messages(path):
     """A conversation from a JSON file: {"messages": [...]} or the list alone."""
     try:
-        with open(path, encoding="utf-8") as f:
-            conversation = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise Error(f"--messages {path}: cannot read it as JSON ({type(e).__name__})") from None
+        conversation = read_json(path, "conversation")
+    except Error as e:  # it names path
+        raise Error(f"--messages {e}") from None
     if isinstance(conversation, dict):
         conversation = conversation.get("messages")
     try:

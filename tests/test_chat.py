@@ -158,7 +158,10 @@ def test_each_bad_line_is_named_and_counted(base, tmp_path):
         "--block_size=40",
     )
     said = err.splitlines()
-    assert f"{source}:2: not JSON; skipped" in said
+    assert (
+        f"{source}:2: not readable JSON (Expecting property name enclosed in double quotes); "
+        "skipped" in said
+    )
     assert f'{source}:3: not an object with a "messages" list; skipped' in said
     assert (
         f"{source}:4: messages[0]: role 'robot' is not one of system, user, assistant; skipped"
@@ -175,6 +178,35 @@ def test_each_bad_line_is_named_and_counted(base, tmp_path):
     # the two good lines are one conversation twice: one split, the other empty
     assert code != 0 and "no conversation in" in said[-1]
     assert not os.path.exists(tmp_path / "out" / "meta.json")
+
+
+# conversations over CHARS that a hash puts in both splits at --val_fraction=0.5
+GOOD = "".join(
+    json.dumps({"messages": [{"role": "user", "content": w}, {"role": "assistant", "content": w}]})
+    + "\n"
+    for w in ("ab", "ba", "abc", "cab", "bca", "ca", "ac")
+)
+# JSON that json.loads meets with a RecursionError and a ValueError of Python's own limits
+PAST_PYTHONS_LIMITS = [
+    ("[" * 1500 + "]" * 1500, "arrays or objects nested too deep to read"),
+    ('{"messages": ' + "9" * 5000 + "}", "an integer of more than 4,300 digits"),
+]
+
+
+@pytest.mark.parametrize("line, why", PAST_PYTHONS_LIMITS, ids=["nested", "digits"])
+def test_a_line_past_pythons_json_limits_is_skipped_in_a_line(base, tmp_path, line, why):
+    source = tmp_path / "in.jsonl"
+    source.write_text(line + "\n" + GOOD)
+    code, _, err = cli(
+        "data/chat/prepare.py",
+        f"--source={source}",
+        f"--tokenizer_from={base}",
+        f"--out_dir={tmp_path / 'out'}",
+        "--val_fraction=0.5",
+    )
+    assert code == 0, err
+    assert f"{source}:1: not readable JSON ({why}); skipped" in err.splitlines()
+    assert "skipped 1 lines: 1 not JSON" in err
 
 
 def tune(chats, base, out_dir, *extra):
@@ -255,6 +287,16 @@ def test_sample_replies_to_a_messages_file_and_in_a_terminal_loop(tuned, tmp_pat
     assert first == greedy_reply(out_dir, asked)
     history = asked + [{"role": "assistant", "content": first}, {"role": "user", "content": "cab"}]
     assert second == greedy_reply(out_dir, history)
+
+
+@pytest.mark.parametrize("text, why", PAST_PYTHONS_LIMITS, ids=["nested", "digits"])
+def test_a_messages_file_past_pythons_json_limits_is_one_line(tuned, tmp_path, text, why):
+    path = tmp_path / "m.json"
+    path.write_text(text)
+    code, out, err = cli("sample.py", f"--out_dir={tuned[0]}", f"--messages={path}")
+    assert code == 2 and out == "" and "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last == f"sample.py: error: --messages {path}: not a readable JSON conversation ({why})"
 
 
 @needs_shared

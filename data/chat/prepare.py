@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
 from lib.chat import ChatTokenizer, check_messages
-from lib.common import ArgumentParser, Error, read_json, run_script
+from lib.common import ArgumentParser, Error, parse_json, read_json, run_script
 from lib.keys import GPT2_NAMES, Key, flags
 from lib.tokenizer import get_tokenizer
 
@@ -107,9 +107,9 @@ class Skip(Exception):
 def conversation(line, tokenizer, block_size):
     """(ids, learn) of one JSON line, or a Skip saying why not."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        raise Skip("not JSON", "not JSON") from None
+        record = parse_json(line)
+    except Error as e:
+        raise Skip("not JSON", f"not readable JSON ({e})") from None
     if not isinstance(record, dict) or "messages" not in record:
         raise Skip("no messages", 'not an object with a "messages" list')
     messages = record["messages"]
