@@ -18,16 +18,16 @@ TEXT_KINDS = ("string", "large_string", "str")
 PIECE = 1 << 16
 
 
-def text_files(folder):
-    """The files of folder and its subfolders that hold documents, sorted: the same order, every
-    run. What is not a regular file is skipped with a warning: a named pipe would hold the read
-    for ever."""
+def text_files(folder, endings=TEXT_FILES + ROW_FILES):
+    """The files of folder and its subfolders whose names end in one of endings (those that hold
+    documents), sorted: the same order, every run. What is not a regular file is skipped with a
+    warning: a named pipe, or a link to /dev/zero, would hold the read for ever."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(root, name)
-            if not name.endswith(TEXT_FILES + ROW_FILES):
+            if not name.endswith(endings):
                 continue
             kind = not_regular(path)
             if kind:

@@ -4,12 +4,15 @@ alone, the fine-tune that grows the token table, and sample.py talking to the re
 import io
 import json
 import os
+import resource
+import subprocess
+import sys
 from contextlib import redirect_stderr
 
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, needs_shared, tiny_gpt2
+from conftest import ROOT, TINY, needs_shared, tiny_gpt2
 from test_robustness import cli
 from test_train import torchrun
 
@@ -207,6 +210,41 @@ def test_a_line_past_pythons_json_limits_is_skipped_in_a_line(base, tmp_path, li
     assert code == 0, err
     assert f"{source}:1: not readable JSON ({why}); skipped" in err.splitlines()
     assert "skipped 1 lines: 1 not JSON" in err
+
+
+def at_most_2_gib():
+    """A child's address space, where an endless read ends in a MemoryError."""
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def test_what_is_not_a_regular_file_in_a_source_is_skipped_or_refused(base, tmp_path):
+    """A named pipe waits for a writer for ever, a link to /dev/zero reads for ever: in a
+    --source folder each is skipped with a warning, as the --source refused in one line."""
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    (folder / "good.jsonl").write_text(GOOD)
+    os.mkfifo(folder / "pipe.jsonl")
+    (folder / "zero.jsonl").symlink_to("/dev/zero")
+    script = os.path.join(ROOT, "data", "chat", "prepare.py")
+    args = [f"--source={folder}", f"--tokenizer_from={base}", "--val_fraction=0.5"]
+    r = subprocess.run(
+        [sys.executable, script, *args, f"--out_dir={tmp_path / 'out'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=at_most_2_gib,
+    )
+    assert r.returncode == 0, r.stderr
+    said = r.stderr.splitlines()
+    assert f"warning: {folder / 'pipe.jsonl'}: not a regular file (a named pipe), skipped" in said
+    assert f"warning: {folder / 'zero.jsonl'}: not a regular file (a device), skipped" in said
+    for name, kind in (("pipe.jsonl", "a named pipe"), ("zero.jsonl", "a device")):
+        source = folder / name
+        code, _, err = cli("data/chat/prepare.py", *args, f"--source={source}")
+        assert code == 2 and err == (
+            f"prepare.py: error: --source {source}: not a regular file ({kind}); "
+            "pass a .jsonl file\n"
+        )
 
 
 def tune(chats, base, out_dir, *extra):
