@@ -6,7 +6,7 @@ import sys
 
 from lib.chat import check_messages
 from lib.common import Error, read_json
-from lib.text import SEPARATOR, continuation
+from lib.text import SEPARATOR, continuation, stopped_short
 
 
 def talk(engine, tokenizer, picks, args):
@@ -19,10 +19,13 @@ def talk(engine, tokenizer, picks, args):
         )
     messages = read_messages(args.messages) if args.messages else []
     if not args.chat:  # --messages alone: a reply for each sample
+        rows = []
         for i, pick in enumerate(picks):
             if i:
                 print(SEPARATOR)
-            reply(engine, tokenizer, messages, pick, args, args.stream and not i)
+            _, row = reply(engine, tokenizer, messages, pick, args, args.stream and not i)
+            rows.append(row)
+        stopped_short(rows)  # once all are out, as sample.py's samples
         return
     while True:  # the user's turn, unless --messages ends with one
         if not messages or messages[-1]["role"] != "user":
@@ -30,9 +33,12 @@ def talk(engine, tokenizer, picks, args):
             if line is None:
                 return
             messages.append({"role": "user", "content": line})
+        # a character the model never saw, or a reply cut short: the turn is dropped, the
+        # conversation goes on
         try:
-            text = reply(engine, tokenizer, messages, picks[0], args, stream=True)
-        except Error as e:  # a character the model never saw: the turn is dropped
+            text, row = reply(engine, tokenizer, messages, picks[0], args, stream=True)
+            stopped_short([row])
+        except Error as e:
             messages.pop()
             print(f"error: {e}", file=sys.stderr)
             continue
@@ -68,7 +74,7 @@ def read_messages(path):
 
 def reply(engine, tokenizer, messages, pick, args, stream):
     """The assistant's reply to messages, cut at its end of turn or --stop; printed,
-    token by token with stream. -> its text."""
+    token by token with stream. -> (its text, its engine row)."""
     # room for a reply of max_new_tokens, or half the context
     room = min(args.max_new_tokens, engine.block_size // 2)
     ids = fitted(tokenizer, messages, engine.block_size - room)
@@ -86,7 +92,7 @@ def reply(engine, tokenizer, messages, pick, args, stream):
         request.finish()
         engine.step()
     print(text[shown if stream else 0 :], flush=True)
-    return text
+    return text, request.rows[0]
 
 
 def fitted(tokenizer, messages, size):

@@ -337,6 +337,27 @@ def test_a_messages_file_past_pythons_json_limits_is_one_line(tuned, tmp_path, t
     assert last == f"sample.py: error: --messages {path}: not a readable JSON conversation ({why})"
 
 
+def test_a_reply_cut_by_ngram_blocking_is_said_as_sample_py_says(tuned, tmp_path):
+    """No token left to draw: --messages prints the reply, then sample.py's one line and exit 2;
+    --chat says it and drops the turn (the same reply to the same history), and goes on."""
+    out_dir = tuned[0]
+    roles = ["system", "user", "assistant", "user"]
+    asked = [{"role": role, "content": c} for role, c in zip(roles, "abcd")]
+    path, history = tmp_path / "m.json", tmp_path / "h.json"
+    path.write_text(json.dumps(asked))
+    history.write_text(json.dumps(asked[:3]))
+    # the prompt holds 8 of the 25 tokens, every chat token among them: 17 more, then none
+    common = ["--greedy", "--no_repeat_ngram_size=1", "--max_new_tokens=24"]
+    code, out, err = cli("sample.py", f"--out_dir={out_dir}", f"--messages={path}", *common)
+    blocked = "sample 1 stopped after 17 tokens: no_repeat_ngram_size blocks every token"
+    assert code == 2 and len(out) == 17 + 1
+    assert err.splitlines()[-1].startswith(f"sample.py: error: {blocked}")
+    argv = [f"--out_dir={out_dir}", f"--messages={history}", "--chat", *common]
+    code, chat_out, err = cli("sample.py", *argv, stdin="d\nd\n")
+    assert code == 0 and chat_out == out * 2, err
+    assert err.count(f"error: {blocked}") == 2
+
+
 @needs_shared
 def test_gpt2_fine_tunes_on_conversations_in_its_bpe(tmp_path):
     """GPT-2's weights (a Hugging Face folder) and BPE: the chat tokens take ids 50257 to 50260,
