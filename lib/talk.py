@@ -46,15 +46,23 @@ def talk(engine, tokenizer, picks, args):
 
 
 def ask():
-    """The next line typed that is not blank, or None at the end of input (Ctrl-D)."""
+    """The next line typed that is not blank, or None at the end of input (Ctrl-D) or
+    where there is no input at all (stdin closed: `<&-`). A line not in stdin's
+    encoding is said on stderr, and the next one read."""
     line = ""
     while not line.strip():
         print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        # bytes: a text read that fails to decode loses the lines read with it
+        raw = sys.stdin.buffer.readline() if sys.stdin else b""
+        if not raw:
             print(file=sys.stderr)
             return None
-    return line.rstrip("\n")
+        try:
+            line = raw.decode(sys.stdin.encoding)
+        except UnicodeDecodeError as e:
+            encoding = sys.stdin.encoding
+            print(f"error: not {encoding} text ({e.reason}); type it again", file=sys.stderr)
+    return line.rstrip("\r\n")
 
 
 def read_messages(path):

@@ -337,6 +337,27 @@ def test_a_messages_file_past_pythons_json_limits_is_one_line(tuned, tmp_path, t
     assert last == f"sample.py: error: --messages {path}: not a readable JSON conversation ({why})"
 
 
+def test_the_terminal_loop_without_stdin_or_with_a_line_not_utf8(tuned, tmp_path):
+    """A closed stdin (`<&-`) is the end of input: --messages' reply, then the end. A line not
+    UTF-8 on a strict stdin is said in a line, the lines after it read."""
+    out_dir = tuned[0]
+    asked = [{"role": "user", "content": "ab"}]
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(asked))
+    common = ["--greedy", "--weights=float32", "--max_new_tokens=20"]
+    code, out, err = cli("sample.py", f"--out_dir={out_dir}", "--chat", *common, stdin=None)
+    assert code == 0 and out == "", err
+    argv = [f"--out_dir={out_dir}", f"--messages={path}", "--chat", *common]
+    code, out, err = cli("sample.py", *argv, stdin=None)
+    assert code == 0 and out == greedy_reply(out_dir, asked) + "\n", err
+    code, out, err = cli(
+        "sample.py", f"--out_dir={out_dir}", "--chat", *common, stdin=b"\xffa\nab\n"
+    )
+    assert code == 0, err
+    assert "error: not utf-8 text (invalid start byte); type it again\n" in err
+    assert out == greedy_reply(out_dir, asked) + "\n"
+
+
 def test_a_reply_cut_by_ngram_blocking_is_said_as_sample_py_says(tuned, tmp_path):
     """No token left to draw: --messages prints the reply, then sample.py's one line and exit 2;
     --chat says it and drops the turn (the same reply to the same history), and goes on."""

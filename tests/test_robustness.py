@@ -43,14 +43,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 def cli(script, *args, stdin=""):
     """Runs a script as `python script ARGS` would, but in this process (the suite would spend a
     second per run importing torch): -> (exit status, stdout, stderr); an uncaught exception's
-    traceback lands in stderr."""
+    traceback lands in stderr. stdin: text or bytes, read as strict UTF-8 over its bytes as a
+    terminal's is; None: closed (`<&-`)."""
     out, err = io.StringIO(), io.StringIO()
     argv, handlers, sys_stdin = (
         sys.argv,
         {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
         sys.stdin,
     )
-    sys.argv, sys.stdin, code = [os.path.join(ROOT, script), *map(str, args)], io.StringIO(stdin), 0
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    if stdin is not None:
+        stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    sys.argv, sys.stdin, code = [os.path.join(ROOT, script), *map(str, args)], stdin, 0
     try:
         with redirect_stdout(out), redirect_stderr(err):
             runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
