@@ -2,12 +2,11 @@
 files (one document each) and its .jsonl and .parquet rows (one each), a lone text file cut at its
 blank lines, or a Hugging Face dataset streamed; each checked to be text."""
 
-import json
 import os
 import stat
 import sys
 
-from lib.common import Error
+from lib.common import Error, parse_json
 
 TEXT_FILES = (".txt", ".md")
 ROW_FILES = (".jsonl", ".parquet")
@@ -96,9 +95,11 @@ def jsonl_rows(path, column):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except ValueError:
-                raise Error(f"{path}:{number}: not a JSON object; fix or delete the line") from None
+                row = parse_json(line)
+            except Error as e:
+                raise Error(
+                    f"{path}:{number}: not a JSON object ({e}); fix or delete the line"
+                ) from None
             if not isinstance(row, dict):
                 raise Error(f"{path}:{number}: not a JSON object; fix or delete the line")
             if name is None:

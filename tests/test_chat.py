@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, needs_shared, tiny_gpt2
-from test_robustness import cli
+from test_robustness import PAST_PYTHONS_LIMITS, cli
 from test_train import torchrun
 
 import train
@@ -189,11 +189,6 @@ GOOD = "".join(
     + "\n"
     for w in ("ab", "ba", "abc", "cab", "bca", "ca", "ac")
 )
-# JSON that json.loads meets with a RecursionError and a ValueError of Python's own limits
-PAST_PYTHONS_LIMITS = [
-    ("[" * 1500 + "]" * 1500, "arrays or objects nested too deep to read"),
-    ('{"messages": ' + "9" * 5000 + "}", "an integer of more than 4,300 digits"),
-]
 
 
 @pytest.mark.parametrize("line, why", PAST_PYTHONS_LIMITS, ids=["nested", "digits"])
