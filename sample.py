@@ -15,7 +15,7 @@ from engine import COMPILE_KEY, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
 from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
-from lib.text import SEPARATOR, continuation
+from lib.text import SEPARATOR, continuation, stopped_short
 from lib.weights import load_gpt
 
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
@@ -155,9 +155,7 @@ def main(argv=None):
     end_token = None if args.ignore_eos else tokenizer.eot_token  # None for plain characters
     request = engine.submit(prompt, picks, args.max_new_tokens, end_token)
     print_samples(engine, request, tokenizer, args)
-    for i, row in enumerate(request.rows):
-        if row.error:  # no token left to draw: the message names the option (serve.py's 400)
-            raise Error(f"sample {i + 1} stopped after {len(row.generated)} tokens: {row.error}")
+    stopped_short(request.rows)
 
 
 def print_samples(engine, request, tokenizer, args):

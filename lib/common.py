@@ -138,11 +138,27 @@ def read_json(path, what):
     """A JSON file, or an Error naming it."""
     check_regular(path)
     try:
-        with open(path) as f:
-            return json.load(f)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except FileNotFoundError:
         raise Error(f"{path}: no such {what}") from None
-    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError:
-    # arrays or objects nested past Python's recursion limit
-    except (OSError, ValueError, RecursionError) as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise Error(f"{path}: not a readable JSON {what} ({type(e).__name__})") from None
+    try:
+        return parse_json(text)
+    except Error as e:
+        raise Error(f"{path}: not a readable JSON {what} ({e})") from None
+
+
+def parse_json(text):
+    """The value of JSON text, or an Error saying why it has none; Python's own
+    limits included, which json.loads meets with other exceptions."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Error(e.msg) from None  # "Expecting value", "Extra data", ...
+    except ValueError:  # an integer past the digits int() reads
+        digits = sys.get_int_max_str_digits()
+        raise Error(f"an integer of more than {digits:,} digits") from None
+    except RecursionError:  # arrays or objects nested past the recursion limit
+        raise Error("arrays or objects nested too deep to read") from None

@@ -2,12 +2,11 @@
 files (one document each) and its .jsonl and .parquet rows (one each), a lone text file cut at its
 blank lines, or a Hugging Face dataset streamed; each checked to be text."""
 
-import json
 import os
 import stat
 import sys
 
-from lib.common import Error
+from lib.common import Error, parse_json
 
 TEXT_FILES = (".txt", ".md")
 ROW_FILES = (".jsonl", ".parquet")
@@ -18,16 +17,16 @@ TEXT_KINDS = ("string", "large_string", "str")
 PIECE = 1 << 16
 
 
-def text_files(folder):
-    """The files of folder and its subfolders that hold documents, sorted: the same order, every
-    run. What is not a regular file is skipped with a warning: a named pipe would hold the read
-    for ever."""
+def text_files(folder, endings=TEXT_FILES + ROW_FILES):
+    """The files of folder and its subfolders whose names end in one of endings (those that hold
+    documents), sorted: the same order, every run. What is not a regular file is skipped with a
+    warning: a named pipe, or a link to /dev/zero, would hold the read for ever."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(root, name)
-            if not name.endswith(TEXT_FILES + ROW_FILES):
+            if not name.endswith(endings):
                 continue
             kind = not_regular(path)
             if kind:
@@ -96,9 +95,11 @@ def jsonl_rows(path, column):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except ValueError:
-                raise Error(f"{path}:{number}: not a JSON object; fix or delete the line") from None
+                row = parse_json(line)
+            except Error as e:
+                raise Error(
+                    f"{path}:{number}: not a JSON object ({e}); fix or delete the line"
+                ) from None
             if not isinstance(row, dict):
                 raise Error(f"{path}:{number}: not a JSON object; fix or delete the line")
             if name is None:

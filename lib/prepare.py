@@ -10,7 +10,6 @@ parquet, jsonl), and writing a prepared dataset, meta.json last, in the formats 
 
 import csv
 import hashlib
-import json
 import os
 import re
 import time
@@ -19,7 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from lib.common import ArgumentParser, Error
+from lib.common import ArgumentParser, Error, parse_json
 from lib.files import atomic_path, write_json
 from lib.keys import Key, flags
 from lib.locks import try_lock
@@ -61,8 +60,8 @@ def read_records(path):
             for line in f:
                 if line.strip():
                     try:
-                        r = json.loads(line)
-                    except json.JSONDecodeError:
+                        r = parse_json(line)
+                    except Error:
                         r = None
                     records.append(
                         (r.get("text"), r.get("label")) if isinstance(r, dict) else (None, None)

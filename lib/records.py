@@ -6,7 +6,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from lib.common import Error, check_regular
+from lib.common import Error, check_regular, parse_json
 from lib.files import atomic_path, write_json, writing
 
 
@@ -27,8 +27,8 @@ def read_metrics(out_dir):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = parse_json(line)
+        except Error:
             record = None
         # a record: an object whose step is an int (not a bool)
         if isinstance(record, dict) and type(record.get("step")) is int:

@@ -2,12 +2,11 @@
 talks in the terminal, the history kept and its oldest turns dropped once it outgrows the
 context."""
 
-import json
 import sys
 
 from lib.chat import check_messages, fitted
-from lib.common import Error
-from lib.text import SEPARATOR, continuation
+from lib.common import Error, read_json
+from lib.text import SEPARATOR, continuation, stopped_short
 
 
 def talk(engine, tokenizer, picks, args):
@@ -20,10 +19,13 @@ def talk(engine, tokenizer, picks, args):
         )
     messages = read_messages(args.messages) if args.messages else []
     if not args.chat:  # --messages alone: a reply for each sample
+        rows = []
         for i, pick in enumerate(picks):
             if i:
                 print(SEPARATOR)
-            reply(engine, tokenizer, messages, pick, args, args.stream and not i)
+            _, row = reply(engine, tokenizer, messages, pick, args, args.stream and not i)
+            rows.append(row)
+        stopped_short(rows)  # once all are out, as sample.py's samples
         return
     while True:  # the user's turn, unless --messages ends with one
         if not messages or messages[-1]["role"] != "user":
@@ -31,9 +33,12 @@ def talk(engine, tokenizer, picks, args):
             if line is None:
                 return
             messages.append({"role": "user", "content": line})
+        # a character the model never saw, or a reply cut short: the turn is dropped, the
+        # conversation goes on
         try:
-            text = reply(engine, tokenizer, messages, picks[0], args, stream=True)
-        except Error as e:  # a character the model never saw: the turn is dropped
+            text, row = reply(engine, tokenizer, messages, picks[0], args, stream=True)
+            stopped_short([row])
+        except Error as e:
             messages.pop()
             print(f"error: {e}", file=sys.stderr)
             continue
@@ -41,24 +46,31 @@ def talk(engine, tokenizer, picks, args):
 
 
 def ask():
-    """The next line typed that is not blank, or None at the end of input (Ctrl-D)."""
+    """The next line typed that is not blank, or None at the end of input (Ctrl-D) or
+    where there is no input at all (stdin closed: `<&-`). A line not in stdin's
+    encoding is said on stderr, and the next one read."""
     line = ""
     while not line.strip():
         print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        # bytes: a text read that fails to decode loses the lines read with it
+        raw = sys.stdin.buffer.readline() if sys.stdin else b""
+        if not raw:
             print(file=sys.stderr)
             return None
-    return line.rstrip("\n")
+        try:
+            line = raw.decode(sys.stdin.encoding)
+        except UnicodeDecodeError as e:
+            encoding = sys.stdin.encoding
+            print(f"error: not {encoding} text ({e.reason}); type it again", file=sys.stderr)
+    return line.rstrip("\r\n")
 
 
 def read_messages(path):
     """A conversation from a JSON file: {"messages": [...]} or the list alone."""
     try:
-        with open(path, encoding="utf-8") as f:
-            conversation = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise Error(f"--messages {path}: cannot read it as JSON ({type(e).__name__})") from None
+        conversation = read_json(path, "conversation")
+    except Error as e:  # it names path
+        raise Error(f"--messages {e}") from None
     if isinstance(conversation, dict):
         conversation = conversation.get("messages")
     try:
@@ -70,7 +82,7 @@ def read_messages(path):
 
 def reply(engine, tokenizer, messages, pick, args, stream):
     """The assistant's reply to messages, cut at its end of turn or --stop; printed,
-    token by token with stream. -> its text."""
+    token by token with stream. -> (its text, its engine row)."""
     ids, _ = fitted(tokenizer, messages, engine.block_size, args.max_new_tokens)
     request = engine.submit(ids, [pick], args.max_new_tokens, tokenizer.end_token)
     stops = [args.stop] if args.stop else []
@@ -86,4 +98,4 @@ def reply(engine, tokenizer, messages, pick, args, stream):
         request.finish()
         engine.step()
     print(text[shown if stream else 0 :], flush=True)
-    return text
+    return text, request.rows[0]

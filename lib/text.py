@@ -1,4 +1,6 @@
-"""Stop strings in a decode's growing text, and the line between samples."""
+"""Stop strings in a decode's growing text, the line between samples, and a sample cut short."""
+
+from lib.common import Error
 
 SEPARATOR = "-" * 40  # printed between samples
 
@@ -29,3 +31,12 @@ def continuation(tokenizer, row, stops, count=None):
         row.finish()
         return text[:cut], text[:cut], True
     return text, printable(text, stops), False
+
+
+def stopped_short(rows):
+    """An Error naming the first of the engine rows (sample i + 1) that stopped where its
+    options left no token to draw, and how far it got; the message names the option
+    (serve.py's 400)."""
+    for i, row in enumerate(rows):
+        if row.error:
+            raise Error(f"sample {i + 1} stopped after {len(row.generated)} tokens: {row.error}")

@@ -5,13 +5,16 @@ import importlib.util
 import io
 import json
 import os
+import resource
+import subprocess
+import sys
 from contextlib import redirect_stderr
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, needs_shared, tiny_gpt2
-from test_robustness import cli
+from test_robustness import PAST_PYTHONS_LIMITS, cli
 from test_train import torchrun
 
 import train
@@ -205,7 +208,10 @@ def test_each_bad_line_is_named_and_counted(base, tmp_path):
         "--block_size=40",
     )
     said = err.splitlines()
-    assert f"{source}:2: not JSON; skipped" in said
+    assert (
+        f"{source}:2: not readable JSON (Expecting property name enclosed in double quotes); "
+        "skipped" in said
+    )
     assert f'{source}:3: not an object with a "messages" list; skipped' in said
     assert (
         f"{source}:4: messages[0]: role 'robot' is not one of system, user, assistant; skipped"
@@ -222,6 +228,65 @@ def test_each_bad_line_is_named_and_counted(base, tmp_path):
     # the two good lines are one conversation twice: one split, the other empty
     assert code != 0 and "no conversation in" in said[-1]
     assert not os.path.exists(tmp_path / "out" / "meta.json")
+
+
+# conversations over CHARS that a hash puts in both splits at --val_fraction=0.5
+GOOD = "".join(
+    json.dumps({"messages": [{"role": "user", "content": w}, {"role": "assistant", "content": w}]})
+    + "\n"
+    for w in ("ab", "ba", "abc", "cab", "bca", "ca", "ac")
+)
+
+
+@pytest.mark.parametrize("line, why", PAST_PYTHONS_LIMITS, ids=["nested", "digits"])
+def test_a_line_past_pythons_json_limits_is_skipped_in_a_line(base, tmp_path, line, why):
+    source = tmp_path / "in.jsonl"
+    source.write_text(line + "\n" + GOOD)
+    code, _, err = cli(
+        "data/chat/prepare.py",
+        f"--source={source}",
+        f"--tokenizer_from={base}",
+        f"--out_dir={tmp_path / 'out'}",
+        "--val_fraction=0.5",
+    )
+    assert code == 0, err
+    assert f"{source}:1: not readable JSON ({why}); skipped" in err.splitlines()
+    assert "skipped 1 lines: 1 not JSON" in err
+
+
+def at_most_2_gib():
+    """A child's address space, where an endless read ends in a MemoryError."""
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def test_what_is_not_a_regular_file_in_a_source_is_skipped_or_refused(base, tmp_path):
+    """A named pipe waits for a writer for ever, a link to /dev/zero reads for ever: in a
+    --source folder each is skipped with a warning, as the --source refused in one line."""
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    (folder / "good.jsonl").write_text(GOOD)
+    os.mkfifo(folder / "pipe.jsonl")
+    (folder / "zero.jsonl").symlink_to("/dev/zero")
+    script = os.path.join(ROOT, "data", "chat", "prepare.py")
+    args = [f"--source={folder}", f"--tokenizer_from={base}", "--val_fraction=0.5"]
+    r = subprocess.run(
+        [sys.executable, script, *args, f"--out_dir={tmp_path / 'out'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=at_most_2_gib,
+    )
+    assert r.returncode == 0, r.stderr
+    said = r.stderr.splitlines()
+    assert f"warning: {folder / 'pipe.jsonl'}: not a regular file (a named pipe), skipped" in said
+    assert f"warning: {folder / 'zero.jsonl'}: not a regular file (a device), skipped" in said
+    for name, kind in (("pipe.jsonl", "a named pipe"), ("zero.jsonl", "a device")):
+        source = folder / name
+        code, _, err = cli("data/chat/prepare.py", *args, f"--source={source}")
+        assert code == 2 and err == (
+            f"prepare.py: error: --source {source}: not a regular file ({kind}); "
+            "pass a .jsonl file\n"
+        )
 
 
 def tune(chats, base, out_dir, *extra):
@@ -302,6 +367,58 @@ def test_sample_replies_to_a_messages_file_and_in_a_terminal_loop(tuned, tmp_pat
     assert first == greedy_reply(out_dir, asked)
     history = asked + [{"role": "assistant", "content": first}, {"role": "user", "content": "cab"}]
     assert second == greedy_reply(out_dir, history)
+
+
+@pytest.mark.parametrize("text, why", PAST_PYTHONS_LIMITS, ids=["nested", "digits"])
+def test_a_messages_file_past_pythons_json_limits_is_one_line(tuned, tmp_path, text, why):
+    path = tmp_path / "m.json"
+    path.write_text(text)
+    code, out, err = cli("sample.py", f"--out_dir={tuned[0]}", f"--messages={path}")
+    assert code == 2 and out == "" and "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last == f"sample.py: error: --messages {path}: not a readable JSON conversation ({why})"
+
+
+def test_the_terminal_loop_without_stdin_or_with_a_line_not_utf8(tuned, tmp_path):
+    """A closed stdin (`<&-`) is the end of input: --messages' reply, then the end. A line not
+    UTF-8 on a strict stdin is said in a line, the lines after it read."""
+    out_dir = tuned[0]
+    asked = [{"role": "user", "content": "ab"}]
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(asked))
+    common = ["--greedy", "--weights=float32", "--max_new_tokens=20"]
+    code, out, err = cli("sample.py", f"--out_dir={out_dir}", "--chat", *common, stdin=None)
+    assert code == 0 and out == "", err
+    argv = [f"--out_dir={out_dir}", f"--messages={path}", "--chat", *common]
+    code, out, err = cli("sample.py", *argv, stdin=None)
+    assert code == 0 and out == greedy_reply(out_dir, asked) + "\n", err
+    code, out, err = cli(
+        "sample.py", f"--out_dir={out_dir}", "--chat", *common, stdin=b"\xffa\nab\n"
+    )
+    assert code == 0, err
+    assert "error: not utf-8 text (invalid start byte); type it again\n" in err
+    assert out == greedy_reply(out_dir, asked) + "\n"
+
+
+def test_a_reply_cut_by_ngram_blocking_is_said_as_sample_py_says(tuned, tmp_path):
+    """No token left to draw: --messages prints the reply, then sample.py's one line and exit 2;
+    --chat says it and drops the turn (the same reply to the same history), and goes on."""
+    out_dir = tuned[0]
+    roles = ["system", "user", "assistant", "user"]
+    asked = [{"role": role, "content": c} for role, c in zip(roles, "abcd")]
+    path, history = tmp_path / "m.json", tmp_path / "h.json"
+    path.write_text(json.dumps(asked))
+    history.write_text(json.dumps(asked[:3]))
+    # the prompt holds 8 of the 25 tokens, every chat token among them: 17 more, then none
+    common = ["--greedy", "--no_repeat_ngram_size=1", "--max_new_tokens=24"]
+    code, out, err = cli("sample.py", f"--out_dir={out_dir}", f"--messages={path}", *common)
+    blocked = "sample 1 stopped after 17 tokens: no_repeat_ngram_size blocks every token"
+    assert code == 2 and len(out) == 17 + 1
+    assert err.splitlines()[-1].startswith(f"sample.py: error: {blocked}")
+    argv = [f"--out_dir={out_dir}", f"--messages={history}", "--chat", *common]
+    code, chat_out, err = cli("sample.py", *argv, stdin="d\nd\n")
+    assert code == 0 and chat_out == out * 2, err
+    assert err.count(f"error: {blocked}") == 2
 
 
 @needs_shared

@@ -30,7 +30,8 @@ from export import export
 from lib import checkpoint, common, config
 from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.prepare import save_array, write_classification_split, write_meta
+from lib.corpus import jsonl_rows
+from lib.prepare import read_records, save_array, write_classification_split, write_meta
 from lib.records import read_metrics
 from lib.weights import load_pretrained
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
@@ -43,14 +44,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 def cli(script, *args, stdin=""):
     """Runs a script as `python script ARGS` would, but in this process (the suite would spend a
     second per run importing torch): -> (exit status, stdout, stderr); an uncaught exception's
-    traceback lands in stderr."""
+    traceback lands in stderr. stdin: text or bytes, read as strict UTF-8 over its bytes as a
+    terminal's is; None: closed (`<&-`)."""
     out, err = io.StringIO(), io.StringIO()
     argv, handlers, sys_stdin = (
         sys.argv,
         {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
         sys.stdin,
     )
-    sys.argv, sys.stdin, code = [os.path.join(ROOT, script), *map(str, args)], io.StringIO(stdin), 0
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    if stdin is not None:
+        stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    sys.argv, sys.stdin, code = [os.path.join(ROOT, script), *map(str, args)], stdin, 0
     try:
         with redirect_stdout(out), redirect_stderr(err):
             runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
@@ -1474,6 +1480,27 @@ def test_a_resumed_runs_saved_settings_are_checked_as_a_new_runs(files, tmp_path
         with pytest.raises(Error, match=re.escape(words)):
             run([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
         assert path.read_bytes() == saved
+
+
+# JSON that json.loads meets with a RecursionError and a ValueError of Python's own limits
+PAST_PYTHONS_LIMITS = [
+    ("[" * 1500 + "]" * 1500, "arrays or objects nested too deep to read"),
+    ('{"messages": ' + "9" * 5000 + "}", "an integer of more than 4,300 digits"),
+]
+
+
+@pytest.mark.parametrize("line, why", PAST_PYTHONS_LIMITS, ids=["nested", "digits"])
+def test_a_jsonl_line_past_pythons_limits_is_a_bad_line_to_every_reader(tmp_path, line, why):
+    """A text corpus's, a labelled set's and a run's metrics JSON Lines: such a line is what a
+    malformed one is to each, never a traceback."""
+    path = tmp_path / "metrics.jsonl"
+    good = json.dumps({"text": "ab", "label": 0, "step": 1}) + "\n"
+    path.write_text(good + line + "\n" + good)
+    with pytest.raises(Error, match=re.escape(f"{path}:2: not a JSON object ({why})")):
+        list(jsonl_rows(str(path), None))
+    assert read_records(str(path)) == [("ab", 0), (None, None), ("ab", 0)]
+    with pytest.raises(Error, match=f"{path}:2: not a record with an integer 'step'"):
+        read_metrics(str(tmp_path))
 
 
 @pytest.mark.parametrize("name", ["config.json", "metrics.jsonl", "trainer_state.pt"])

@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
 from lib.chat import ChatTokenizer, check_messages
-from lib.common import ArgumentParser, Error, read_json, run_script
+from lib.common import ArgumentParser, Error, parse_json, read_json, run_script
+from lib.corpus import not_regular, text_files
 from lib.keys import GPT2_NAMES, Key, flags
 from lib.tokenizer import get_tokenizer
 
@@ -75,18 +76,17 @@ def word_tasks(n, seed):
 
 
 def jsonl_lines(source):
-    """(where, line) of each non-blank line of the .jsonl file source, or of the folder's."""
+    """(where, line) of each non-blank line of the .jsonl file source, or of the folder's
+    (what is not a regular file skipped with a warning)."""
     if os.path.isdir(source):
-        paths = sorted(
-            os.path.join(root, name)
-            for root, _, names in os.walk(source)
-            for name in names
-            if name.endswith(".jsonl")
-        )
+        paths = text_files(source, (".jsonl",))
         if not paths:
             raise Error(f"--source {source}: no .jsonl file in the folder")
     elif os.path.isfile(source):
         paths = [source]
+    elif os.path.exists(source):  # a named pipe or a device would be read for ever
+        kind = not_regular(source)
+        raise Error(f"--source {source}: not a regular file ({kind}); pass a .jsonl file")
     else:
         raise Error(f"--source {source}: no such file or folder; pass a .jsonl file")
     for path in paths:
@@ -107,9 +107,9 @@ class Skip(Exception):
 def conversation(line, tokenizer, block_size):
     """(ids, learn) of one JSON line, or a Skip saying why not."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        raise Skip("not JSON", "not JSON") from None
+        record = parse_json(line)
+    except Error as e:
+        raise Skip("not JSON", f"not readable JSON ({e})") from None
     if not isinstance(record, dict) or "messages" not in record:
         raise Skip("no messages", 'not an object with a "messages" list')
     messages = record["messages"]
