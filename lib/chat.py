@@ -89,3 +89,9 @@ def special_tokens(tokenizer):
     <|endoftext|>, then a chat tokenizer's."""
     found = {} if tokenizer.eot_token is None else {EOT: tokenizer.eot_token}
     return found | getattr(tokenizer, "ids", {})
+
+
+def end_tokens(tokenizer):
+    """The ids that end a decode: every special token, none of which is text. A chat model's
+    role marker drawn mid-reply ends it as <|end|> does: a reply never holds a marker."""
+    return frozenset(special_tokens(tokenizer).values())

@@ -5,7 +5,7 @@ context."""
 import json
 import sys
 
-from lib.chat import check_messages
+from lib.chat import check_messages, end_tokens
 from lib.common import Error
 from lib.text import SEPARATOR, continuation
 
@@ -74,7 +74,8 @@ def reply(engine, tokenizer, messages, pick, args, stream):
     # room for a reply of max_new_tokens, or half the context
     room = min(args.max_new_tokens, engine.block_size // 2)
     ids = fitted(tokenizer, messages, engine.block_size - room)
-    request = engine.submit(ids, [pick], args.max_new_tokens, tokenizer.end_token)
+    # <|end|>, or a role marker drawn mid-reply: the text never holds one
+    request = engine.submit(ids, [pick], args.max_new_tokens, end_tokens(tokenizer))
     stops = [args.stop] if args.stop else []
     text, shown = "", 0
     try:

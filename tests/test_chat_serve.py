@@ -4,16 +4,19 @@ usage, the 400s, and the page's chat tab in headless Chromium."""
 
 import http.client
 import json
+import re
 import threading
 import time
 
 import pytest
 import torch
 from chromium import Browser, find
+from conftest import marker_checkpoint
 from openai import OpenAI
 
 import decoding
 from engine import Engine
+from lib.chat import end_tokens
 from lib.checkpoint import save_pretrained
 from lib.weights import load_gpt
 from model import GPT, GPTConfig
@@ -22,6 +25,7 @@ from serving.chat import NO_CHAT
 from serving.playground import Playground
 
 CHARS = "abcdefghrsu .\n:<|>"
+MARKER = re.compile(r"<\|(system|user|assistant)\|>")  # a role marker's text
 MESSAGES = [
     {"role": "system", "content": "be a dad."},
     {"role": "user", "content": "abc: head"},
@@ -33,8 +37,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A random GPT with the chat tokens after its characters ("chat") and one without
-    ("plain"), served on a free port: (its address, the chat model's folder)."""
+    """A random GPT with the chat tokens after its characters ("chat"), one without ("plain")
+    and conftest's undertrained one ("markers"), served on a free port: (its address, the chat
+    model's folder)."""
     d = tmp_path_factory.mktemp("chat")
     torch.manual_seed(0)
     for name, extra in (("chat", 4), ("plain", 0)):
@@ -51,7 +56,9 @@ def server(tmp_path_factory):
             model.wte.weight[len(CHARS) + 3 :, 0] = 0.5
         spec = {"type": "char", "chars": CHARS, "chat": extra > 0}
         save_pretrained(model, d / name, task="lm", tokenizer=spec)
-    playground = Playground([d / "chat", d / "plain"], "cpu", "float32", max_tokens=64, rows=8)
+    marker_checkpoint(d / "markers")
+    models = [d / "chat", d / "plain", d / "markers"]
+    playground = Playground(models, "cpu", "float32", max_tokens=64, rows=8)
     httpd = Server(playground, "127.0.0.1", 0, quiet=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -67,15 +74,15 @@ def client(server):
     return OpenAI(base_url=f"http://{server[0]}/v1", api_key="unused")
 
 
-def engine_replies(out_dir, messages, n, seed, max_tokens, **options):
+def engine_replies(out_dir, messages, n, seed, max_tokens, ends=end_tokens, **options):
     """[(text, finish reason)] of the engine's decode of messages rendered up to the assistant's
-    marker, choice i drawing from a generator seeded seed + i, as /v1/completions draws; the
-    tokens of the prompt and of the replies."""
+    marker, choice i drawing from a generator seeded seed + i, as /v1/completions draws, ending
+    at ends(tokenizer); the tokens of the prompt and of the replies."""
     model, tokenizer, _ = load_gpt(str(out_dir), "cpu")
     ids, _ = tokenizer.render(messages, reply=True)
     picks = decoding.make_picks(decoding.Options(**options), False, seed, n, tokenizer.vocab_size)
     engine = Engine(model, n)
-    request = engine.submit(ids, picks, max_tokens, tokenizer.end_token)
+    request = engine.submit(ids, picks, max_tokens, ends(tokenizer))
     while engine.busy():
         engine.step()
     rows = request.rows
@@ -167,6 +174,31 @@ def test_a_typed_marker_is_plain_text(client, server):
     expected, prompt_tokens, _ = engine_replies(server[1], messages, 1, 0, 8, temperature=0)
     assert replies(answer) == expected
     assert answer.usage.prompt_tokens == prompt_tokens == 1 + 8 + 1 + 1
+
+
+def turn_end(tokenizer):
+    return [tokenizer.end_token]
+
+
+def test_a_role_marker_drawn_mid_reply_ends_it(client, server):
+    """An undertrained chat model draws role markers inside its replies: each reply ends at the
+    first ("stop"), as at <|end|>, never holding a marker's text, whose characters this model
+    lacks; sent back as the assistant's turn, a reply is accepted."""
+    asked = dict(model="markers", messages=MESSAGES[1:], n=8, seed=1, temperature=1.5)
+    answer = replies(client.chat.completions.create(**asked, max_tokens=30))
+    folder = server[1].parent / "markers"
+    drawn, _, _ = engine_replies(folder, MESSAGES[1:], 8, 1, 30, turn_end, temperature=1.5)
+    cut = []
+    for text, reason in drawn:
+        marker = MARKER.search(text)
+        cut.append((text[: marker.start()], "stop") if marker else (text, reason))
+    assert answer == cut
+    assert sum(bool(MARKER.search(text)) for text, _ in drawn) >= 4
+    # a reply that a marker cut after some text
+    reply = next(text for (text, _), (whole, _) in zip(answer, drawn) if text and whole != text)
+    history = [*MESSAGES[1:], {"role": "assistant", "content": reply}, *MESSAGES[1:]]
+    again = client.chat.completions.create(**{**asked, "messages": history}, max_tokens=8)
+    assert len(again.choices) == 8
 
 
 def user(content):
