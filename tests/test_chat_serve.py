@@ -201,6 +201,29 @@ def test_a_role_marker_drawn_mid_reply_ends_it(client, server):
     assert len(again.choices) == 8
 
 
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_completions_text_is_its_logprobs_tokens(client, ignore_eos):
+    """/v1/completions on that model: a special token ends a choice ("stop"), as OpenAI's end
+    of text does, so neither its text nor its logprobs hold it; with ignore_eos its name is in
+    both; the stop "r" cuts the text after a marker, never the marker's name."""
+    answer = client.completions.create(
+        model="markers",
+        prompt="abc",
+        n=8,
+        seed=1,
+        temperature=1.5,
+        max_tokens=30,
+        logprobs=0,
+        stop=["r"],
+        extra_body={"ignore_eos": ignore_eos},
+    )
+    for choice in answer.choices:
+        tokens = choice.logprobs.tokens if choice.logprobs else []
+        assert choice.text == "".join(tokens), choice
+    held = [bool(MARKER.search(choice.text)) for choice in answer.choices]
+    assert sum(held) >= 4 if ignore_eos else not any(held)
+
+
 def user(content):
     return {"model": "chat", "messages": [{"role": "user", "content": content}]}
 
