@@ -1,7 +1,7 @@
 """Every GPT decode's engine: continuous batching over one KV cache, each row drawing by its own
 generator (never depending on the batch).
   engine = Engine(model, rows=8)
-  request = engine.submit(prompt, picks, max_new_tokens=100, end_token=eot)  # a row per pick
+  request = engine.submit(prompt, picks, max_new_tokens=100, end_tokens={eot})  # a row per pick
   while engine.busy(): engine.step()  # request.rows[i].tokens grow
 """
 
@@ -24,13 +24,13 @@ COMPILE_KEY = Key(
 class Row:
     """One sequence: its tokens (prompt, then generated), pick and cache slot."""
 
-    def __init__(self, prompt, pick, max_new_tokens, block_size, end_token=None):
+    def __init__(self, prompt, pick, max_new_tokens, block_size, end_tokens=()):
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
         self.pick = pick
         self.remaining = max_new_tokens
-        self.end_token = end_token  # drawn, it ends the row unseen (None: no such token)
-        self.ended = False  # whether the row drew end_token (a document's end)
+        self.end_tokens = frozenset(end_tokens)  # one drawn ends the row unseen
+        self.ended = False  # whether the row drew one (a document's or a turn's end)
         # the window: tokens[start:] (block_size None: every token, a rolling cache's)
         self.start = max(0, len(prompt) - block_size) if block_size else 0
         self.slot = None
@@ -90,21 +90,21 @@ class Engine:
         if compile:  # before any request is timed (gpt-fast's decode)
             self.warm_up(rows)
 
-    def submit(self, prompt, picks, max_new_tokens, end_token=None):
-        """A Request of a row per pick, decoded from the next step on; a row that draws end_token
-        (the tokenizer's end of text) ends there, without it."""
-        request = self.make_request(prompt, picks, max_new_tokens, end_token)
+    def submit(self, prompt, picks, max_new_tokens, end_tokens=()):
+        """A Request of a row per pick, decoded from the next step on; a row that draws one of
+        end_tokens (lib/chat.py's end_tokens: the special ones) ends there, without it."""
+        request = self.make_request(prompt, picks, max_new_tokens, end_tokens)
         self.waiting.append(request)
         return request
 
-    def make_request(self, prompt, picks, max_new_tokens, end_token=None):
+    def make_request(self, prompt, picks, max_new_tokens, end_tokens=()):
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         slots = len(self.cache.lengths)
         if len(picks) > slots:
             raise Error(f"{len(picks)} rows asked of an engine of {slots}")
         size = None if self.model.endless else self.block_size
-        return Request([Row(prompt, pick, max_new_tokens, size, end_token) for pick in picks])
+        return Request([Row(prompt, pick, max_new_tokens, size, end_tokens) for pick in picks])
 
     def warm_up(self, rows):
         """Compiles the one-token step by throwaway requests of one row and of all."""
@@ -229,7 +229,7 @@ class Engine:
                 row.error = str(token)
                 row.done = True
                 continue
-            if token == row.end_token:  # the end of a document: the row ends without it
+            if token in row.end_tokens:  # a document or turn ends: the row ends without it
                 row.ended = True
                 row.done = True
                 continue

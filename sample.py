@@ -12,6 +12,7 @@ from functools import partial
 
 import decoding
 from engine import COMPILE_KEY, Engine
+from lib.chat import end_tokens
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
 from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
@@ -54,8 +55,8 @@ FLAGS = {
     ),
     "ignore_eos": Key(
         False,
-        "go on past the tokenizer's end-of-text token (<|endoftext|>), which otherwise ends a "
-        "sample, unprinted, as the end of a document",
+        "go on past the tokenizer's special tokens (<|endoftext|>, a chat model's <|end|> and "
+        "role markers), one of which otherwise ends a sample, unprinted",
     ),
     "messages": Key(None, "a JSON file of a conversation ({'messages': [...]}): reply to it"),
     "chat": Key(
@@ -152,8 +153,9 @@ def main(argv=None):
     block_size = model.config.block_size
     if len(prompt) > block_size:
         log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")
-    end_token = None if args.ignore_eos else tokenizer.eot_token  # None for plain characters
-    request = engine.submit(prompt, picks, args.max_new_tokens, end_token)
+    # the special tokens: none for plain characters, a chat model's markers and <|end|> too
+    ends = () if args.ignore_eos else end_tokens(tokenizer)
+    request = engine.submit(prompt, picks, args.max_new_tokens, ends)
     print_samples(engine, request, tokenizer, args)
     stopped_short(request.rows)
 

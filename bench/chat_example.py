@@ -31,6 +31,7 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
 from lib.batches import load_split
+from lib.chat import end_tokens
 from lib.common import ArgumentParser, run_script
 from lib.finetune import grown
 from lib.keys import Key, flags
@@ -63,7 +64,7 @@ def exact_match(model, data, rows=64):
         ids = data.tokens[data.offsets[i] : data.offsets[i + 1]].tolist()
         start = len(ids) - ids[::-1].index(marker)  # after the last marker
         budget = len(ids) - start + 1
-        request = engine.submit(ids[:start], [greedy], budget, tokenizer.end_token)
+        request = engine.submit(ids[:start], [greedy], budget, end_tokens(tokenizer))
         asked.append((request, ids[start:-1]))
     while engine.busy():
         engine.step()

@@ -26,7 +26,6 @@ class ChatTokenizer:
         self.base = base
         first = base.vocab_size
         self.ids = {name: first + i for i, name in enumerate(SPECIAL_TOKENS)}
-        self.names = {i: name for name, i in self.ids.items()}
         self.vocab_size = first + len(SPECIAL_TOKENS)
         self.end_token = self.ids[END]
         self.spec = {**base.spec, "chat": True}
@@ -36,14 +35,7 @@ class ChatTokenizer:
 
     def decode(self, ids):
         """The base tokenizer's text, each chat token as its name."""
-        parts, run = [], []
-        for i in ids:
-            if i in self.names:
-                parts += [self.base.decode(run), self.names[i]]
-                run = []
-            else:
-                run.append(i)
-        return "".join(parts) + self.base.decode(run)
+        return "".join(text for text, _ in pieces(self, ids))
 
     def render(self, messages, reply=False):
         """(ids, learn) of messages in the template; learn[i]: whether a fine-tune learns
@@ -105,3 +97,24 @@ def special_tokens(tokenizer):
     <|endoftext|>, then a chat tokenizer's."""
     found = {} if tokenizer.eot_token is None else {EOT: tokenizer.eot_token}
     return found | getattr(tokenizer, "ids", {})
+
+
+def end_tokens(tokenizer):
+    """The ids that end a decode: every special token, none of which is text. A chat model's
+    role marker drawn mid-reply ends it as <|end|> does: a reply never holds a marker."""
+    return frozenset(special_tokens(tokenizer).values())
+
+
+def pieces(tokenizer, ids):
+    """The text of ids in pieces -> [(text, whether a special token)]: each special token its
+    name, alone; each run of other tokens between them its decoded text (the last, maybe "")."""
+    names = {i: name for name, i in special_tokens(tokenizer).items()}
+    decode = getattr(tokenizer, "base", tokenizer).decode  # a chat tokenizer's splits here
+    made, run = [], []
+    for i in ids:
+        if i in names:
+            made += [(decode(run), False), (names[i], True)]
+            run = []
+        else:
+            run.append(i)
+    return made + [(decode(run), False)]

@@ -4,7 +4,7 @@ context."""
 
 import sys
 
-from lib.chat import check_messages, fitted
+from lib.chat import check_messages, end_tokens, fitted
 from lib.common import Error, read_json
 from lib.text import SEPARATOR, continuation, stopped_short
 
@@ -84,7 +84,8 @@ def reply(engine, tokenizer, messages, pick, args, stream):
     """The assistant's reply to messages, cut at its end of turn or --stop; printed,
     token by token with stream. -> (its text, its engine row)."""
     ids, _ = fitted(tokenizer, messages, engine.block_size, args.max_new_tokens)
-    request = engine.submit(ids, [pick], args.max_new_tokens, tokenizer.end_token)
+    # <|end|>, or a role marker drawn mid-reply: the text never holds one
+    request = engine.submit(ids, [pick], args.max_new_tokens, end_tokens(tokenizer))
     stops = [args.stop] if args.stop else []
     text, shown = "", 0
     try:

@@ -1,5 +1,6 @@
 """Stop strings in a decode's growing text, the line between samples, and a sample cut short."""
 
+from lib.chat import pieces
 from lib.common import Error
 
 SEPARATOR = "-" * 40  # printed between samples
@@ -24,13 +25,18 @@ def printable(text, stops=()):
 def continuation(tokenizer, row, stops, count=None):
     """The text of an engine row's generated tokens (its first count), cut before the first of
     stops, where the row finishes -> (that text, what of it can be shown now, whether a stop cut
-    it). The whole is decoded each time: bytes split over tokens join up."""
-    text = tokenizer.decode(row.generated[:count])
-    cut = first_stop(text, stops)
-    if cut >= 0:
-        row.finish()
-        return text[:cut], text[:cut], True
-    return text, printable(text, stops), False
+    it). The whole is decoded each time: bytes split over tokens join up. A stop is found in the
+    text between special tokens, never in a special token's name nor across one."""
+    text = ""
+    parts = pieces(tokenizer, row.generated[:count])
+    for piece, special in parts:
+        cut = -1 if special else first_stop(piece, stops)
+        if cut >= 0:
+            row.finish()
+            return text + piece[:cut], text + piece[:cut], True
+        text += piece
+    last = parts[-1][0]  # the text after the last special token: it may begin a stop
+    return text, text[: len(text) - len(last)] + printable(last, stops), False
 
 
 def stopped_short(rows):

@@ -1,6 +1,7 @@
 """Chat completions (POST /v1/chat/completions): OpenAI's messages rendered in lib/chat.py's
 template, then completed as a prompt of /v1/completions is (its checks, its engine, its stop
-strings), each reply ending where the model draws <|end|>; the answer in OpenAI's chat shape."""
+strings, its end at a special token: <|end|> or a role marker drawn mid-reply); the answer in
+OpenAI's chat shape."""
 
 from pydantic import Field, create_model
 
@@ -124,15 +125,12 @@ def bad(message):
 
 
 class ChatCompletion(Completion):
-    """A completion whose choices end where the model draws <|end|> (finish_reason "stop"),
-    answered and streamed in OpenAI's chat shape."""
+    """A completion whose choices end where the model draws <|end|> or a role marker
+    (finish_reason "stop"), answered and streamed in OpenAI's chat shape."""
 
     ID = "chatcmpl"
     OBJECT = "chat.completion"
     CHUNK = "chat.completion.chunk"
-
-    def end_token(self):
-        return self.tokenizer.end_token
 
     async def answer(self):
         whole = await super().answer()

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 import decoding
 from engine import Engine
+from lib.chat import end_tokens
 from lib.common import Error
 from lib.text import continuation
 from lib.transport import RequestError
@@ -98,6 +99,9 @@ class Completion:
         self.slot = slots
         req = self.req
         vocab_size = self.tokenizer.vocab_size
+        # a choice ends where the model draws a special token, which is not text (OpenAI's end of
+        # text, a chat model's markers): never in its text, nor in its logprobs
+        ends = () if req.ignore_eos else end_tokens(self.tokenizer)
         for text, ids in self.prompts:
             # generators of the request's own: a choice draws as it would alone
             picks = decoding.make_picks(self.options, False, self.seed, req.n, vocab_size)
@@ -107,16 +111,13 @@ class Completion:
             # the prompt scored only where its log-probabilities are asked for
             echo = req.echo and req.logprobs is not None
             # the engine's client: its prompts take turns with other completions' prompts
-            end = self.end_token()
-            request = self.decoder.submit(ids, picks, req.max_tokens, end, req.logprobs, echo, self)
+            request = self.decoder.submit(
+                ids, picks, req.max_tokens, ends, req.logprobs, echo, self
+            )
             self.requests.append(request)
             for row, trace in zip(request.rows, traces):
                 self.choices.append(Choice(len(self.choices), row, text, trace, req.echo))
         self.watcher = asyncio.ensure_future(self.give_back_when_decoded())
-
-    def end_token(self):
-        """The token that ends a choice: the tokenizer's end of text (None for characters)."""
-        return None if self.req.ignore_eos else self.tokenizer.eot_token
 
     async def give_back_when_decoded(self):
         for request in self.requests:
@@ -334,12 +335,10 @@ class ScoringEngine(Engine):
         super().__init__(model, rows, compile=compile)
         self.vocab_size = vocab_size or model.config.vocab_size
 
-    def make_request(
-        self, prompt, picks, max_new_tokens, end_token=None, logprobs=None, echo=False
-    ):
+    def make_request(self, prompt, picks, max_new_tokens, end_tokens=(), logprobs=None, echo=False):
         """Engine.make_request, with each token's log-probability (logprobs: the top that many
         too) and the prompt scored (echo: it must fit in block_size)."""
-        request = super().make_request(prompt, picks, max_new_tokens, end_token)
+        request = super().make_request(prompt, picks, max_new_tokens, end_tokens)
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         request.echo = echo

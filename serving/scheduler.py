@@ -61,10 +61,10 @@ class ServingEngine(ScoringEngine):
         return took
 
     def submit(
-        self, prompt, picks, max_new_tokens, end_token=None, logprobs=None, echo=False, client=None
+        self, prompt, picks, max_new_tokens, end_tokens=(), logprobs=None, echo=False, client=None
     ):
         """ScoringEngine's request (logprobs, echo), and who asks (client, any hashable)."""
-        request = self.make_request(prompt, picks, max_new_tokens, end_token, logprobs, echo)
+        request = self.make_request(prompt, picks, max_new_tokens, end_tokens, logprobs, echo)
         for row in request.rows:
             row.bug = False  # whether its error is the engine's failure, not its options'
             row.client = client

@@ -126,6 +126,25 @@ def eot_checkpoint(out_dir, chars):
     return str(out_dir)
 
 
+def marker_checkpoint(out_dir, chars="abcdefghrsu .:"):
+    """A random chat GPT over chars (none of a marker's "<|>") saved in out_dir, as undertrained
+    as one whose replies draw a role marker mid-reply: the markers likely, <|end|> never."""
+    torch.manual_seed(0)
+    shape = dict(block_size=64, n_layer=1, n_head=2, n_embd=32, bias=True)
+    model = GPT(GPTConfig(vocab_size=len(chars) + 4, **shape))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+        # the last LayerNorm's feature 0 is 1 for every token, through which the role markers'
+        # logits rise by 0.1 and <|end|>'s fall by 10
+        model.ln_f.weight[0], model.ln_f.bias[0] = 0.0, 1.0
+        model.wte.weight[len(chars) :, 0] = 0.1
+        model.wte.weight[-1, 0] = -10.0
+    spec = {"type": "char", "chars": chars, "chat": True}
+    save_pretrained(model, out_dir, task="lm", tokenizer=spec)
+    return str(out_dir)
+
+
 def tiny_gpt2(folder):
     """A tiny random GPT-2 in the Hugging Face layout (see test_model.py), GPT-2's 50,257 tokens,
     context 64, 1 layer of 16, saved in folder -> its path."""

@@ -13,14 +13,14 @@ from contextlib import redirect_stderr
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY, needs_shared, tiny_gpt2
+from conftest import ROOT, TINY, marker_checkpoint, needs_shared, tiny_gpt2
 from test_robustness import PAST_PYTHONS_LIMITS, cli
 from test_train import torchrun
 
 import train
 from decoding import NextToken, Options
 from engine import Engine
-from lib.chat import SPECIAL_TOKENS, ChatTokenizer, fitted
+from lib.chat import SPECIAL_TOKENS, ChatTokenizer, end_tokens, fitted
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.conversations import ConversationData
@@ -338,14 +338,15 @@ def test_a_fine_tune_resumes_exactly(base, chats, tuned, tmp_path):
     assert metrics == resumed_metrics
 
 
-def greedy_reply(out_dir, messages):
-    """What the engine draws, greedy in float32, after messages' reply prompt."""
+def greedy_reply(out_dir, messages, ends=end_tokens):
+    """What the engine draws, greedy in float32, after messages' reply prompt, ending at
+    ends(tokenizer)."""
     model, info = load_pretrained(out_dir)
     tok = get_tokenizer(info["tokenizer"])
     prompt, _ = tok.render(messages, reply=True)
     pick = NextToken(Options(), greedy=True)
     engine = Engine(model, 1)
-    request = engine.submit(prompt, [pick], 20, tok.end_token)
+    request = engine.submit(prompt, [pick], 20, ends(tok))
     while engine.busy():
         engine.step()
     return tok.decode(request.rows[0].generated)
@@ -419,6 +420,25 @@ def test_a_reply_cut_by_ngram_blocking_is_said_as_sample_py_says(tuned, tmp_path
     code, chat_out, err = cli("sample.py", *argv, stdin="d\nd\n")
     assert code == 0 and chat_out == out * 2, err
     assert err.count(f"error: {blocked}") == 2
+
+
+def turn_end(tokenizer):
+    return [tokenizer.end_token]
+
+
+def test_a_reply_ends_at_a_role_marker_and_the_chat_goes_on(tmp_path):
+    """An undertrained model draws <|system|> inside its reply: sample.py --chat's reply ends
+    there, and the next turn goes on with that reply in the history (whose characters the
+    marker's text would not be)."""
+    out_dir = marker_checkpoint(tmp_path / "markers")
+    asked = [{"role": "user", "content": "a"}]
+    first = greedy_reply(out_dir, asked)
+    assert first and greedy_reply(out_dir, asked, turn_end).startswith(first + "<|system|>")
+    common = ["--greedy", "--weights=float32", "--max_new_tokens=20"]
+    code, out, err = cli("sample.py", f"--out_dir={out_dir}", "--chat", *common, stdin="a\na\n")
+    assert code == 0 and "error" not in err, err
+    history = asked + [{"role": "assistant", "content": first}, *asked]
+    assert out.splitlines() == [first, greedy_reply(out_dir, history)]
 
 
 @needs_shared

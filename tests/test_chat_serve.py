@@ -4,16 +4,19 @@ usage, the 400s, and the page's chat section in headless Chromium."""
 
 import http.client
 import json
+import re
 import threading
 import time
 
 import pytest
 import torch
 from chromium import Browser, find
+from conftest import marker_checkpoint
 from openai import OpenAI
 
 import decoding
 from engine import Engine
+from lib.chat import end_tokens
 from lib.checkpoint import save_pretrained
 from lib.weights import load_gpt
 from model import GPT, GPTConfig
@@ -22,6 +25,7 @@ from serving.chat import NO_CHAT
 from serving.playground import Playground
 
 CHARS = "abcdefghrsu .\n:<|>"
+MARKER = re.compile(r"<\|(system|user|assistant)\|>")  # a role marker's text
 MESSAGES = [
     {"role": "system", "content": "be a dad."},
     {"role": "user", "content": "abc: head"},
@@ -33,8 +37,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A random GPT with the chat tokens after its characters ("chat") and one without
-    ("plain"), served on a free port: (its address, the chat model's folder)."""
+    """A random GPT with the chat tokens after its characters ("chat"), one without ("plain")
+    and conftest's undertrained one ("markers"), served on a free port: (its address, the chat
+    model's folder)."""
     d = tmp_path_factory.mktemp("chat")
     torch.manual_seed(0)
     for name, extra in (("chat", 4), ("plain", 0)):
@@ -51,7 +56,9 @@ def server(tmp_path_factory):
             model.wte.weight[len(CHARS) + 3 :, 0] = 0.5
         spec = {"type": "char", "chars": CHARS, "chat": extra > 0}
         save_pretrained(model, d / name, task="lm", tokenizer=spec)
-    playground = Playground([d / "chat", d / "plain"], "cpu", "float32", max_tokens=64, rows=8)
+    marker_checkpoint(d / "markers")
+    models = [d / "chat", d / "plain", d / "markers"]
+    playground = Playground(models, "cpu", "float32", max_tokens=64, rows=8)
     httpd = Server(playground, "127.0.0.1", 0, quiet=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -67,15 +74,15 @@ def client(server):
     return OpenAI(base_url=f"http://{server[0]}/v1", api_key="unused")
 
 
-def engine_replies(out_dir, messages, n, seed, max_tokens, **options):
+def engine_replies(out_dir, messages, n, seed, max_tokens, ends=end_tokens, **options):
     """[(text, finish reason)] of the engine's decode of messages rendered up to the assistant's
-    marker, choice i drawing from a generator seeded seed + i, as /v1/completions draws; the
-    tokens of the prompt and of the replies."""
+    marker, choice i drawing from a generator seeded seed + i, as /v1/completions draws, ending
+    at ends(tokenizer); the tokens of the prompt and of the replies."""
     model, tokenizer, _ = load_gpt(str(out_dir), "cpu")
     ids, _ = tokenizer.render(messages, reply=True)
     picks = decoding.make_picks(decoding.Options(**options), False, seed, n, tokenizer.vocab_size)
     engine = Engine(model, n)
-    request = engine.submit(ids, picks, max_tokens, tokenizer.end_token)
+    request = engine.submit(ids, picks, max_tokens, ends(tokenizer))
     while engine.busy():
         engine.step()
     rows = request.rows
@@ -195,6 +202,54 @@ def test_drop_oldest_replies_to_the_turns_that_fit_and_counts_the_rest(client):
     alone = client.chat.completions.create(messages=kept, **asked)
     assert (answer.dropped_messages, dropped) == (2, 2)
     assert replies(answer) == replies(alone) and "dropped_messages" not in alone.model_extra
+
+
+def turn_end(tokenizer):
+    return [tokenizer.end_token]
+
+
+def test_a_role_marker_drawn_mid_reply_ends_it(client, server):
+    """An undertrained chat model draws role markers inside its replies: each reply ends at the
+    first ("stop"), as at <|end|>, never holding a marker's text, whose characters this model
+    lacks; sent back as the assistant's turn, a reply is accepted."""
+    asked = dict(model="markers", messages=MESSAGES[1:], n=8, seed=1, temperature=1.5)
+    answer = replies(client.chat.completions.create(**asked, max_tokens=30))
+    folder = server[1].parent / "markers"
+    drawn, _, _ = engine_replies(folder, MESSAGES[1:], 8, 1, 30, turn_end, temperature=1.5)
+    cut = []
+    for text, reason in drawn:
+        marker = MARKER.search(text)
+        cut.append((text[: marker.start()], "stop") if marker else (text, reason))
+    assert answer == cut
+    assert sum(bool(MARKER.search(text)) for text, _ in drawn) >= 4
+    # a reply that a marker cut after some text
+    reply = next(text for (text, _), (whole, _) in zip(answer, drawn) if text and whole != text)
+    history = [*MESSAGES[1:], {"role": "assistant", "content": reply}, *MESSAGES[1:]]
+    again = client.chat.completions.create(**{**asked, "messages": history}, max_tokens=8)
+    assert len(again.choices) == 8
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_completions_text_is_its_logprobs_tokens(client, ignore_eos):
+    """/v1/completions on that model: a special token ends a choice ("stop"), as OpenAI's end
+    of text does, so neither its text nor its logprobs hold it; with ignore_eos its name is in
+    both; the stop "r" cuts the text after a marker, never the marker's name."""
+    answer = client.completions.create(
+        model="markers",
+        prompt="abc",
+        n=8,
+        seed=1,
+        temperature=1.5,
+        max_tokens=30,
+        logprobs=0,
+        stop=["r"],
+        extra_body={"ignore_eos": ignore_eos},
+    )
+    for choice in answer.choices:
+        tokens = choice.logprobs.tokens if choice.logprobs else []
+        assert choice.text == "".join(tokens), choice
+    held = [bool(MARKER.search(choice.text)) for choice in answer.choices]
+    assert sum(held) >= 4 if ignore_eos else not any(held)
 
 
 def user(content):

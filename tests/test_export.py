@@ -290,7 +290,7 @@ def our_reply(model, prompt, end_token, n):
     turn if drawn within n tokens."""
     engine = Engine(model, 1)
     pick = NextToken(Options(), greedy=True)
-    row = engine.submit(prompt, [pick], n, end_token).rows[0]
+    row = engine.submit(prompt, [pick], n, [end_token]).rows[0]
     while engine.busy():
         engine.step()
     return row.generated + [end_token] * row.ended

@@ -12,6 +12,7 @@ from conftest import ROOT, eot_checkpoint, generate, needs_shared, tiny_gpt2
 
 from decoding import NextToken, Options
 from engine import Row
+from lib.chat import ChatTokenizer
 from lib.checkpoint import save_pretrained
 from lib.common import run_script
 from lib.text import continuation, printable
@@ -288,6 +289,19 @@ def test_a_continuation_is_cut_before_the_first_stop_string_where_its_row_finish
     assert continuation(tokenizer, row, ["\n\n"], 6) == ("ab\nab\n", "ab\nab", False)
     assert not row.done
     assert continuation(tokenizer, row, ["\n\n", "b\n"]) == ("a", "a", True) and row.done
+
+
+def test_a_stop_string_never_matches_inside_a_special_token():
+    """A special token is not text: a stop is found in the text around it, never in its name nor
+    across it ("r" does not cut <|user|> to <|use)."""
+    tokenizer = ChatTokenizer(CharTokenizer("abr", eot=True))
+    row = Row([0], pick=None, max_new_tokens=8, block_size=8)
+    row.tokens += [0, tokenizer.ids["<|user|>"], 1, tokenizer.eot_token, 2, 0]
+    whole = "a<|user|>b<|endoftext|>"
+    assert continuation(tokenizer, row, ["r", "|>", "b<"], 4) == (whole, whole, False)
+    assert continuation(tokenizer, row, ["a<"], 1) == ("a", "", False)  # "a" may begin it
+    assert continuation(tokenizer, row, ["a<", "user"], 2) == ("a<|user|>", "a<|user|>", False)
+    assert continuation(tokenizer, row, ["b<", "r"]) == (whole, whole, True) and row.done
 
 
 @pytest.mark.parametrize(
