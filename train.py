@@ -57,16 +57,17 @@ def main(argv):
         state, settings = agreed(run, open_run)
         run = run.resolved(settings.dtype, settings.strategy)
         with StepGuard(run) as guard, checkpoint.what_survives(settings.out_dir):
-            return train(settings, run, guard, state)
+            return train(settings, run, guard, state, user_keys)
 
 
-def train(cfg, run, guard, state):
-    """The data, the model, the optimizer, then the loop. -> (the model, the last metrics)."""
+def train(cfg, run, guard, state, given):
+    """The data, the model, the optimizer, then the loop; given: the keys the command set. ->
+    (the model, the last metrics)."""
     train_data, val_data = load_data(cfg)
     if state is not None:
         checkpoint.check_tokenizer_kept(state, cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
-    cfg, raw_model = make_model(cfg, train_data.meta, state)
+    cfg, raw_model = make_model(cfg, train_data.meta, state, given)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
     model = parallel(raw_model, run, cfg.activation_checkpointing)
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
