@@ -12,7 +12,9 @@ import pytest
 from conftest import ROOT
 
 import train
-from bench.readme import PAGES, page_blocks
+from bench.readme import PAGES, commands, page_blocks
+from export import GGUF_LAYOUT
+from lib import config
 
 # a command starts at python or torchrun and ends where the shell or the markdown takes over
 COMMAND = re.compile(r"\b(?:python|torchrun)\s([^`|;#\n]+)")
@@ -101,3 +103,25 @@ def test_every_readme_command_names_a_script_and_flags_it_takes(script):
     flags = {flag for name, given in readme_commands() if name == script for flag in given}
     unknown = flags - accepted_flags(script)
     assert not unknown, f"the pages give {script} flags it does not take: {sorted(unknown)}"
+
+
+def test_the_pages_gguf_export_is_of_a_model_llama_cpp_runs():
+    """The pages' GGUF export reads a model that a page trains before it, in the form llama.cpp's
+    gpt2 takes (a fine-tune's is its start's): the README's gelu=none model is refused there."""
+    trained, exported = {}, []
+    for _, language, lines in page_blocks():
+        for shown, _, why in (c for line in lines for c in commands(line, 0)):
+            words = shlex.split(shown) if language == "bash" and not why else []
+            if "train.py" in words and "--help" not in words:
+                given = words[words.index("train.py") + 1 :]
+                argv = [os.path.join(ROOT, w) if w.endswith(".py") else w for w in given]
+                settings = config.parse(argv, train.KEYS, "")[0]
+                trained[settings.out_dir] = trained.get(settings.init_from, settings)
+            gguf = any(w.startswith("--gguf=") for w in words)
+            if "export.py" in words and gguf:
+                exported += [w.partition("=")[2] for w in words if w.startswith("--out_dir=")]
+    assert exported, "the pages show no GGUF export"
+    for out_dir in exported:
+        assert out_dir in trained, f"the pages export {out_dir} to GGUF, which no page trains"
+        held = {k: getattr(trained[out_dir], k) for k in GGUF_LAYOUT}
+        assert held == GGUF_LAYOUT, out_dir
