@@ -57,16 +57,17 @@ def main(argv):
         state, settings = agreed(run, open_run)
         run = run.resolved(settings.dtype, settings.strategy)
         with StepGuard(run) as guard, checkpoint.what_survives(settings.out_dir):
-            return train(settings, run, guard, state)
+            return train(settings, run, guard, state, user_keys)
 
 
-def train(cfg, run, guard, state):
-    """The data, the model, the optimizer, then the loop. -> (the model, the last metrics)."""
+def train(cfg, run, guard, state, given):
+    """The data, the model, the optimizer, then the loop; given: the keys the command set. ->
+    (the model, the last metrics)."""
     train_data, val_data = load_data(cfg)
     if state is not None:
         checkpoint.check_tokenizer_kept(state, cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
-    cfg, raw_model = make_model(cfg, train_data.meta, state)
+    cfg, raw_model = make_model(cfg, train_data.meta, state, given)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
     model = parallel(raw_model, run, cfg.activation_checkpointing)
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
@@ -118,14 +119,15 @@ def train(cfg, run, guard, state):
                 line = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
                 bar.write(f"step {step}: {line}", file=sys.stderr)
                 record.log(step, **metrics, lr=lr)
-            # nothing new to save at a run's first evaluation; every rank decides alike (the
-            # metrics are all-reduced) and takes part in the saves, rank 0 writes
-            if step > first_step and not cfg.eval_only:
+            # the start counts: a run that only gets worse keeps it. Every rank decides alike
+            # (the metrics are all-reduced) and takes part in the saves, rank 0 writes
+            if not cfg.eval_only:
                 if improves(metrics[metric], best, goal):
                     best = metrics[metric]
                     best_step = step
                     save_model(raw_model, cfg, run, train_data, {"step": step, **metrics})
-                if best_step == step or cfg.always_save_checkpoint:
+                # no trainer state of the start: init_from's, or the state resumed
+                if step > first_step and (best_step == step or cfg.always_save_checkpoint):
                     save()
             # the bar's rate and the logged speed count training steps, not evaluations
             bar.unpause()
@@ -303,7 +305,12 @@ def finish(out_dir, record, best, done, metrics):
     if first_step:  # resumed
         line += f", resumed from step {first_step} ({record.seconds():.1f} s in all)"
     lines = [line]
-    if best_step is not None:
+    if best_step == 0 and step:
+        lines.append(
+            f"no step beat the start's {metric} {best:.4f}: "
+            f"{out_dir}/model.safetensors holds the start's weights"
+        )
+    elif best_step is not None:
         lines.append(
             f"best {metric} {best:.4f} at step {best_step}: "
             f"{out_dir}/model.safetensors + config.json"

@@ -10,7 +10,8 @@ wandb_project = "chat"
 
 task = "lm"
 dataset = "chat"
-init_from = "out-shakespeare-char-cpu"  # its shape; the token table grows by the chat tokens
+# its shape and GELU; the token table grows by the chat tokens
+init_from = "out-shakespeare-char-cpu"
 block_size = 64
 
 device = "cpu"

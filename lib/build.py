@@ -29,9 +29,10 @@ def new_model(settings, meta):
     return cls(config)
 
 
-def make_model(cfg, meta, state):
+def make_model(cfg, meta, state, given):
     """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
-    (lib/finetune.py), or a resumed state's weights (taken over, not copied)."""
+    (lib/finetune.py), or a resumed state's weights (taken over, not copied). given: the keys
+    the command set."""
     vocab_size = cfg.vocab_size or meta["vocab_size"]
     if meta["vocab_size"] > vocab_size:
         raise Error(
@@ -42,7 +43,7 @@ def make_model(cfg, meta, state):
     if state is None and cfg.init_from != "scratch":  # a fine-tune
         from lib.finetune import pretrained_body
 
-        body, shape = pretrained_body(cfg, meta["vocab_size"])
+        body, shape = pretrained_body(cfg, meta["vocab_size"], given)
     cfg = replace(cfg, **shape)
     if state is None and body is None:
         return cfg, new_model(asdict(cfg), meta)

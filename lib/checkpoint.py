@@ -18,7 +18,8 @@ from lib.common import Error, check_regular, read_json
 from lib.files import TEMPORARY, WriteError, atomic_path, fsync
 from lib.locks import try_lock
 
-# the settings a checkpoint's tensors depend on: its shape, and what its optimizer states fit
+# the settings a checkpoint's weights hold to: their shapes, what the optimizer states fit, and
+# the function they compute (rope, qk_norm and gelu have no tensors of their own)
 SHAPE = (
     "vocab_size",
     "block_size",
@@ -28,6 +29,7 @@ SHAPE = (
     "bias",
     "rope",
     "qk_norm",
+    "gelu",
     "bow_head",
     "bow_buckets",
 )

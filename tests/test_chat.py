@@ -338,6 +338,20 @@ def test_a_fine_tune_resumes_exactly(base, chats, tuned, tmp_path):
     assert metrics == resumed_metrics
 
 
+def test_a_fine_tune_that_only_gets_worse_keeps_its_start(base, chats, tmp_path):
+    """The start's evaluation counts: at a learning rate that only makes the loss worse, the
+    start's weights (the base's, its grown rows) stay the best, and a line says so."""
+    start, _ = tune(chats, base, tmp_path / "start", "--max_iters=0", "--eval_only=True")
+    err = io.StringIO()
+    with redirect_stderr(err):
+        last, _ = tune(chats, base, tmp_path / "t", "--max_iters=6", "--learning_rate=1.0")
+    saved, _ = load_pretrained(tmp_path / "t")
+    assert not torch.equal(last.wte.weight, start.wte.weight)
+    for (name, p), q in zip(start.state_dict().items(), saved.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert "no step beat the start's val/loss" in err.getvalue()
+
+
 def greedy_reply(out_dir, messages, ends=end_tokens):
     """What the engine draws, greedy in float32, after messages' reply prompt, ending at
     ends(tokenizer)."""

@@ -15,6 +15,7 @@ from conftest import ROOT
 
 import train
 from bench.readme import PAGES, page_blocks
+from export import GGUF_LAYOUT
 from lib.config import parse
 
 # a command starts at python or torchrun and ends where the shell or the markdown takes over
@@ -154,3 +155,20 @@ def test_the_readme_gives_its_offline_flags_in_the_commands():
     `# offline:` comment, which a copy of the command leaves behind."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         assert "# offline:" not in f.read()
+
+
+def test_the_pages_gguf_export_is_of_a_model_llama_cpp_runs():
+    """The pages' GGUF export reads a model that a page trains before it, in the form llama.cpp's
+    gpt2 takes (a fine-tune's is its start's): the README's gelu=none model is refused there."""
+    made, exported = {}, []
+    for _, _, words in page_commands():
+        settings = trained(words)
+        if settings:
+            made[settings.out_dir] = made.get(settings.init_from, settings)
+        if "export.py" in words and any(w.startswith("--gguf=") for w in words):
+            exported += [w.partition("=")[2] for w in words if w.startswith("--out_dir=")]
+    assert exported, "the pages show no GGUF export"
+    for out_dir in exported:
+        assert out_dir in made, f"the pages export {out_dir} to GGUF, which no page trains"
+        held = {k: getattr(made[out_dir], k) for k in GGUF_LAYOUT}
+        assert held == GGUF_LAYOUT, out_dir

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from contextlib import redirect_stdout
+from dataclasses import fields
 from functools import partial
 from types import SimpleNamespace
 
@@ -24,14 +25,17 @@ import train
 from bench.readme import PAGES
 from lib import checkpoint, classifier, config
 from lib.batches import MAX_EPOCHS, epochs_line, load_split
+from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.distributed import started
+from lib.finetune import RESIZED
 from lib.mfu import flops_per_token
 from lib.prepare import save_array, write_classification_split, write_meta
-from model import GPT, EncoderClassifier
+from model import GPT, EncoderClassifier, GPTConfig
 
 DEFAULTS = {name: key.default for name, key in train.KEYS.items()}
 HERE = os.path.dirname(os.path.abspath(__file__))
+CHARS = {"type": "char", "chars": "abcdefghij"}  # lm_dir's tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 
@@ -48,7 +52,7 @@ def lm_dir(tmp_path_factory):
     write_meta(
         d,
         task="lm",
-        tokenizer={"type": "char", "chars": "abcdefghij"},
+        tokenizer=CHARS,
         vocab_size=10,
         dtype="uint16",
         splits={"train": 5000, "val": 500},
@@ -329,6 +333,46 @@ def test_a_fine_tune_keeps_its_sources_pattern_unless_named(lm_dir, tmp_path, ca
     model, _ = run(tuned + ["--max_iters=1", "--window=4"])
     assert (model.config.window, model.config.global_tokens) == (4, 2)
     assert "the command names window=4 (its 8)" in capsys.readouterr().err
+
+
+# GPTConfig's keys that a fine-tune may set apart from its start's: they change the training, not
+# the function the weights compute
+MAY_DIFFER = {"dropout", "attn_impl"}
+# a start's value of each key a fine-tune takes from it, none of them train.py's default
+START = dict(
+    vocab_size=12,
+    block_size=16,
+    n_layer=2,
+    n_head=4,
+    n_embd=16,
+    bias=True,
+    rope=True,
+    qk_norm=True,
+    gelu="none",
+    window=4,
+    global_tokens=1,
+    random_links=1,
+    random_seed=3,
+)
+
+
+def test_a_fine_tune_computes_as_its_start(lm_dir, tmp_path):
+    """Each of GPTConfig's keys is taken from the start or may differ; a fine-tune's card holds the
+    start's value of each taken key, and a command that names another is refused."""
+    taken = set(checkpoint.SHAPE + checkpoint.PATTERN) & {f.name for f in fields(GPTConfig)}
+    assert {f.name for f in fields(GPTConfig)} - taken == MAY_DIFFER
+    assert START.keys() == taken
+    assert all(value != DEFAULTS[k] for k, value in START.items())
+    save_pretrained(GPT(GPTConfig(**START)), tmp_path / "start", task="lm", tokenizer=CHARS)
+    # TINY's block_size: a context no longer than the start's, which a fine-tune may cut
+    keys = [a for a in TINY if a[2:].partition("=")[0] not in taken - set(RESIZED)]
+    tuned = keys + [f"--dataset={lm_dir}", f"--init_from={tmp_path / 'start'}", "--max_iters=1"]
+    train.main(tuned + [f"--out_dir={tmp_path / 'tuned'}"])
+    card = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert {k: card["model"][k] for k in taken} == START
+    with pytest.raises(Error, match=r"names n_layer=1 \(its 2\), gelu='tanh' \(its 'none'\): drop"):
+        train.main(tuned + [f"--out_dir={tmp_path / 'x'}", "--gelu=tanh", "--n_layer=1"])
+    assert not (tmp_path / "x" / "model.safetensors").exists()
 
 
 def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
@@ -909,10 +953,10 @@ def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_p
 
 def test_resume_a_run_that_started_from_pretrained_weights(lm_dir, tmp_path):
     """The shape of such a run comes from the weights (2 layers here), not from the config (1
-    layer): resume keeps it."""
+    layer, TINY's): resume keeps it."""
     run([f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'base'}", "--max_iters=1", "--n_layer=2"])
     tuned = [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'tuned'}"]
-    run(tuned + ["--max_iters=2", f"--init_from={tmp_path / 'base'}"])
+    run(tuned + ["--max_iters=2", "--n_layer=2", f"--init_from={tmp_path / 'base'}"])
     model, _ = run(tuned + ["--max_iters=3", "--init_from=resume"])
     assert model.config.n_layer == 2 and state(tmp_path / "tuned")["step"] == 3
 
