@@ -398,7 +398,7 @@ BAD_INPUTS = [
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/a_file"], "is a file"),
     ("export.py", ["--out_dir={d}/gpt"], "pass --hf_dir, --gguf or both"),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/gpt"], "is the checkpoint being exported"),
-    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/clf"], "already holds a model"),
+    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/clf"], "holds files no export wrote there"),
     ("export.py", ["--out_dir={d}/gpt", "--gguf={d}/gpt.bin"], "name the file *.gguf"),
     ("bench/gguf_check.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("serve.py", ["--out_dir={d}/nothing"], "no such checkpoint config"),
