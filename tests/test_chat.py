@@ -4,6 +4,7 @@ alone, the fine-tune that grows the token table, and sample.py talking to the re
 import io
 import json
 import os
+import shutil
 from contextlib import redirect_stderr
 
 import numpy as np
@@ -322,3 +323,24 @@ def test_a_conversation_past_the_context_is_refused_not_cut(base, chats, tmp_pat
     with pytest.raises(Error, match=r"a conversation of \d+ tokens, past block_size \+ 1 = 17"):
         tune(chats, base, tmp_path, "--max_iters=1", "--block_size=16")
     assert not os.path.exists(tmp_path / "model.safetensors")
+
+
+def test_a_fine_tune_from_inside_its_out_dir_is_refused_before_anything_moves(
+    base, chats, tmp_path
+):
+    """init_from out_dir itself, its previous/ or a link to it: with --overwrite_out_dir the run
+    would move the source aside before reading it, and a second run delete it."""
+    b3 = tmp_path / "b3"
+    shutil.copytree(base, b3)
+    shutil.copytree(base, b3 / "previous")
+    (tmp_path / "link").symlink_to(b3)
+    saved = {p: p.read_bytes() for p in b3.rglob("*") if p.is_file()}
+    for source in (b3, b3 / "previous", tmp_path / "link"):
+        argv = [f"--dataset={chats}", f"--init_from={source}", f"--out_dir={b3}", "--block_size=48"]
+        code, _, err = cli("train.py", "config/chat.py", *TINY, *argv, "--overwrite_out_dir=True")
+        assert code == 2 and err == (
+            f"train.py: error: init_from='{source}': must be a folder outside out_dir='{b3}', "
+            "which the run writes (and --overwrite_out_dir moves aside): copy the checkpoint "
+            "elsewhere and start from there\n"
+        )
+        assert {p: p.read_bytes() for p in b3.rglob("*") if p.is_file()} == saved
