@@ -1069,6 +1069,8 @@ DAMAGED_FILES = [
     ("gpt", "config.json", "architecture", DELETE, "no 'architecture' key"),
     ("gpt", "config.json", "model.vocab_size", "65", "model.vocab_size='65': must be int"),
     ("gpt", "config.json", "model.bias", "yes", "model.bias='yes': must be bool"),
+    ("gpt", "config.json", "model", {}, "no 'model.vocab_size' key"),
+    ("gpt", "config.json", "model.block_size", "32", "model.block_size='32': must be int"),
     ("gpt", "config.json", "tokenizer.chars", 5, "tokenizer.chars=5: must be str"),
     (
         "gpt",
@@ -1125,8 +1127,12 @@ READERS = {
         ("sample.py", ["--init_from={x}", "--max_new_tokens=2"]),
         ("export.py", ["--out_dir={x}", "--hf_dir={x}-hf"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
+        ("data/chat/prepare.py", ["--tokenizer_from={x}", "--out_dir={x}-chat"]),
     ],
-    "gpt_hf": [("sample.py", ["--init_from={x}", "--max_new_tokens=2"])],
+    "gpt_hf": [
+        ("sample.py", ["--init_from={x}", "--max_new_tokens=2"]),
+        ("data/chat/prepare.py", ["--tokenizer_from={x}", "--out_dir={x}-chat"]),
+    ],
     "clf": [
         ("classify.py", ["--out_dir={x}", "abc"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
@@ -1149,7 +1155,8 @@ def test_a_damaged_file_is_one_line_from_every_script_that_reads_it(
         code, _, err = cli(script, *[a.replace("{x}", str(folder)) for a in args])
         assert code == 2 and "Traceback" not in err, (script, err[-3000:])
         last = err.strip().splitlines()[-1]
-        assert last.startswith(f"{script}: error: {folder / file}") and words in last, (
+        prog = os.path.basename(script)
+        assert last.startswith(f"{prog}: error: {folder / file}") and words in last, (
             script,
             last,
         )
