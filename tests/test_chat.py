@@ -2,6 +2,7 @@
 alone, the fine-tune that grows the token table, and sample.py talking to the result."""
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -344,3 +345,36 @@ def test_a_fine_tune_from_inside_its_out_dir_is_refused_before_anything_moves(
             "elsewhere and start from there\n"
         )
         assert {p: p.read_bytes() for p in b3.rglob("*") if p.is_file()} == saved
+
+
+@pytest.mark.parametrize(
+    "other", ["reordered characters", pytest.param("gpt2", marks=needs_shared)]
+)
+def test_chat_data_of_another_tokenizer_is_refused_before_anything_is_written(
+    base, tmp_path, other
+):
+    """Conversations prepared for GPT-2's BPE, or for the same characters in another order, never
+    fine-tune the character model: ids that mean other text. One line names both tokenizers."""
+    tokenizer_from, named = "gpt2", "tiktoken's r50k_base"
+    if other != "gpt2":
+        tokenizer_from, named = str(tmp_path / "other"), f"{len(CHARS)} characters"
+        config = GPTConfig(vocab_size=len(CHARS), block_size=48, n_layer=1, n_head=2, n_embd=16)
+        save_pretrained(
+            GPT(config), tokenizer_from, tokenizer={"type": "char", "chars": CHARS[::-1]}
+        )
+    source, data = tmp_path / "chats.jsonl", tmp_path / "data"
+    words = ["".join(w) for w in itertools.product("abcde", repeat=3)][:40]
+    lines = [[{"role": "user", "content": w}, {"role": "assistant", "content": w}] for w in words]
+    source.write_text("".join(json.dumps({"messages": line}) + "\n" for line in lines))
+    argv = [f"--source={source}", f"--tokenizer_from={tokenizer_from}", f"--out_dir={data}"]
+    code, _, err = cli("data/chat/prepare.py", *argv, "--val_fraction=0.5")
+    assert code == 0, err
+    out_dir = tmp_path / "out"
+    argv = [f"--dataset={data}", f"--init_from={base}", f"--out_dir={out_dir}", "--block_size=48"]
+    code, _, err = cli("train.py", *TINY, *argv)
+    assert code == 2 and err == (
+        f"train.py: error: {data} (its meta.json) is tokenized by {named}, init_from={base} (its "
+        f"config.json) by {len(CHARS)} characters: prepare the data with the model's tokenizer "
+        f"(a chat set: data/chat/prepare.py --tokenizer_from={base})\n"
+    )
+    assert not out_dir.exists()

@@ -498,7 +498,7 @@ def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
         for f in ("model.safetensors", "trainer_state.pt", "config.json")
     }
     # from scratch or from other weights: a new run either way
-    for init in ([], ["--init_from=gpt2"]):
+    for init in ([], [f"--init_from={files}/gpt"]):
         with pytest.raises(
             Error,
             match="already holds a checkpoint .* --init_from=resume, "
