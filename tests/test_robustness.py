@@ -1483,6 +1483,19 @@ def test_a_resumed_runs_saved_settings_are_checked_as_a_new_runs(files, tmp_path
         assert path.read_bytes() == saved
 
 
+def test_an_older_states_damaged_card_is_one_line_on_resume(files, tmp_path):
+    """A trainer state saved before states named their tokenizer: resume reads the model card's,
+    and a card that is no JSON object is the card checks' one line."""
+    out = tmp_path / "out"
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"])
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    del state["tokenizer"]
+    torch.save(state, out / "trainer_state.pt")
+    (out / "config.json").write_text("[1]")
+    with pytest.raises(Error, match=r"config.json: the file holds list \[1\], not a JSON object"):
+        run([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
+
+
 @pytest.mark.parametrize("name", ["config.json", "metrics.jsonl", "trainer_state.pt"])
 @pytest.mark.parametrize("kind", ["device", "fifo"])
 def test_a_file_that_is_not_a_regular_file_is_refused_not_read_forever(tmp_path, name, kind):
