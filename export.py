@@ -5,8 +5,10 @@ as GPT2LMHeadModel (AutoModelForCausalLM, pipeline("text-generation")):
 writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv1D weights are
 [in, out]), generation_config.json, a model card (README.md) and the tokenizer's files for
 AutoTokenizer (tokenizer.json; a byte-pair encoding's vocab.json and merges.txt too), which give
-our ids; a trained BPE's tokenizer.tiktoken too, which sample.py reads. A chat model's carry its
-template (tokenizer_config.json's chat_template) and end a reply at <|end|> (eos).
+our ids; a trained BPE's tokenizer.tiktoken too, which sample.py reads; export_manifest.json lists
+them: a later export there replaces them, and any other file in its way only with --overwrite. A
+chat model's carry its template (tokenizer_config.json's chat_template) and end a reply at <|end|>
+(eos).
 Options GPT-2 does not have (rotary positions, QK-norm, a sparse attention pattern) cannot be
 expressed in its layout: such a model is refused.
   python export.py --out_dir=out-shakespeare-char --gguf=shakespeare.gguf --gguf_dtype=q8_0
@@ -26,7 +28,7 @@ from safetensors.torch import save_file
 from lib.bpe import bytes_to_unicode, merges, save_ranks
 from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer
 from lib.chat import special_tokens
-from lib.common import ArgumentParser, Error, run_script
+from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
 from lib.keys import Key, flags
@@ -134,11 +136,12 @@ def model_card(info, config, tokenizer):
     )
 
 
-# files whose presence makes a folder a model: ours (train.py, export.py) or anyone's
-MODEL_FILES = ("model.safetensors", "config.json")
+# the list of the files an export wrote, which lets the next export replace them
+MANIFEST = "export_manifest.json"
 # the files an export may write: an earlier export's that the new one lacks are removed
 EXPORT_FILES = (
-    *MODEL_FILES,
+    "model.safetensors",
+    "config.json",
     "generation_config.json",
     "README.md",
     "vocab.json",
@@ -146,36 +149,56 @@ EXPORT_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     RANKS_FILE,
+    MANIFEST,
 )
 
 
 def check_target(out_dir, hf_dir, overwrite):
-    """hf_dir is a folder this export may write into: never the checkpoint it reads, and one that
-    holds no model unless overwrite says to replace it."""
+    """hf_dir is a folder this export may write into: never the checkpoint it reads, and none
+    of EXPORT_FILES there unless an earlier export wrote it or overwrite says to replace it."""
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
     if os.path.isdir(hf_dir) and os.path.samefile(out_dir, hf_dir):
         raise Error(f"--hf_dir {hf_dir} is the checkpoint being exported: pass another folder")
-    held = [name for name in MODEL_FILES if os.path.exists(os.path.join(hf_dir, name))]
-    if held and not overwrite:
+    if overwrite:
+        return
+    ours = exported_files(hf_dir)
+    held = [
+        name
+        for name in EXPORT_FILES
+        if os.path.lexists(os.path.join(hf_dir, name)) and name not in ours
+    ]
+    if held:
         raise Error(
-            f"--hf_dir {hf_dir} already holds a model ({', '.join(held)}): "
-            "pass another folder, or --overwrite to replace it"
+            f"--hf_dir {hf_dir} holds files no export wrote there, which this one would "
+            f"replace or remove ({', '.join(held)}): pass another folder, or --overwrite"
         )
+
+
+def exported_files(hf_dir):
+    """The files MANIFEST says an earlier export wrote in hf_dir; none where it says nothing
+    readable."""
+    try:
+        manifest = read_json(os.path.join(hf_dir, MANIFEST), "export manifest")
+    except Error:  # absent or damaged: the files are nobody's
+        return []
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    return files if isinstance(files, list) else []
 
 
 @contextmanager
 def staged(hf_dir):
     """A new folder in hf_dir (one filesystem: each move a rename) to write the export into, then
-    moved out file by file, an earlier export's other files removed: a failed export leaves what
-    hf_dir held as it was."""
+    moved out file by file, MANIFEST listing them, an earlier export's other files removed: a
+    failed export leaves what hf_dir held as it was."""
     hf_dir = os.path.normpath(hf_dir)
     staging = temporary(os.path.join(hf_dir, ".export"))
     with writing(hf_dir):
         os.makedirs(staging)
     try:
         yield staging
-        written = os.listdir(staging)
+        written = sorted(os.listdir(staging)) + [MANIFEST]
+        write_json(os.path.join(staging, MANIFEST), {"files": written})
         for name in written:
             os.replace(os.path.join(staging, name), os.path.join(hf_dir, name))
         for name in set(EXPORT_FILES) - set(written):
@@ -391,7 +414,9 @@ FLAGS = dict(
         choices=GGUF_DTYPES,
     ),
     overwrite=Key(
-        False, "replace the model that --hf_dir holds, or the --gguf file (refused without it)"
+        False,
+        "replace or remove files in --hf_dir that no earlier export wrote, or replace the "
+        "--gguf file (refused without it)",
     ),
 )
 

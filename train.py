@@ -21,6 +21,7 @@ from lib.batches import epochs_line, load_data, to_device
 from lib.build import make_model
 from lib.common import Error, run_script
 from lib.distributed import StepGuard, agreed, parallel, started
+from lib.finetune import check_data_tokenizer
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
 from lib.settings import KEYS, check_rules
@@ -38,6 +39,7 @@ def main(argv):
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
         return None, {}
+    check_data_tokenizer(settings)  # before out_dir is touched
     with started(settings.device, settings.deterministic) as run, ExitStack() as held:
 
         def open_run():

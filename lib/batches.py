@@ -166,9 +166,14 @@ def load_split(data_dir, split, block_size):
     return LMData(*args)
 
 
+def dataset_dir(dataset):
+    """The folder of dataset: a path, or a name under data/."""
+    return dataset if os.sep in dataset else os.path.join(ROOT, "data", dataset)
+
+
 def load_data(cfg):
     """(train, val) of the dataset; one never prepared is prepared first by its prepare.py."""
-    path = cfg.dataset if os.sep in cfg.dataset else os.path.join(ROOT, "data", cfg.dataset)
+    path = dataset_dir(cfg.dataset)
     prepare = os.path.join(path, "prepare.py")
     command = f"python data/{cfg.dataset}/prepare.py"
     if not os.path.exists(os.path.join(path, "meta.json")):

@@ -41,8 +41,9 @@ def make_model(cfg, meta, state, given):
     shape = {"vocab_size": vocab_size}
     body = None
     if state is None and cfg.init_from != "scratch":  # a fine-tune
-        from lib.finetune import pretrained_body
+        from lib.finetune import check_data_tokenizer, pretrained_body
 
+        check_data_tokenizer(cfg, meta)  # data this run's prepare.py made too
         body, shape = pretrained_body(cfg, meta["vocab_size"], given)
     cfg = replace(cfg, **shape)
     if state is None and body is None:

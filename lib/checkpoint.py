@@ -17,6 +17,7 @@ import torch
 from lib.common import Error, check_regular, read_json
 from lib.files import TEMPORARY, WriteError, atomic_path, fsync
 from lib.locks import try_lock
+from lib.schema import CARD_FIX, checking
 
 # the settings a checkpoint's weights hold to: their shapes, what the optimizer states fit, and
 # the function they compute (rope, qk_norm and gelu have no tensors of their own)
@@ -192,7 +193,9 @@ def check_tokenizer_kept(state, out_dir, meta, data_dir):
     kept = state.get("tokenizer")
     path = os.path.join(out_dir, "config.json")
     if kept is None and os.path.isfile(path):
-        kept = read_json(path, "checkpoint config").get("tokenizer")
+        card = read_json(path, "checkpoint config")
+        with checking(card, path, CARD_FIX):
+            kept = card.get("tokenizer")
     if kept not in (None, meta["tokenizer"]):
         raise Error(
             f"{data_dir}: not tokenized as the model in {out_dir} trains with (prepared again "

@@ -1,13 +1,17 @@
 """A fine-tune's start (init_from a checkpoint folder or GPT-2): the pretrained GPT's body and
 shape, its context cut to the run's block_size, its token table grown for new tokens."""
 
+import os
 import sys
 
 import torch
 
+from lib.batches import dataset_dir, read_meta
 from lib.checkpoint import SHAPE
-from lib.common import Error
-from lib.weights import load_pretrained
+from lib.common import Error, read_json
+from lib.keys import GPT2_NAMES
+from lib.schema import CARD_FIX, check_tokenizer, checking
+from lib.weights import GPT2_TOKENIZER, load_pretrained
 
 # the SHAPE keys a fine-tune may set apart from its start's: a shorter context, more tokens
 RESIZED = ("block_size", "vocab_size")
@@ -50,3 +54,46 @@ def grown(state, rows):
     mean, std = table.mean(0), table.std(0)
     new = torch.normal(mean.expand(rows - len(table), -1), std)
     return {**state, "wte.weight": torch.cat([table, new])}
+
+
+def check_data_tokenizer(cfg, meta=None):
+    """A fine-tune's data is tokenized by its model's tokenizer (the chat tokens and lowercasing
+    aside, which keep its ids): one line naming both if not. meta: the data's meta.json, read
+    here if None (and unchecked where the run is to prepare it)."""
+    folder = dataset_dir(cfg.dataset)
+    if meta is None and os.path.isfile(os.path.join(folder, "meta.json")):
+        meta = read_meta(folder)
+    if cfg.init_from in ("scratch", "resume") or meta is None:
+        return
+    path = os.path.join(cfg.init_from, "config.json")
+    if os.path.isfile(path):
+        card = read_json(path, "checkpoint config")
+    elif cfg.init_from in GPT2_NAMES:
+        card = {}
+    else:  # no model there: its load says so
+        return
+    with checking(card, path, CARD_FIX):
+        check_tokenizer(card.get("tokenizer"))
+    ours = {"architecture", "model"} & card.keys()  # else GPT-2's: a name or a Hugging Face folder
+    model = card.get("tokenizer", None if ours else GPT2_TOKENIZER)
+    if model is not None and token_ids(model) != token_ids(meta["tokenizer"]):
+        where = " (its config.json)" if card else ""
+        raise Error(
+            f"{folder} (its meta.json) is tokenized by {described(meta['tokenizer'])}, "
+            f"init_from={cfg.init_from}{where} by {described(model)}: prepare the data with the "
+            f"model's tokenizer (a chat set: data/chat/prepare.py --tokenizer_from={cfg.init_from})"
+        )
+
+
+def token_ids(spec):
+    """What a tokenizer spec's ids mean: the spec less its chat tokens and lowercasing."""
+    return {k: v for k, v in spec.items() if k not in ("chat", "lowercase")}
+
+
+def described(spec):
+    """A checked tokenizer spec in a few words."""
+    if spec["type"] == "char":
+        return f"{len(spec['chars'])} characters"
+    if "file" in spec:
+        return f"a BPE trained on its data (sha256 {spec['sha256'][:12]}...)"
+    return f"tiktoken's {spec['encoding']}"

@@ -117,6 +117,12 @@ def check_rules(cfg, resuming):
         raise broken(
             cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
         )
+    if not resuming and os.path.isdir(cfg.init_from) and inside(cfg.init_from, cfg.out_dir):
+        outside = (
+            f"a folder outside out_dir={cfg.out_dir!r}, which the run writes (and "
+            "--overwrite_out_dir moves aside): copy the checkpoint elsewhere and start from there"
+        )
+        raise broken(cfg, "init_from", outside)
     if cfg.strategy == "fsdp" and cfg.optimizer == "muon":
         whole = (
             "adamw with strategy=fsdp (Muon orthogonalises each whole matrix, FSDP gives each "
@@ -142,6 +148,12 @@ def check_rules(cfg, resuming):
         )
     # the model's own rules (its config checks them): a shape's
     model_config(cfg.task, asdict(cfg))
+
+
+def inside(path, folder):
+    """Whether path is folder or lies under it, links resolved."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def broken(cfg, name, what):

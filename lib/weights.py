@@ -12,6 +12,9 @@ from lib.schema import check_card
 from lib.tokenizer import get_tokenizer
 from model import ARCHITECTURES
 
+# the tokenizer of GPT-2's weights, and of a Hugging Face folder whose config.json names none
+GPT2_TOKENIZER = {"type": "bpe", "encoding": "r50k_base"}
+
 
 def from_checkpoint(out_dir, device="cpu", info=None):
     """(model in eval mode, config.json's dict) of what save_pretrained wrote; info: config.json
@@ -70,7 +73,7 @@ def load_pretrained(name_or_dir, device="cpu"):
     from lib.gpt2 import from_pretrained  # GPT-2's weights: a name or a Hugging Face folder
 
     model = from_pretrained(name_or_dir).to(device).eval()
-    tokenizer = config.get("tokenizer", {"type": "bpe", "encoding": "r50k_base"})
+    tokenizer = config.get("tokenizer", GPT2_TOKENIZER)
     return model, {"architecture": "GPT", "tokenizer": tokenizer}
 
 

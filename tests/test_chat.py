@@ -3,9 +3,11 @@ alone, the fine-tune that grows the token table, and sample.py talking to the re
 
 import importlib.util
 import io
+import itertools
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from contextlib import redirect_stderr
@@ -520,3 +522,57 @@ def test_a_conversation_past_the_context_is_refused_not_cut(base, chats, tmp_pat
     with pytest.raises(Error, match=r"a conversation of \d+ tokens, past block_size \+ 1 = 17"):
         tune(chats, base, tmp_path, "--max_iters=1", "--block_size=16")
     assert not os.path.exists(tmp_path / "model.safetensors")
+
+
+def test_a_fine_tune_from_inside_its_out_dir_is_refused_before_anything_moves(
+    base, chats, tmp_path
+):
+    """init_from out_dir itself, its previous/ or a link to it: with --overwrite_out_dir the run
+    would move the source aside before reading it, and a second run delete it."""
+    b3 = tmp_path / "b3"
+    shutil.copytree(base, b3)
+    shutil.copytree(base, b3 / "previous")
+    (tmp_path / "link").symlink_to(b3)
+    saved = {p: p.read_bytes() for p in b3.rglob("*") if p.is_file()}
+    for source in (b3, b3 / "previous", tmp_path / "link"):
+        argv = [f"--dataset={chats}", f"--init_from={source}", f"--out_dir={b3}", "--block_size=48"]
+        code, _, err = cli("train.py", "config/chat.py", *TINY, *argv, "--overwrite_out_dir=True")
+        assert code == 2 and err == (
+            f"train.py: error: init_from='{source}': must be a folder outside out_dir='{b3}', "
+            "which the run writes (and --overwrite_out_dir moves aside): copy the checkpoint "
+            "elsewhere and start from there\n"
+        )
+        assert {p: p.read_bytes() for p in b3.rglob("*") if p.is_file()} == saved
+
+
+@pytest.mark.parametrize(
+    "other", ["reordered characters", pytest.param("gpt2", marks=needs_shared)]
+)
+def test_chat_data_of_another_tokenizer_is_refused_before_anything_is_written(
+    base, tmp_path, other
+):
+    """Conversations prepared for GPT-2's BPE, or for the same characters in another order, never
+    fine-tune the character model: ids that mean other text. One line names both tokenizers."""
+    tokenizer_from, named = "gpt2", "tiktoken's r50k_base"
+    if other != "gpt2":
+        tokenizer_from, named = str(tmp_path / "other"), f"{len(CHARS)} characters"
+        config = GPTConfig(vocab_size=len(CHARS), block_size=48, n_layer=1, n_head=2, n_embd=16)
+        save_pretrained(
+            GPT(config), tokenizer_from, tokenizer={"type": "char", "chars": CHARS[::-1]}
+        )
+    source, data = tmp_path / "chats.jsonl", tmp_path / "data"
+    words = ["".join(w) for w in itertools.product("abcde", repeat=3)][:40]
+    lines = [[{"role": "user", "content": w}, {"role": "assistant", "content": w}] for w in words]
+    source.write_text("".join(json.dumps({"messages": line}) + "\n" for line in lines))
+    argv = [f"--source={source}", f"--tokenizer_from={tokenizer_from}", f"--out_dir={data}"]
+    code, _, err = cli("data/chat/prepare.py", *argv, "--val_fraction=0.5")
+    assert code == 0, err
+    out_dir = tmp_path / "out"
+    argv = [f"--dataset={data}", f"--init_from={base}", f"--out_dir={out_dir}", "--block_size=48"]
+    code, _, err = cli("train.py", *TINY, *argv)
+    assert code == 2 and err == (
+        f"train.py: error: {data} (its meta.json) is tokenized by {named}, init_from={base} (its "
+        f"config.json) by {len(CHARS)} characters: prepare the data with the model's tokenizer "
+        f"(a chat set: data/chat/prepare.py --tokenizer_from={base})\n"
+    )
+    assert not out_dir.exists()

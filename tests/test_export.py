@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from conftest import SHARED, generate, needs_shared
+from test_robustness import cli
 
 from decoding import NextToken, Options
 from engine import Engine
@@ -141,20 +142,50 @@ def test_options_gpt2_lacks_are_refused(tmp_path, option):
 
 
 def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
-    """The checkpoint being exported is never the target; an earlier export (or any folder with
-    model.safetensors or config.json) is replaced only with overwrite."""
+    """The checkpoint being exported is never the target; a model no export wrote there (one
+    exported before exports listed their files) is replaced only with overwrite."""
     checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
     saved = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
     with pytest.raises(Error, match="is the checkpoint being exported: pass another folder"):
         export(str(tmp_path / "ckpt"), str(tmp_path / "ckpt"), overwrite=True)
     assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == saved
     export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
-    (tmp_path / "hf" / "model.safetensors").write_bytes(b"an earlier export")
-    with pytest.raises(Error, match=r"already holds a model \(model.safetensors, config.json\)"):
+    (tmp_path / "hf" / "export_manifest.json").unlink()
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"an earlier model")
+    with pytest.raises(Error, match=r"no export wrote there.*\(model.safetensors, config.json, "):
         export(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
-    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == b"an earlier export"
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == b"an earlier model"
     export(str(tmp_path / "ckpt"), str(tmp_path / "hf"), overwrite=True)
-    assert (tmp_path / "hf" / "model.safetensors").read_bytes() != b"an earlier export"
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() != b"an earlier model"
+
+
+def test_files_no_export_wrote_are_replaced_only_when_asked(tmp_path):
+    """A folder's own README.md, merges.txt and vocab.json (a clone's, a tokenizer's) are refused
+    in one line, every byte kept, unless overwrite; an export's files are the next export's to
+    replace, without overwrite; a file no export writes is never touched."""
+    checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
+    ckpt, hf = str(tmp_path / "ckpt"), tmp_path / "hf"
+    hf.mkdir()
+    theirs = {"README.md": "# a project", "merges.txt": "#version: 0.2", "vocab.json": "{}"}
+    theirs["notes.txt"] = "mine"
+    for name, text in theirs.items():
+        (hf / name).write_text(text)
+    code, _, err = cli("export.py", f"--out_dir={ckpt}", f"--hf_dir={hf}")
+    assert code == 2 and err == (
+        f"export.py: error: --hf_dir {hf} holds files no export wrote there, which this one "
+        "would replace or remove (README.md, vocab.json, merges.txt): pass another folder, or "
+        "--overwrite\n"
+    )
+    assert {p.name: p.read_text() for p in hf.iterdir()} == theirs
+    export(ckpt, str(hf), overwrite=True)
+    assert {"vocab.json", "merges.txt"}.isdisjoint(p.name for p in hf.iterdir())
+    assert (hf / "README.md").read_text().startswith("---\nlibrary_name: transformers")
+    files = {p.name for p in hf.iterdir()}
+    (hf / "model.safetensors").write_bytes(b"an earlier export")
+    export(ckpt, str(hf))
+    assert {p.name for p in hf.iterdir()} == files
+    assert (hf / "model.safetensors").read_bytes() != b"an earlier export"
+    assert (hf / "notes.txt").read_text() == "mine"
 
 
 def test_an_overwritten_export_holds_only_the_new_exports_files(tmp_path):

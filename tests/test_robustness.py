@@ -404,7 +404,7 @@ BAD_INPUTS = [
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/a_file"], "is a file"),
     ("export.py", ["--out_dir={d}/gpt"], "pass --hf_dir, --gguf or both"),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/gpt"], "is the checkpoint being exported"),
-    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/clf"], "already holds a model"),
+    ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/clf"], "holds files no export wrote there"),
     ("export.py", ["--out_dir={d}/gpt", "--gguf={d}/gpt.bin"], "name the file *.gguf"),
     ("bench/gguf_check.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("serve.py", ["--out_dir={d}/nothing"], "no such checkpoint config"),
@@ -504,7 +504,7 @@ def test_a_scratch_run_never_replaces_a_checkpoint(files, tmp_path):
         for f in ("model.safetensors", "trainer_state.pt", "config.json")
     }
     # from scratch or from other weights: a new run either way
-    for init in ([], ["--init_from=gpt2"]):
+    for init in ([], [f"--init_from={files}/gpt"]):
         with pytest.raises(
             Error,
             match="already holds a checkpoint .* --init_from=resume, "
@@ -1075,6 +1075,8 @@ DAMAGED_FILES = [
     ("gpt", "config.json", "architecture", DELETE, "no 'architecture' key"),
     ("gpt", "config.json", "model.vocab_size", "65", "model.vocab_size='65': must be int"),
     ("gpt", "config.json", "model.bias", "yes", "model.bias='yes': must be bool"),
+    ("gpt", "config.json", "model", {}, "no 'model.vocab_size' key"),
+    ("gpt", "config.json", "model.block_size", "32", "model.block_size='32': must be int"),
     ("gpt", "config.json", "tokenizer.chars", 5, "tokenizer.chars=5: must be str"),
     (
         "gpt",
@@ -1131,8 +1133,12 @@ READERS = {
         ("sample.py", ["--init_from={x}", "--max_new_tokens=2"]),
         ("export.py", ["--out_dir={x}", "--hf_dir={x}-hf"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
+        ("data/chat/prepare.py", ["--tokenizer_from={x}", "--out_dir={x}-chat"]),
     ],
-    "gpt_hf": [("sample.py", ["--init_from={x}", "--max_new_tokens=2"])],
+    "gpt_hf": [
+        ("sample.py", ["--init_from={x}", "--max_new_tokens=2"]),
+        ("data/chat/prepare.py", ["--tokenizer_from={x}", "--out_dir={x}-chat"]),
+    ],
     "clf": [
         ("classify.py", ["--out_dir={x}", "abc"]),
         ("serve.py", ["--out_dir={x}", "--port=0"]),
@@ -1155,7 +1161,8 @@ def test_a_damaged_file_is_one_line_from_every_script_that_reads_it(
         code, _, err = cli(script, *[a.replace("{x}", str(folder)) for a in args])
         assert code == 2 and "Traceback" not in err, (script, err[-3000:])
         last = err.strip().splitlines()[-1]
-        assert last.startswith(f"{script}: error: {folder / file}") and words in last, (
+        prog = os.path.basename(script)
+        assert last.startswith(f"{prog}: error: {folder / file}") and words in last, (
             script,
             last,
         )
@@ -1501,6 +1508,19 @@ def test_a_jsonl_line_past_pythons_limits_is_a_bad_line_to_every_reader(tmp_path
     assert read_records(str(path)) == [("ab", 0), (None, None), ("ab", 0)]
     with pytest.raises(Error, match=f"{path}:2: not a record with an integer 'step'"):
         read_metrics(str(tmp_path))
+
+
+def test_an_older_states_damaged_card_is_one_line_on_resume(files, tmp_path):
+    """A trainer state saved before states named their tokenizer: resume reads the model card's,
+    and a card that is no JSON object is the card checks' one line."""
+    out = tmp_path / "out"
+    run(TINY + [f"--dataset={files}/lm", f"--out_dir={out}", "--max_iters=2"])
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    del state["tokenizer"]
+    torch.save(state, out / "trainer_state.pt")
+    (out / "config.json").write_text("[1]")
+    with pytest.raises(Error, match=r"config.json: the file holds list \[1\], not a JSON object"):
+        run([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
 
 
 @pytest.mark.parametrize("name", ["config.json", "metrics.jsonl", "trainer_state.pt"])

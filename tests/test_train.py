@@ -5,6 +5,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -922,10 +923,13 @@ def test_readme_torchrun_commands_fit_their_configs():
 
 def test_classifier_starts_from_a_gpt_checkpoint(lm_dir, toy_classify_dir, tmp_path):
     """init_from a GPT of ours: the encoder takes its embeddings and Blocks (the same names), only
-    the head is new."""
-    gpt, _ = run(
-        [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'gpt'}", "--max_iters=2", "--vocab_size=20"]
-    )
+    the head is new. The GPT's text is tokenized as the classifier's rows."""
+    lm = tmp_path / "lm"
+    shutil.copytree(lm_dir, lm)
+    meta = json.load(open(lm / "meta.json"))
+    meta["tokenizer"] = json.load(open(os.path.join(toy_classify_dir, "meta.json")))["tokenizer"]
+    write_meta(lm, **{**meta, "vocab_size": 20})
+    gpt, _ = run([f"--dataset={lm}", f"--out_dir={tmp_path / 'gpt'}", "--max_iters=2"])
     classifier, _ = run(
         [
             f"--dataset={toy_classify_dir}",

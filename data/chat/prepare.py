@@ -28,10 +28,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
 from lib.chat import ChatTokenizer, check_messages
-from lib.common import ArgumentParser, Error, parse_json, read_json, run_script
+from lib.common import ArgumentParser, Error, parse_json, run_script
 from lib.corpus import not_regular, text_files
 from lib.keys import GPT2_NAMES, Key, flags
 from lib.tokenizer import get_tokenizer
+from lib.weights import load_pretrained
 
 FLAGS = {
     "source": Key(None, "a .jsonl file, or a folder of them (default: the word tasks)"),
@@ -137,13 +138,13 @@ def chat_tokenizer(name):
             f"--tokenizer_from {name}: no config.json there; name the checkpoint folder "
             "you will fine-tune (train one first), or gpt2"
         )
-    card = read_json(path, "checkpoint config")
-    spec = card.get("tokenizer") or {"type": "bpe", "encoding": "r50k_base"}  # GPT-2's folder
-    tokenizer = get_tokenizer(spec, path)
+    # its card and weights checked as the fine-tune reads them: a damaged one is one line
+    model, info = load_pretrained(name)
+    spec = info.get("tokenizer")  # a Hugging Face GPT-2's: GPT-2's BPE
+    tokenizer = get_tokenizer(spec, path, model.config.vocab_size)
     if not spec.get("chat"):
         tokenizer = ChatTokenizer(tokenizer)
-    # ours, or a Hugging Face GPT-2's
-    context = card["model"]["block_size"] if "model" in card else card.get("n_positions", 1024)
+    context = model.config.block_size
     source_file = spec.get("file") and os.path.join(name, spec["file"])
     return tokenizer, source_file, context
 
