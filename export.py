@@ -27,12 +27,11 @@ from safetensors.torch import save_file
 
 from lib.bpe import bytes_to_unicode, merges, save_ranks
 from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer
-from lib.chat import special_tokens
 from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
 from lib.keys import Key, flags
-from lib.tokenizer import EOT, get_tokenizer
+from lib.tokenizer import EOT, get_tokenizer, special_tokens
 from lib.weights import from_checkpoint
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions

@@ -12,11 +12,11 @@ from functools import partial
 
 import decoding
 from engine import COMPILE_KEY, Engine
-from lib.chat import end_tokens
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
 from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
 from lib.text import SEPARATOR, continuation, stopped_short
+from lib.tokenizer import end_tokens
 from lib.weights import load_gpt
 
 log = partial(print, file=sys.stderr)  # stdout carries only the samples

@@ -31,11 +31,10 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
 from lib.batches import load_split
-from lib.chat import end_tokens
 from lib.common import ArgumentParser, run_script
 from lib.finetune import grown
 from lib.keys import Key, flags
-from lib.tokenizer import get_tokenizer
+from lib.tokenizer import end_tokens, get_tokenizer
 from lib.weights import load_pretrained
 from model import GPT
 

@@ -2,7 +2,7 @@
 no text encodes to) and which tokens a fine-tune learns: the assistant's."""
 
 from lib.common import Error
-from lib.tokenizer import EOT
+from lib.tokenizer import pieces
 
 ROLES = ("system", "user", "assistant")
 END = "<|end|>"  # ends every turn; a reply ends where the model draws it
@@ -90,31 +90,3 @@ def fitted(tokenizer, messages, block_size, max_tokens):
             turns = turns[1:]
         ids, _ = tokenizer.render(system + turns, reply=True)
     return ids, len(messages) - len(system) - len(turns)
-
-
-def special_tokens(tokenizer):
-    """{token: id} of the ids no text encodes to, which follow the vocabulary's in id order:
-    <|endoftext|>, then a chat tokenizer's."""
-    found = {} if tokenizer.eot_token is None else {EOT: tokenizer.eot_token}
-    return found | getattr(tokenizer, "ids", {})
-
-
-def end_tokens(tokenizer):
-    """The ids that end a decode: every special token, none of which is text. A chat model's
-    role marker drawn mid-reply ends it as <|end|> does: a reply never holds a marker."""
-    return frozenset(special_tokens(tokenizer).values())
-
-
-def pieces(tokenizer, ids):
-    """The text of ids in pieces -> [(text, whether a special token)]: each special token its
-    name, alone; each run of other tokens between them its decoded text (the last, maybe "")."""
-    names = {i: name for name, i in special_tokens(tokenizer).items()}
-    decode = getattr(tokenizer, "base", tokenizer).decode  # a chat tokenizer's splits here
-    made, run = [], []
-    for i in ids:
-        if i in names:
-            made += [(decode(run), False), (names[i], True)]
-            run = []
-        else:
-            run.append(i)
-    return made + [(decode(run), False)]

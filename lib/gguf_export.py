@@ -5,8 +5,8 @@ it, and the gguf package (llama.cpp's own writer) with it."""
 import gguf
 from gguf import GGMLQuantizationType as Type
 
-from lib.chat import special_tokens
 from lib.files import atomic_path
+from lib.tokenizer import special_tokens
 
 # --gguf_dtype: (llama.cpp's file type, the type of its weight matrices); Q8_0 is int8 in blocks
 # of 32 with a float16 scale each

@@ -4,9 +4,10 @@ context."""
 
 import sys
 
-from lib.chat import check_messages, end_tokens, fitted
+from lib.chat import check_messages, fitted
 from lib.common import Error, read_json
 from lib.text import SEPARATOR, continuation, stopped_short
+from lib.tokenizer import end_tokens
 
 
 def talk(engine, tokenizer, picks, args):

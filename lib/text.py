@@ -1,7 +1,7 @@
 """Stop strings in a decode's growing text, the line between samples, and a sample cut short."""
 
-from lib.chat import pieces
 from lib.common import Error
+from lib.tokenizer import pieces
 
 SEPARATOR = "-" * 40  # printed between samples
 

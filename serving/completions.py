@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse
 
 import decoding
 from engine import Engine
-from lib.chat import end_tokens
 from lib.common import Error
 from lib.text import continuation
+from lib.tokenizer import end_tokens
 from lib.transport import RequestError
 from serving.protocol import error_response, option_named
 

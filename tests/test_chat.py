@@ -22,11 +22,11 @@ from test_train import torchrun
 import train
 from decoding import NextToken, Options
 from engine import Engine
-from lib.chat import SPECIAL_TOKENS, ChatTokenizer, end_tokens, fitted
+from lib.chat import SPECIAL_TOKENS, ChatTokenizer, fitted
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.conversations import ConversationData
-from lib.tokenizer import CharTokenizer, get_tokenizer
+from lib.tokenizer import CharTokenizer, end_tokens, get_tokenizer
 from lib.weights import load_pretrained
 from model import GPT, GPTConfig
 

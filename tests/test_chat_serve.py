@@ -16,8 +16,8 @@ from openai import OpenAI
 
 import decoding
 from engine import Engine
-from lib.chat import end_tokens
 from lib.checkpoint import save_pretrained
+from lib.tokenizer import end_tokens
 from lib.weights import load_gpt
 from model import GPT, GPTConfig
 from serving.app import Server
