@@ -38,6 +38,11 @@ def pretrained_body(cfg, vocab_size, given):
             f"init_from={cfg.init_from!r}: a fine-tune computes as its start, and the command "
             f"names {', '.join(differ)}: drop those keys, or train from scratch"
         )
+    if "block_size" in given and cfg.block_size > config.block_size:
+        raise Error(
+            f"init_from={cfg.init_from!r} reads {config.block_size} tokens at most, the command "
+            f"names block_size={cfg.block_size}: pass {config.block_size} or less"
+        )
     shape["block_size"] = min(cfg.block_size, config.block_size)
     shape["vocab_size"] = max(config.vocab_size, vocab_size)
     torch.manual_seed(cfg.seed)  # the new rows' draws

@@ -376,6 +376,22 @@ def test_a_fine_tune_computes_as_its_start(lm_dir, tmp_path):
     assert not (tmp_path / "x" / "model.safetensors").exists()
 
 
+def test_a_fine_tune_reads_its_starts_context_unless_named_longer(lm_dir, tmp_path):
+    """A start of block_size 8 and a command that names none (the default, 256): the fine-tune
+    reads 8 tokens, its data's rows too; a command that names 16 is refused in one line."""
+    start = {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8, "vocab_size": 10}
+    save_pretrained(GPT(GPTConfig(**start)), tmp_path / "start", task="lm", tokenizer=CHARS)
+    keys = [a for a in TINY if not a.startswith("--block_size=")]
+    tuned = keys + [f"--dataset={lm_dir}", f"--init_from={tmp_path / 'start'}", "--max_iters=1"]
+    assert DEFAULTS["block_size"] > 8
+    train.main(tuned + [f"--out_dir={tmp_path / 'tuned'}"])
+    card = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert card["model"]["block_size"] == 8
+    with pytest.raises(Error, match=r"reads 8 tokens at most, the command names block_size=16"):
+        train.main(tuned + [f"--out_dir={tmp_path / 'x'}", "--block_size=16"])
+    assert not (tmp_path / "x" / "model.safetensors").exists()
+
+
 def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
     common = [f"--dataset={lm_dir}", "--max_iters=4"]
     big, _ = run(common + [f"--out_dir={tmp_path / 'a'}", "--batch_size=8"])
