@@ -31,7 +31,7 @@ from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
 from lib.keys import Key, flags
-from lib.tokenizer import EOT, get_tokenizer, special_tokens
+from lib.tokenizer import EOT, end_tokens, get_tokenizer, special_tokens
 from lib.weights import from_checkpoint
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions
@@ -332,9 +332,11 @@ def write_hf(hf_dir, model, info, tokenizer, bpe):
                 "tokenizer": tokenizer.spec,
             },
         )
+        # generate stops at any special token, as our replies end at a role marker drawn
+        ends = [eos, *sorted(end_tokens(tokenizer) - {eos})]
         write_json(
             os.path.join(folder, "generation_config.json"),
-            {"bos_token_id": bos, "eos_token_id": eos},
+            {"bos_token_id": bos, "eos_token_id": ends[0] if len(ends) == 1 else ends},
         )
         described = write_tokenizer(folder, tokenizer, bpe, config.block_size)
         with (

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import SHARED, generate, needs_shared
+from conftest import SHARED, generate, marker_checkpoint, needs_shared
 from test_robustness import cli
 
 from decoding import NextToken, Options
@@ -16,7 +16,8 @@ from export import export
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.gpt2 import from_pretrained
-from lib.tokenizer import EOT, get_tokenizer
+from lib.tokenizer import EOT, end_tokens, get_tokenizer
+from lib.weights import load_pretrained
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip(
@@ -313,7 +314,8 @@ def test_a_chat_models_template_gives_our_ids(chat_exports, kind):
     assert {t["content"]: t["id"] for t in added if t["special"]} == {EOT: first - 1, **chat}
     assert tokenizer.eos_token == END and tokenizer.eos_token_id == first + 3
     generation = json.loads((folder / "generation_config.json").read_text())
-    assert generation == {"bos_token_id": first - 1, "eos_token_id": first + 3}
+    ends = [first + 3, first - 1, first, first + 1, first + 2]  # <|end|>, then the others
+    assert generation == {"bos_token_id": first - 1, "eos_token_id": ends}
 
 
 def our_reply(model, prompt, end_token, n):
@@ -347,3 +349,22 @@ def test_generate_replies_as_ours_and_stops_at_the_end_of_the_turn(chat_exports)
         replies.append(our_reply(model, prompt, ours.end_token, 8))
         assert hf_reply(hf, prompt, 8) == replies[-1], messages
     assert any(len(reply) > 1 and reply[-1] == ours.end_token for reply in replies)
+
+
+def test_generate_stops_at_a_role_marker_as_our_replies_end(tmp_path):
+    """An undertrained chat model draws a role marker mid-reply: transformers' greedy generate
+    stops at it, as our replies end there, on the same tokens."""
+    out_dir = marker_checkpoint(tmp_path / "markers")
+    export(out_dir, str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    model, info = load_pretrained(out_dir)
+    ours = get_tokenizer(info["tokenizer"])
+    prompt = ours.render([{"role": "user", "content": "a"}], reply=True)[0]
+    engine = Engine(model, 1)
+    row = engine.submit(prompt, [NextToken(Options(), greedy=True)], 20).rows[0]
+    while engine.busy():
+        engine.step()
+    drawn = row.generated  # no end tokens: the markers drawn stay in
+    cut = next(i for i, t in enumerate(drawn) if t in end_tokens(ours))
+    assert 0 < cut < 19
+    assert hf_reply(hf, prompt, 20) == drawn[: cut + 1]
