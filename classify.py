@@ -145,7 +145,8 @@ def read_texts(a):
     """The texts to classify: arguments, else --file, else stdin; one per line, blank lines
     skipped."""
     texts = [t for t in a.texts if t.strip()]
-    if not texts and (a.file or not sys.stdin.isatty()):
+    # no stdin at all (`<&-`): nothing to read
+    if not texts and (a.file or (sys.stdin and not sys.stdin.isatty())):
         try:
             with open(a.file, encoding="utf-8") if a.file else sys.stdin as f:
                 texts = [line.rstrip("\r\n") for line in f if line.strip()]

@@ -350,6 +350,8 @@ def test_errors(ckpt, tmp_path, capsys, monkeypatch):
     assert "not in this model's vocabulary" in in_process_error(["--out_dir", ckpt, "xyz"], capsys)
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert "no text to classify" in in_process_error(["--out_dir", ckpt], capsys)
+    monkeypatch.setattr("sys.stdin", None)  # closed: `<&-`
+    assert "no text to classify" in in_process_error(["--out_dir", ckpt], capsys)
     assert "--plot" in in_process_error(["--out_dir", ckpt, "--plot", "x.png", "abc"], capsys)
 
 
