@@ -6,7 +6,8 @@ writes config.json (model_type gpt2), model.safetensors (GPT-2's names; its Conv
 [in, out]), generation_config.json, a model card (README.md) and the tokenizer's files for
 AutoTokenizer (tokenizer.json; a byte-pair encoding's vocab.json and merges.txt too), which give
 our ids; a trained BPE's tokenizer.tiktoken too, which sample.py reads; export_manifest.json lists
-them: a later export there replaces them, and any other file in its way only with --overwrite. A
+them with their sha256: a later export there replaces them as written, and any other file in its
+way (or one changed since) only with --overwrite. A
 chat model's carry its template (tokenizer_config.json's chat_template) and end a reply at <|end|>
 (eos).
 Options GPT-2 does not have (rotary positions, QK-norm, a sparse attention pattern) cannot be
@@ -17,6 +18,7 @@ tokenizer inside, a chat model's tokens and template too; needs the gguf package
 '.[gguf]'). Its GELU is the tanh form: a model trained with gelu=none is refused there.
 """
 
+import hashlib
 import os
 import shutil
 import sys
@@ -169,20 +171,33 @@ def check_target(out_dir, hf_dir, overwrite):
     ]
     if held:
         raise Error(
-            f"--hf_dir {hf_dir} holds files no export wrote there, which this one would "
-            f"replace or remove ({', '.join(held)}): pass another folder, or --overwrite"
+            f"--hf_dir {hf_dir} holds files no export wrote there (or changed since), "
+            f"which this one would replace or remove ({', '.join(held)}): pass another "
+            "folder, or --overwrite"
         )
 
 
 def exported_files(hf_dir):
-    """The files MANIFEST says an earlier export wrote in hf_dir; none where it says nothing
-    readable."""
+    """The files that MANIFEST says an earlier export wrote in hf_dir, as it wrote them (each
+    its sha256), and MANIFEST; none where it says nothing readable."""
     try:
         manifest = read_json(os.path.join(hf_dir, MANIFEST), "export manifest")
     except Error:  # absent or damaged: the files are nobody's
         return []
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    return files if isinstance(files, list) else []
+    if not isinstance(files, dict):
+        return []
+    kept = [name for name, digest in files.items() if sha256(hf_dir, name) == digest]
+    return kept + [MANIFEST]
+
+
+def sha256(folder, name):
+    """The sha256 of folder/name, a regular file's; None for anything else."""
+    path = os.path.join(folder, name)
+    if os.path.islink(path) or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextmanager
@@ -196,8 +211,10 @@ def staged(hf_dir):
         os.makedirs(staging)
     try:
         yield staging
-        written = sorted(os.listdir(staging)) + [MANIFEST]
-        write_json(os.path.join(staging, MANIFEST), {"files": written})
+        written = sorted(os.listdir(staging))
+        digests = {name: sha256(staging, name) for name in written}
+        write_json(os.path.join(staging, MANIFEST), {"files": digests})
+        written.append(MANIFEST)
         for name in written:
             os.replace(os.path.join(staging, name), os.path.join(hf_dir, name))
         for name in set(EXPORT_FILES) - set(written):

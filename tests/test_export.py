@@ -162,8 +162,9 @@ def test_a_folder_holding_a_model_is_never_overwritten_unless_asked(tmp_path):
 
 def test_files_no_export_wrote_are_replaced_only_when_asked(tmp_path):
     """A folder's own README.md, merges.txt and vocab.json (a clone's, a tokenizer's) are refused
-    in one line, every byte kept, unless overwrite; an export's files are the next export's to
-    replace, without overwrite; a file no export writes is never touched."""
+    in one line, every byte kept, unless overwrite; an export's files, as it wrote them, are the
+    next export's to replace, without overwrite, and one edited since is the user's; a file no
+    export writes is never touched."""
     checkpoint(tmp_path / "ckpt", {"type": "char", "chars": "abcdefgh"})
     ckpt, hf = str(tmp_path / "ckpt"), tmp_path / "hf"
     hf.mkdir()
@@ -173,19 +174,21 @@ def test_files_no_export_wrote_are_replaced_only_when_asked(tmp_path):
         (hf / name).write_text(text)
     code, _, err = cli("export.py", f"--out_dir={ckpt}", f"--hf_dir={hf}")
     assert code == 2 and err == (
-        f"export.py: error: --hf_dir {hf} holds files no export wrote there, which this one "
-        "would replace or remove (README.md, vocab.json, merges.txt): pass another folder, or "
-        "--overwrite\n"
+        f"export.py: error: --hf_dir {hf} holds files no export wrote there (or changed since), "
+        "which this one would replace or remove (README.md, vocab.json, merges.txt): pass "
+        "another folder, or --overwrite\n"
     )
     assert {p.name: p.read_text() for p in hf.iterdir()} == theirs
     export(ckpt, str(hf), overwrite=True)
     assert {"vocab.json", "merges.txt"}.isdisjoint(p.name for p in hf.iterdir())
     assert (hf / "README.md").read_text().startswith("---\nlibrary_name: transformers")
-    files = {p.name for p in hf.iterdir()}
-    (hf / "model.safetensors").write_bytes(b"an earlier export")
-    export(ckpt, str(hf))
-    assert {p.name for p in hf.iterdir()} == files
-    assert (hf / "model.safetensors").read_bytes() != b"an earlier export"
+    files = {p.name: p.read_bytes() for p in hf.iterdir()}
+    export(ckpt, str(hf))  # an earlier export's files, as it wrote them
+    assert {p.name: p.read_bytes() for p in hf.iterdir()} == files
+    (hf / "README.md").write_text("# my notes on this model")  # edited since: the user's
+    with pytest.raises(Error, match=r"\(or changed since\), which this one would replace or "):
+        export(ckpt, str(hf))
+    assert (hf / "README.md").read_text() == "# my notes on this model"
     assert (hf / "notes.txt").read_text() == "mine"
 
 
