@@ -69,8 +69,9 @@ def train(cfg, run, guard, state, given):
     if state is not None:
         checkpoint.check_tokenizer_kept(state, cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape
+    loaded = cfg.block_size
     cfg, raw_model = make_model(cfg, train_data.meta, state, given)
-    if cfg.block_size < train_data.block_size:  # a fine-tune's start reads less
+    if cfg.block_size < loaded:  # a fine-tune's start reads less: its rows too
         train_data, val_data = load_data(cfg)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
     model = parallel(raw_model, run, cfg.activation_checkpointing)

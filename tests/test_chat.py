@@ -313,6 +313,15 @@ def tuned(base, chats, tmp_path_factory):
     return str(out_dir), model, metrics, err.getvalue()
 
 
+def test_a_fine_tune_on_conversations_reads_its_starts_context(base, chats, tmp_path):
+    """No block_size named (the default, 256): the conversations' rows load at the start's 48,
+    as config/chat.py's fine-tune of the README's model without its block_size."""
+    keys = [a for a in TINY if not a.startswith("--block_size=")]
+    argv = [f"--dataset={chats}", f"--init_from={base}", f"--out_dir={tmp_path}", "--max_iters=2"]
+    train.main(keys + argv)
+    assert json.loads((tmp_path / "config.json").read_text())["model"]["block_size"] == 48
+
+
 def test_a_fine_tune_grows_the_table_and_says_so(base, tuned):
     out_dir, model, _, err = tuned
     assert "the token table grows from 21 to 25 rows" in err
