@@ -1,8 +1,8 @@
 # Talk to the Shakespeare character model: fine-tune it on conversations, the loss on the
 # assistant's tokens only. The word tasks (reverse a word, spell it in capitals) check the replies:
-#   python train.py config/shakespeare_char_cpu.py          # the base model, about a minute
+#   python train.py config/shakespeare_char_cpu.py          # the base model, about 2 minutes
 #   python data/chat/prepare.py --tokenizer_from out-shakespeare-char-cpu
-#   python train.py config/chat.py
+#   python train.py config/chat.py                          # about 3 to 4 minutes on 2 cores
 #   python sample.py --out_dir out-chat --chat
 # Your own conversations: data/chat/prepare.py --source FILE.jsonl (docs/chat.md has the format).
 out_dir = "out-chat"
