@@ -97,7 +97,6 @@ OPTIONS = (
     "lib.bpe_tokenizer",  # a byte-pair encoding
     "tiktoken",
     "lib.labelled",  # task=classify
-    "lib.int8",  # weights=int8
     "lib.chat",  # a chat model's tokenizer
     "lib.conversations",  # a chat fine-tune's data
     "lib.talk",  # sample.py --chat, --messages
@@ -145,6 +144,5 @@ def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own()
         "lib.parallel",
         "lib.bpe_tokenizer",
         "tiktoken",
-        "lib.int8",
         "lib.chat",
     } <= taken
