@@ -20,12 +20,11 @@ from lib import checkpoint, config
 from lib.batches import epochs_line, load_data, to_device
 from lib.build import make_model
 from lib.common import Error, run_script
-from lib.distributed import StepGuard, agreed, parallel, started
+from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
 from lib.finetune import check_data_tokenizer
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
 from lib.settings import KEYS, check_rules
-from lib.step import TrainStep
 from optim import configure_optimizers
 
 

@@ -93,7 +93,6 @@ OPTIONS = (
     "patterns",  # a sparse attention pattern, and a window model's rolling cache
     "muon",  # optimizer=muon
     "lib.gpt2",  # GPT-2's weights: a name on the hub or a Hugging Face folder
-    "lib.parallel",  # torchrun's DDP or FSDP, activation_checkpointing
     "lib.bpe_tokenizer",  # a byte-pair encoding
     "tiktoken",
     "lib.labelled",  # task=classify
@@ -141,7 +140,6 @@ def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own()
     assert plain & set(OPTIONS) == set()
     assert {
         "patterns",
-        "lib.parallel",
         "lib.bpe_tokenizer",
         "tiktoken",
         "lib.chat",

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import train
-from lib import parallel as distributed
+from lib import distributed as distributed
 from lib.batches import load_split
 from lib.common import Error
 from lib.distributed import Run
