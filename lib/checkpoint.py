@@ -15,8 +15,7 @@ import safetensors.torch
 import torch
 
 from lib.common import Error, check_regular, read_json
-from lib.files import TEMPORARY, WriteError, atomic_path, fsync
-from lib.locks import try_lock
+from lib.files import TEMPORARY, WriteError, atomic_path, fsync, try_lock
 from lib.schema import CARD_FIX, checking
 
 # the settings a checkpoint's weights hold to: their shapes, what the optimizer states fit, and

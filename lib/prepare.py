@@ -19,9 +19,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from lib.common import ArgumentParser, Error, parse_json
-from lib.files import atomic_path, write_json
+from lib.files import atomic_path, try_lock, write_json
 from lib.keys import Key, flags
-from lib.locks import try_lock
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 # a label written as an integer: ASCII digits ("²" and "--1" are no class), short enough for int()
