@@ -37,10 +37,10 @@ from engine import COMPILE_KEY
 from lib.common import ArgumentParser, run_script
 from lib.formats import WEIGHTS_KEY
 from lib.keys import DEVICE_KEY, Key, flags
-from lib.transport import DEADLINE, exposure
 from serving.app import Server
 from serving.playground import Playground
 from serving.scheduler import MAX_ROWS
+from serving.transport import DEADLINE, exposure
 
 FLAGS = {
     "host": Key(

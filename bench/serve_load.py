@@ -33,7 +33,7 @@ from engine import COMPILE_KEY  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from lib.formats import WEIGHTS_KEY  # noqa: E402
 from lib.keys import DEVICE_KEY, Key, flags  # noqa: E402
-from lib.transport import MAX_ACTIVE  # noqa: E402
+from serving.transport import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = [
     "Stocks fall as oil prices jump",

@@ -12,15 +12,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from lib.transport import (
-    DEADLINE,
-    MAX_CONNECTIONS,
-    Guard,
-    Protocol,
-    RequestError,
-    host_names,
-    listen,
-)
 from serving.chat import ChatRequest, chat_completion
 from serving.protocol import (
     ClassifyRequest,
@@ -31,6 +22,15 @@ from serving.protocol import (
     invalid,
     refused,
     server_error,
+)
+from serving.transport import (
+    DEADLINE,
+    MAX_CONNECTIONS,
+    Guard,
+    Protocol,
+    RequestError,
+    host_names,
+    listen,
 )
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")

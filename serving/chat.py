@@ -7,7 +7,6 @@ from pydantic import Field, create_model
 
 from lib.chat import check_messages, fitted
 from lib.common import Error
-from lib.transport import RequestError
 from serving.completions import Completion
 from serving.protocol import (
     SURROGATE,
@@ -16,6 +15,7 @@ from serving.protocol import (
     at_most,
     decoding_fields,
 )
+from serving.transport import RequestError
 
 NO_CHAT = (
     "this model has no chat tokens: fine-tune it on conversations (data/chat/prepare.py, "

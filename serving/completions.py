@@ -16,8 +16,8 @@ from engine import Engine
 from lib.common import Error
 from lib.text import continuation
 from lib.tokenizer import end_tokens
-from lib.transport import RequestError
 from serving.protocol import error_response, option_named
+from serving.transport import RequestError
 
 # the log-probabilities one completion may send: each a line of JSON in its answer and held in
 # memory until it is sent (about 20 bytes each, some 5 MB in all)

@@ -12,11 +12,11 @@ import decoding
 from lib import classifier
 from lib.common import Error, pick_device, read_json
 from lib.formats import for_decoding
-from lib.transport import DEADLINE, MAX_ACTIVE, RequestError, Slots
 from lib.weights import load_gpt
 from serving.completions import Completion, check_candidates
 from serving.protocol import MAX_TEXTS, at_most, option_named
 from serving.scheduler import MAX_ROWS, Decoder, ServingEngine, free_rows
+from serving.transport import DEADLINE, MAX_ACTIVE, RequestError, Slots
 
 
 class Playground:

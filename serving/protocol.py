@@ -9,7 +9,7 @@ import traceback
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import decoding
-from lib.transport import RequestError
+from serving.transport import RequestError
 
 MAX_TEXTS = 64  # texts in one classify request, prompts in one completion request
 MAX_TRACE = 20  # candidates per filter in a trace, alternatives per token in logprobs
