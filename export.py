@@ -25,8 +25,7 @@ from contextlib import contextmanager
 import torch
 from safetensors.torch import save_file
 
-from lib.bpe import bytes_to_unicode, merges, save_ranks
-from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer
+from lib.bpe import RANKS_FILE, BPETokenizer, bytes_to_unicode, merges, save_ranks
 from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU

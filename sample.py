@@ -15,8 +15,7 @@ from engine import COMPILE_KEY, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
 from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
-from lib.text import SEPARATOR, continuation, stopped_short
-from lib.tokenizer import end_tokens
+from lib.tokenizer import SEPARATOR, continuation, end_tokens, stopped_short
 from lib.weights import load_gpt
 
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
@@ -143,7 +142,7 @@ def main(argv=None):
     if args.compile:
         log(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s")
     if args.chat or args.messages:
-        from lib.talk import talk
+        from lib.chat import talk
 
         return talk(engine, tokenizer, picks, args)
     try:

@@ -29,7 +29,7 @@ from bench.speed import machine  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from export import export  # noqa: E402
-from lib.bpe_tokenizer import BPETokenizer  # noqa: E402
+from lib.bpe import BPETokenizer  # noqa: E402
 from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
 from lib.formats import for_decoding, resolve_weights  # noqa: E402

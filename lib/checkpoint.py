@@ -248,7 +248,7 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
     }
     tokenizer_file = (card.get("tokenizer") or {}).get("file")
     if tokenizer_file:  # read and checked before a write, whose errors say the disk refused it
-        from lib.bpe_tokenizer import read_ranks_file
+        from lib.bpe import read_ranks_file
 
         source = os.path.join(tokenizer_dir, tokenizer_file)
         where = os.path.join(tokenizer_dir, "meta.json")

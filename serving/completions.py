@@ -14,8 +14,7 @@ from fastapi.responses import JSONResponse
 import decoding
 from engine import Engine
 from lib.common import Error
-from lib.text import continuation
-from lib.tokenizer import end_tokens
+from lib.tokenizer import continuation, end_tokens
 from serving.protocol import error_response, option_named
 from serving.transport import RequestError
 

@@ -93,12 +93,11 @@ OPTIONS = (
     "patterns",  # a sparse attention pattern, and a window model's rolling cache
     "muon",  # optimizer=muon
     "lib.gpt2",  # GPT-2's weights: a name on the hub or a Hugging Face folder
-    "lib.bpe_tokenizer",  # a byte-pair encoding
+    "lib.bpe",  # a byte-pair encoding
     "tiktoken",
     "lib.labelled",  # task=classify
     "lib.chat",  # a chat model's tokenizer
     "lib.conversations",  # a chat fine-tune's data
-    "lib.talk",  # sample.py --chat, --messages
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys
@@ -140,7 +139,7 @@ def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own()
     assert plain & set(OPTIONS) == set()
     assert {
         "patterns",
-        "lib.bpe_tokenizer",
+        "lib.bpe",
         "tiktoken",
         "lib.chat",
     } <= taken

@@ -15,8 +15,7 @@ from engine import Row
 from lib.chat import ChatTokenizer
 from lib.checkpoint import save_pretrained
 from lib.common import run_script
-from lib.text import continuation, printable
-from lib.tokenizer import EOT, CharTokenizer
+from lib.tokenizer import EOT, CharTokenizer, continuation, printable
 from lib.weights import from_checkpoint
 from model import GPT, GPTConfig
 from sample import SEPARATOR, main

@@ -615,7 +615,7 @@ def test_a_long_document_in_pieces_encodes_as_it_does_whole():
     """The cuts between pieces fall where GPT-2's words part, whatever spaces surround them."""
     import random
 
-    from lib.bpe_tokenizer import BPETokenizer
+    from lib.bpe import BPETokenizer
 
     tokenizer = BPETokenizer("r50k_base")
     words = ["word", "Ёжик", "'s", "'ll", "123", "!!", " ", "  ", "\n", "\n\n", "\t", "\r\n"]

@@ -21,7 +21,7 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.bpe_tokenizer import BPETokenizer
+from lib.bpe import BPETokenizer
 from lib.common import ArgumentParser, Error, run_script
 from lib.keys import Key, flags
 

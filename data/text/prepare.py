@@ -27,8 +27,7 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.bpe import save_ranks, train_bpe
-from lib.bpe_tokenizer import BPETokenizer, TrainedBPE
+from lib.bpe import BPETokenizer, TrainedBPE, save_ranks, train_bpe
 from lib.common import ArgumentParser, Error, run_script
 from lib.corpus import PIECE, Corpus
 from lib.files import atomic_path
