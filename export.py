@@ -30,8 +30,8 @@ from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
 from lib.keys import Key, flags
-from lib.tokenizer import EOT, get_tokenizer, special_tokens
-from lib.weights import from_checkpoint
+from lib.tokenizer import EOT, special_tokens
+from lib.weights import from_checkpoint, get_tokenizer
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions
 GPT2_LAYOUT = {"rope": False, "qk_norm": False, "window": 0, "global_tokens": 0, "random_links": 0}

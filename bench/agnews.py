@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, run_script
 from lib.keys import Key, flags
 from lib.prepare import read_labelled
-from lib.tokenizer import get_tokenizer
+from lib.weights import get_tokenizer
 
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
 FLAGS = {

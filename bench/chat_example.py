@@ -34,8 +34,8 @@ from lib.batches import load_split
 from lib.common import ArgumentParser, run_script
 from lib.finetune import grown
 from lib.keys import Key, flags
-from lib.tokenizer import end_tokens, get_tokenizer
-from lib.weights import load_pretrained
+from lib.tokenizer import end_tokens
+from lib.weights import get_tokenizer, load_pretrained
 from model import GPT
 
 FLAGS = {

@@ -189,7 +189,7 @@ def load_data(cfg):
     # a trained tokenizer's file, checked now: each model save copies it
     spec = train_data.meta["tokenizer"]
     if "file" in spec:
-        from lib.tokenizer import get_tokenizer
+        from lib.weights import get_tokenizer
 
         get_tokenizer(spec, os.path.join(path, "meta.json"))
     val_data = load_split(path, "val", cfg.block_size)

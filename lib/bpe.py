@@ -166,7 +166,7 @@ def train_bpe(texts, vocab_size):
 def save_ranks(ranks, folder):
     """Writes a TrainedBPE's ranks into folder as RANKS_FILE (tiktoken's
     format: a token's bytes in base64, its id) and returns the spec that
-    names them, which lib.tokenizer.get_tokenizer reads back."""
+    names them, which lib.weights.get_tokenizer reads back."""
     lines = [base64.b64encode(token).decode() + f" {rank}\n" for token, rank in ranks.items()]
     text = "".join(lines).encode()
     path = os.path.join(folder, RANKS_FILE)

@@ -12,8 +12,7 @@ from lib.common import Error
 from lib.keys import Key
 from lib.labelled import pad_batch
 from lib.schema import CARD_FIX, checking
-from lib.tokenizer import get_tokenizer
-from lib.weights import from_checkpoint
+from lib.weights import from_checkpoint, get_tokenizer
 
 
 def load(out_dir, device, info=None):

@@ -8,32 +8,6 @@ from lib.common import Error
 EOT = "<|endoftext|>"
 
 
-def get_tokenizer(spec, where="tokenizer", vocab_size=None):
-    """The tokenizer that spec (its keys: lib/schema.py's) names in the file where; a trained BPE's
-    file lies beside that file. With vocab_size, every id must index a model's embedding rows."""
-    if spec is None:
-        raise Error(
-            f"{where}: no tokenizer this project knows: add a 'tokenizer' key "
-            "(a char one holds 'chars', a bpe one 'encoding')"
-        )
-    if spec["type"] == "char":
-        tokenizer = CharTokenizer(spec["chars"], spec.get("eot", False))
-    else:
-        from lib.bpe import bpe_tokenizer
-
-        tokenizer = bpe_tokenizer(spec, where)
-    if "chat" in spec:  # a chat fine-tune's: its tokens after
-        from lib.chat import with_chat
-
-        tokenizer = with_chat(tokenizer, spec["chat"], where)
-    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
-        raise Error(
-            f"{where}: the tokenizer has {tokenizer.vocab_size:,} tokens, the model's vocabulary "
-            f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
-        )
-    return tokenizer
-
-
 class CharTokenizer:
     name = "characters"
 

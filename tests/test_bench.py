@@ -105,7 +105,7 @@ import train, sample
 from engine import Engine
 from lib.distributed import Run, parallel
 from lib.formats import for_decoding
-from lib.tokenizer import get_tokenizer
+from lib.weights import get_tokenizer
 from model import GPT, GPTConfig
 
 def loaded():

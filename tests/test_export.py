@@ -16,7 +16,8 @@ from export import export
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.gpt2 import from_pretrained
-from lib.tokenizer import EOT, get_tokenizer
+from lib.tokenizer import EOT
+from lib.weights import get_tokenizer
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip(

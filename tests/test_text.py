@@ -23,8 +23,7 @@ import train
 from export import export
 from lib.batches import read_meta
 from lib.common import Error
-from lib.tokenizer import get_tokenizer
-from lib.weights import load_gpt
+from lib.weights import get_tokenizer, load_gpt
 from serving.app import Server
 from serving.playground import Playground
 

@@ -31,8 +31,7 @@ from lib.chat import ChatTokenizer, check_messages
 from lib.common import ArgumentParser, Error, parse_json, run_script
 from lib.corpus import not_regular, text_files
 from lib.keys import GPT2_NAMES, Key, flags
-from lib.tokenizer import get_tokenizer
-from lib.weights import load_pretrained
+from lib.weights import get_tokenizer, load_pretrained
 
 FLAGS = {
     "source": Key(None, "a .jsonl file, or a folder of them (default: the word tasks)"),
