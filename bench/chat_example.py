@@ -30,8 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
-from lib.batches import load_split
 from lib.common import ArgumentParser, run_script
+from lib.data import load_split
 from lib.finetune import grown
 from lib.keys import Key, flags
 from lib.tokenizer import end_tokens

@@ -42,9 +42,9 @@ from bench.timing import bandwidth, machine, median_pass  # noqa: E402
 from cache import KVCache  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
-from lib.batches import load_split  # noqa: E402
 from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from lib.data import load_split  # noqa: E402
 from lib.formats import (  # noqa: E402
     PackedLinear,
     for_decoding,

@@ -9,8 +9,8 @@ import torch
 from tqdm import tqdm
 
 from lib.common import Error
+from lib.data import pad_batch
 from lib.keys import Key
-from lib.labelled import pad_batch
 from lib.schema import CARD_FIX, checking
 from lib.weights import from_checkpoint, get_tokenizer
 

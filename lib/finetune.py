@@ -6,9 +6,9 @@ import sys
 
 import torch
 
-from lib.batches import dataset_dir, read_meta
 from lib.checkpoint import SHAPE
 from lib.common import Error, read_json
+from lib.data import dataset_dir, read_meta
 from lib.keys import GPT2_NAMES
 from lib.schema import CARD_FIX, check_tokenizer, checking
 from lib.weights import GPT2_TOKENIZER, load_pretrained

@@ -1,5 +1,5 @@
 """The keys of the JSON files read, a Key each: a checkpoint's config.json (whose shapes must fit
-the weights' first), a tokenizer spec; lib/batches.py checks a dataset's meta.json with them,
+the weights' first), a tokenizer spec; lib/data.py checks a dataset's meta.json with them,
 lib/gpt2.py a Hugging Face GPT-2 config.json."""
 
 import os

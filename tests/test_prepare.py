@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED, needs_shared
 
-from lib.batches import load_split, read_meta
-from lib.labelled import ClassificationData
+from lib.data import ClassificationData, load_split, read_meta
 
 SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]

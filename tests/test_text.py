@@ -21,8 +21,8 @@ from conftest import ROOT, SHARED, TINY, needs_shared
 import sample
 import train
 from export import export
-from lib.batches import read_meta
 from lib.common import Error
+from lib.data import read_meta
 from lib.weights import get_tokenizer, load_gpt
 from serving.app import Server
 from serving.playground import Playground
