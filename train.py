@@ -16,7 +16,7 @@ from dataclasses import asdict
 import torch
 from tqdm import tqdm
 
-from lib import checkpoint, config
+from lib import checkpoint
 from lib.build import make_model
 from lib.common import Error, run_script
 from lib.data import epochs_line, load_data, to_device
@@ -24,13 +24,13 @@ from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
 from lib.finetune import check_data_tokenizer
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
-from lib.settings import KEYS, check_rules
+from lib.settings import KEYS, check_rules, parse
 from optim import configure_optimizers
 
 
 def main(argv):
     """The settings, this process's place in the run, then the run."""
-    settings, user_keys = config.parse(argv, KEYS, __doc__)
+    settings, user_keys = parse(argv, KEYS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
         settings = checkpoint.kept_pattern(settings, user_keys, KEYS)

@@ -1,13 +1,17 @@
 """train.py's settings: each key with its default, help and range (config files and --key=value
-set them), and the rules the keys must satisfy together."""
+set them), the rules the keys must satisfy together, and the reading of config files,
+include() and --key=value overrides (parse)."""
 
+import ast
+import difflib
 import os
 import sys
-from dataclasses import asdict
+import traceback
+from dataclasses import asdict, make_dataclass
+from types import ModuleType
 
 import torch
 
-from lib import config
 from lib.build import model_config
 from lib.common import Error
 from lib.keys import GPT2_NAMES, Key, keys_of
@@ -113,7 +117,7 @@ def check_rules(cfg, resuming):
     if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
         raise broken(cfg, "min_lr", f"<= learning_rate={cfg.learning_rate}")
     if not (resuming or cfg.init_from in forms or os.path.isdir(cfg.init_from)):
-        hint = config.did_you_mean(cfg.init_from, forms)
+        hint = did_you_mean(cfg.init_from, forms)
         raise broken(
             cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
         )
@@ -159,3 +163,79 @@ def inside(path, folder):
 def broken(cfg, name, what):
     """The error of a broken rule: the key, its value and what it must be."""
     return Error(f"{name}={getattr(cfg, name)!r}: must be {what}")
+
+
+def parse(argv, keys, doc):
+    """(frozen settings, the names the user set) from config files and --key=value overrides, in
+    order; --help prints doc and every key."""
+    given = {}
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(doc + "\nkeys, their defaults and what they do:")
+            for name, key in keys.items():
+                print(f"  --{name}={key.default!r}".ljust(34) + f"  {key.help}")
+            raise SystemExit(0)
+        if arg == "--print_config":
+            continue
+        if arg.startswith("--"):
+            name, eq, text = arg[2:].partition("=")
+            if not eq:
+                raise Error(f"{arg}: write --{name}=VALUE")
+            settings = {name: literal(text)}
+        else:
+            settings = read_file(arg, {})
+        for name, value in settings.items():
+            if name not in keys:
+                hint = did_you_mean(name, keys) or " (see --help)"
+                raise Error(f"unknown key {name!r} in {arg}{hint}")
+            try:
+                given[name] = keys[name].check(name, value)
+            except Error as e:
+                raise Error(f"{e} (in {arg})") from None
+    values = {name: key.default for name, key in keys.items()} | given
+    typed = [(name, type(key.default)) for name, key in keys.items()]
+    return make_dataclass("Settings", typed, frozen=True)(**values), set(given)
+
+
+def did_you_mean(value, choices):
+    """ " (did you mean X?)" for the closest of choices, or nothing."""
+    close = difflib.get_close_matches(value, choices, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def literal(text):
+    """A Python literal (1e-3, True, 'x'), nan and inf, else the text itself."""
+    for read in (ast.literal_eval, float):
+        try:
+            return read(text)
+        except (ValueError, SyntaxError):
+            pass
+    return text
+
+
+def read_file(path, scope):
+    """The settings a config file sets into scope; include(path) runs another, relative to it."""
+    if not os.path.isfile(path):
+        raise Error(f"no config file {path!r} (config files live in config/)")
+
+    def include(other):
+        return read_file(os.path.join(os.path.dirname(path), other), scope)
+
+    scope["include"] = include
+    try:
+        with open(path, encoding="utf-8") as f:
+            exec(compile(f.read(), path, "exec"), scope)
+    except Error:
+        raise
+    except SyntaxError as e:
+        raise Error(f"{e.filename}:{e.lineno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise Error(f"{path}: not UTF-8 text ({e.reason}): save it as UTF-8") from None
+    except Exception as e:  # where Python says it was raised
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise Error(f"{frame.filename}:{frame.lineno}: {type(e).__name__}: {e}") from None
+    return {
+        name: value
+        for name, value in scope.items()
+        if not name.startswith("_") and not callable(value) and not isinstance(value, ModuleType)
+    }

@@ -16,7 +16,7 @@ from conftest import ROOT
 import train
 from bench.readme import PAGES, page_blocks
 from export import GGUF_LAYOUT
-from lib.config import parse
+from lib.settings import parse
 
 # a command starts at python or torchrun and ends where the shell or the markdown takes over
 COMMAND = re.compile(r"\b(python|torchrun)\s([^`|;#\n]+)")
