@@ -17,11 +17,10 @@ import torch
 from tqdm import tqdm
 
 from lib import checkpoint
-from lib.build import make_model
+from lib.build import check_data_tokenizer, make_model
 from lib.common import Error, run_script
 from lib.data import epochs_line, load_data, to_device
 from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
-from lib.finetune import check_data_tokenizer
 from lib.mfu import Speed, peak_flops
 from lib.records import RunRecord, start_wandb
 from lib.settings import KEYS, check_rules, parse

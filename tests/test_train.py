@@ -25,11 +25,11 @@ import plot
 import train
 from bench.readme import PAGES
 from lib import checkpoint, classifier, config
+from lib.build import RESIZED
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.data import MAX_EPOCHS, epochs_line, load_split
 from lib.distributed import started
-from lib.finetune import RESIZED
 from lib.mfu import flops_per_token
 from lib.prepare import save_array, write_classification_split, write_meta
 from model import GPT, EncoderClassifier, GPTConfig
