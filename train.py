@@ -21,8 +21,7 @@ from lib.build import check_data_tokenizer, make_model
 from lib.common import Error, run_script
 from lib.data import epochs_line, load_data, to_device
 from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
-from lib.mfu import Speed, peak_flops
-from lib.records import RunRecord, start_wandb
+from lib.records import RunRecord, Speed, peak_flops, start_wandb
 from lib.settings import KEYS, check_rules, parse
 from optim import configure_optimizers
 

@@ -16,7 +16,7 @@ from lib.build import new_model
 from lib.common import Error, autocast
 from lib.data import read_meta
 from lib.distributed import Run, TrainStep
-from lib.mfu import flops_per_token
+from lib.records import flops_per_token
 from optim import configure_optimizers
 
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]

@@ -30,8 +30,8 @@ from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.data import MAX_EPOCHS, epochs_line, load_split
 from lib.distributed import started
-from lib.mfu import flops_per_token
 from lib.prepare import save_array, write_classification_split, write_meta
+from lib.records import flops_per_token
 from model import GPT, EncoderClassifier, GPTConfig
 
 DEFAULTS = {name: key.default for name, key in train.KEYS.items()}
