@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from lib import common, formats, mfu
+from lib import common, formats, records
 from lib.common import ArgumentParser, Error
 from lib.files import atomic_path
 from lib.keys import Key, flags
@@ -81,7 +81,7 @@ def test_explicit_bfloat16_on_a_gpu_without_bfloat16_matmuls_is_refused(monkeypa
 def test_datasheet_peaks_match_whole_names(name, peak):
     """An A10G is not an A10, nor an L40S an L4, nor an H100 PCIe the SXM H100: an unknown device
     has no peak, and no MFU."""
-    assert mfu.datasheet_peak(name) == peak
+    assert records.datasheet_peak(name) == peak
 
 
 def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
@@ -117,7 +117,10 @@ def test_atomic_writes_take_a_plain_files_mode(tmp_path, umask):
 
 
 def test_a_cpu_and_float32_have_no_peak_and_no_mfu():
-    assert mfu.peak_flops("cpu", "bfloat16") is None and mfu.peak_flops("cpu", "float32") is None
+    assert (
+        records.peak_flops("cpu", "bfloat16") is None
+        and records.peak_flops("cpu", "float32") is None
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")

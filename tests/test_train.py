@@ -24,7 +24,7 @@ from test_robustness import wait_for
 import plot
 import train
 from bench.readme import PAGES
-from lib import checkpoint, classifier, config
+from lib import checkpoint, classifier
 from lib.build import RESIZED
 from lib.checkpoint import save_pretrained
 from lib.common import Error
@@ -32,6 +32,7 @@ from lib.data import MAX_EPOCHS, epochs_line, load_split
 from lib.distributed import started
 from lib.prepare import save_array, write_classification_split, write_meta
 from lib.records import flops_per_token
+from lib.settings import parse
 from model import GPT, EncoderClassifier, GPTConfig
 
 DEFAULTS = {name: key.default for name, key in train.KEYS.items()}
@@ -128,7 +129,7 @@ def test_config_file_overrides_and_types(tmp_path):
     cfg.write_text(
         "n_layer = 3\nlearning_rate = 1e-3\ndataset = 'agnews'\nimport math\n_private = 1\n"
     )
-    cfg, user_keys = config.parse(
+    cfg, user_keys = parse(
         [str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"], train.KEYS, ""
     )
     assert (cfg.n_layer, cfg.learning_rate, cfg.dataset, cfg.wandb_run_name) == (
@@ -206,7 +207,7 @@ def test_include_is_relative_to_the_including_file(tmp_path, monkeypatch):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.py").write_text("include('../base.py')\nn_embd = 96\n")
     monkeypatch.chdir("/")
-    cfg, user_keys = config.parse([str(tmp_path / "sub" / "c.py")], train.KEYS, "")
+    cfg, user_keys = parse([str(tmp_path / "sub" / "c.py")], train.KEYS, "")
     assert (cfg.n_layer, cfg.n_embd) == (3, 96) and user_keys == {"n_layer", "n_embd"}
 
 
