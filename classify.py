@@ -25,8 +25,8 @@ import torch
 from lib.classifier import attention_maps, load, predict
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.keys import DEVICE_KEY, Key, flags
-from lib.plots import pyplot, save_figure
 from lib.prepare import read_labelled
+from plot import pyplot, save_figure
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 FLAGS = {

@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 from bench.timing import machine, table  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from lib.keys import Key, flags  # noqa: E402
-from lib.plots import read_metrics  # noqa: E402
+from lib.records import read_metrics  # noqa: E402
 
 # nanoGPT's README: "a baby GPT" on a CPU
 NANOGPT_CPU = [

@@ -165,7 +165,7 @@ def endless(out, tokens=4000, chunk=500, prompt=1000, checked=150, rounds=3):
 def plot(results, png):
     from matplotlib import ticker
 
-    from lib.plots import pyplot
+    from plot import pyplot
 
     plt = pyplot()
     fig, (ax_time, ax_memory) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
@@ -178,7 +178,7 @@ def plot(results, png):
     for ax, label in ((ax_time, "seconds per step"), (ax_memory, "peak MiB above the model")):
         ax.set(xscale="log", yscale="log", xlabel="tokens n", ylabel=label)
         ax.set_xticks([n for n, _, _ in points], [f"{n:,}" for n, _, _ in points])
-        # plain-text tick labels (lib.plots turns TeX off): the n's alone across, numbers up
+        # plain-text tick labels (plot turns TeX off): the n's alone across, numbers up
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
@@ -190,7 +190,7 @@ def plot(results, png):
 def picture(png, n=16):
     """The notes' four patterns of an encoder (no causal cut) over n positions, queries down, keys
     across, drawn from the model's own mask function."""
-    from lib.plots import pyplot
+    from plot import pyplot
 
     plt = pyplot()
     panels = {
