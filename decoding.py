@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from lib.common import Error
-from lib.keys import keys_of, setting
+from lib.options import options_of, setting
 
 NEG_INF = float("-inf")
 
@@ -92,7 +92,7 @@ class Options:
     )
 
     def __post_init__(self):
-        for name, key in keys_of(Options).items():
+        for name, key in options_of(Options).items():
             key.check(name, getattr(self, name))
 
 

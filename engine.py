@@ -10,11 +10,11 @@ import torch
 from cache import KVCache
 from decoding import NextToken, Options, pick_tokens
 from lib.common import Error, compiling
-from lib.keys import Key
+from lib.options import Option
 from model import varying_lengths
 
 # the scripts' --compile (sample.py, serve.py)
-COMPILE_KEY = Key(
+COMPILE_OPTION = Option(
     False,
     "compile a GPT's one-token step at the start (seconds to a minute), for long or many "
     "samples: on a CPU it pays with bfloat16 and int8 weights, not float32",

@@ -29,7 +29,7 @@ from lib.bpe import RANKS_FILE, BPETokenizer, bytes_to_unicode, merges, save_ran
 from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
-from lib.keys import Key, flags
+from lib.options import Option, flags
 from lib.tokenizer import EOT, special_tokens
 from lib.weights import from_checkpoint, get_tokenizer
 
@@ -404,14 +404,14 @@ def hf_tokenizer(tokenizer, bpe):
 
 
 FLAGS = dict(
-    hf_dir=Key(None, "the folder to write the Hugging Face model into"),
-    gguf=Key(None, "the GGUF file to write, for llama.cpp (name.gguf)"),
-    gguf_dtype=Key(
+    hf_dir=Option(None, "the folder to write the Hugging Face model into"),
+    gguf=Option(None, "the GGUF file to write, for llama.cpp (name.gguf)"),
+    gguf_dtype=Option(
         "float16",
         "the GGUF file's weight matrices; q8_0: llama.cpp's int8, the smallest",
         choices=GGUF_DTYPES,
     ),
-    overwrite=Key(
+    overwrite=Option(
         False,
         "replace or remove files in --hf_dir that no earlier export wrote, or replace the "
         "--gguf file (refused without it)",

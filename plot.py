@@ -13,12 +13,12 @@ import sys
 
 from lib.common import ArgumentParser, Error, run_script
 from lib.files import atomic_path
-from lib.keys import Key, flags
+from lib.options import Option, flags
 from lib.records import read_metrics
 
 FLAGS = {
-    "x": Key("step", "the horizontal axis", choices=("step", "seconds")),
-    "out": Key(
+    "x": Option("step", "the horizontal axis", choices=("step", "seconds")),
+    "out": Option(
         None,
         "the image to write: .png, .svg or .pdf (default: loss-RUN+RUN.png, from the runs' folder "
         "names, -seconds added against seconds)",

@@ -11,59 +11,59 @@ from dataclasses import fields
 from functools import partial
 
 import decoding
-from engine import COMPILE_KEY, Engine
+from engine import COMPILE_OPTION, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
-from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
+from lib.formats import WEIGHTS_OPTION, for_decoding, resolve_weights
+from lib.options import DEVICE_OPTION, GPT2_NAMES, Option, flags, options_of
 from lib.tokenizer import SEPARATOR, continuation, end_tokens, stopped_short
 from lib.weights import load_gpt
 
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
 FLAGS = {
-    "out_dir": Key("out", "a checkpoint written by train.py"),
-    "init_from": Key(
+    "out_dir": Option("out", "a checkpoint written by train.py"),
+    "init_from": Option(
         None,
         f"sample these weights instead of --out_dir: {', '.join(GPT2_NAMES)} (from the Hugging "
         "Face hub), a GPT-2 folder in its layout (model.safetensors + config.json; GPT-2's BPE), "
         "or a checkpoint folder of this project",
     ),
-    "start": Key(
+    "start": Option(
         "",
         "the prompt, or FILE:path to read it from a file; empty: the tokenizer's start token "
         "(newline, or BPE's <|endoftext|>), not printed",
     ),
-    "num_samples": Key(1, "samples, generated together as one batch", ge=1),
-    "max_new_tokens": Key(500, "tokens generated per sample", ge=0),
-    "seed": Key(
+    "num_samples": Option(1, "samples, generated together as one batch", ge=1),
+    "max_new_tokens": Option(500, "tokens generated per sample", ge=0),
+    "seed": Option(
         1337,
         "random seed: sample i draws from a generator of its own seeded seed + i, so it is the "
         "sample that --seed=seed+i --num_samples=1 gives",
     ),
-    "device": DEVICE_KEY,
-    "weights": WEIGHTS_KEY,
-    "compile": COMPILE_KEY,
-    "stream": Key(
+    "device": DEVICE_OPTION,
+    "weights": WEIGHTS_OPTION,
+    "compile": COMPILE_OPTION,
+    "stream": Option(
         False,
         "print the first sample token by token as it is generated; the others follow when the "
         "batch is done (stdout is the same as without --stream)",
     ),
-    "stop": Key(
+    "stop": Option(
         None,
         "a string that ends a sample, cut right before it (searched in the continuation, not the "
         "prompt); generation ends once all have (in bash, $'\\n\\n' is two newlines)",
     ),
-    "ignore_eos": Key(
+    "ignore_eos": Option(
         False,
         "go on past the tokenizer's special tokens (<|endoftext|>, a chat model's <|end|> and "
         "role markers), one of which otherwise ends a sample, unprinted",
     ),
-    "messages": Key(None, "a JSON file of a conversation ({'messages': [...]}): reply to it"),
-    "chat": Key(
+    "messages": Option(None, "a JSON file of a conversation ({'messages': [...]}): reply to it"),
+    "chat": Option(
         False,
         "talk to a chat model (config/chat.py's), after --messages' conversation if given: each "
         "line typed is your turn; the oldest turns leave past the context",
     ),
-    "no_cache": Key(
+    "no_cache": Option(
         False,
         "re-run the model's whole window every step instead of using the KV cache (slower, the "
         "same tokens; for comparison)",
@@ -75,14 +75,14 @@ def decoding_flags():
     """--greedy and a flag per decoding.Options field, at sample.py's defaults; their ranges are
     Options' to check, so the messages name the option as the API's do."""
     keys = {
-        "greedy": Key(
+        "greedy": Option(
             False,
             "take the most likely token instead of sampling (the penalties and "
             "--no_repeat_ngram_size still apply)",
         )
     }
-    for name, key in keys_of(decoding.Options).items():
-        keys[name] = Key(decoding.SAMPLE_DEFAULTS.get(name, key.default), key.help)
+    for name, key in options_of(decoding.Options).items():
+        keys[name] = Option(decoding.SAMPLE_DEFAULTS.get(name, key.default), key.help)
     return keys
 
 

@@ -22,16 +22,16 @@ from lib.common import Error, run_script
 from lib.data import epochs_line, load_data, to_device
 from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
 from lib.records import RunRecord, Speed, peak_flops, start_wandb
-from lib.settings import KEYS, check_rules, parse
+from lib.settings import OPTIONS, check_rules, parse
 from optim import configure_optimizers
 
 
 def main(argv):
     """The settings, this process's place in the run, then the run."""
-    settings, user_keys = parse(argv, KEYS, __doc__)
+    settings, user_keys = parse(argv, OPTIONS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
-        settings = checkpoint.kept_pattern(settings, user_keys, KEYS)
+        settings = checkpoint.kept_pattern(settings, user_keys, OPTIONS)
         check_rules(settings, resuming)
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
@@ -48,7 +48,7 @@ def main(argv):
                 held.enter_context(out_dir)
             if not resuming:
                 return None, settings
-            state, resumed = checkpoint.resume(settings, user_keys, KEYS)
+            state, resumed = checkpoint.resume(settings, user_keys, OPTIONS)
             check_rules(resumed, resuming)
             return state, resumed
 

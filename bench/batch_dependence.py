@@ -18,8 +18,8 @@ sys.path.insert(0, ROOT)
 from decoding import Options, make_picks  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
-from lib.keys import (  # noqa: E402
-    Key,
+from lib.options import (  # noqa: E402
+    Option,
     flags,
 )
 from lib.weights import load_gpt  # noqa: E402
@@ -28,8 +28,8 @@ from serving.scheduler import ServingEngine  # noqa: E402
 PROMPTS = ["ROMEO:", "KING HENRY:", "First Citizen:", "JULIET:"]
 OPTIONS = Options(temperature=0.9, top_k=40)
 FLAGS = {
-    "seeds": Key(20, "samples compared per format", ge=1),
-    "tokens": Key(100, "tokens per sample", ge=1),
+    "seeds": Option(20, "samples compared per format", ge=1),
+    "tokens": Option(100, "tokens per sample", ge=1),
 }
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.keys import Key, flags  # noqa: E402
+from lib.options import Option, flags  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from patterns import Pattern  # noqa: E402
@@ -43,12 +43,12 @@ PATTERNS = {
 CONFIG = "config/shakespeare_char_window.py"
 OUT = "out-shakespeare-char-window"
 FLAGS = {
-    "ns": Key("1024,2048,4096,8192", "the row lengths n that part 1 times, comma-separated"),
-    "skip_quality": Key(False, "skip part 2's trainings"),
-    "png": Key("", "also plot part 1's times into this image"),
-    "tokens": Key(4000, "part 3's tokens generated"),
-    "out_dir": Key(os.path.join(ROOT, OUT), "the windowed checkpoint"),
-    "picture": Key("", "draw the four patterns there and stop"),
+    "ns": Option("1024,2048,4096,8192", "the row lengths n that part 1 times, comma-separated"),
+    "skip_quality": Option(False, "skip part 2's trainings"),
+    "png": Option("", "also plot part 1's times into this image"),
+    "tokens": Option(4000, "part 3's tokens generated"),
+    "out_dir": Option(os.path.join(ROOT, OUT), "the windowed checkpoint"),
+    "picture": Option("", "draw the four patterns there and stop"),
 }
 
 

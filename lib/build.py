@@ -9,11 +9,11 @@ from dataclasses import asdict, fields, replace
 
 import torch
 
+from lib.card import CARD_FIX, check_tokenizer, checking
 from lib.checkpoint import SHAPE
 from lib.common import Error, read_json
 from lib.data import dataset_dir, read_meta
-from lib.keys import GPT2_NAMES
-from lib.schema import CARD_FIX, check_tokenizer, checking
+from lib.options import GPT2_NAMES
 from lib.weights import GPT2_TOKENIZER, load_pretrained
 from model import ARCHITECTURES
 

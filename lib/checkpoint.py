@@ -14,9 +14,9 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
+from lib.card import CARD_FIX, checking
 from lib.common import Error, check_regular, read_json
 from lib.files import TEMPORARY, WriteError, atomic_path, fsync, try_lock
-from lib.schema import CARD_FIX, checking
 
 # the settings a checkpoint's weights hold to: their shapes, what the optimizer states fit, and
 # the function they compute (rope, qk_norm and gelu have no tensors of their own)
@@ -116,7 +116,7 @@ def what_survives(out_dir):
 def resume(settings, user_keys, keys):
     """(out_dir's trainer state, its run's settings): the keys given now override the saved ones,
     except the model's shape, task and optimizer; init_from stays where the run began. keys: each
-    setting's Key, whose rule the saved values pass as a new run's."""
+    setting's Option, whose rule the saved values pass as a new run's."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
     check_regular(path)
     try:

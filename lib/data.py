@@ -11,22 +11,22 @@ import sys
 import numpy as np
 import torch
 
+from lib.card import check_keys, check_label_names, check_tokenizer, checking
 from lib.common import Error, read_json
-from lib.keys import Key
-from lib.schema import check_keys, check_label_names, check_tokenizer, checking
+from lib.options import Option
 
 # how many token ids each dtype of a dataset's files holds
 ID_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 # a prepared dataset's meta.json; a classifier's also holds its labels and max_length
 META = {
-    "task": Key("lm", choices=("lm", "classify", "chat")),
-    "vocab_size": Key(1, ge=1),
-    "tokenizer": Key({}),
-    "dtype": Key("uint16", choices=tuple(ID_LIMITS)),
-    "splits": Key({}),
-    "bytes": Key({}),  # each split's text in bytes (optional)
+    "task": Option("lm", choices=("lm", "classify", "chat")),
+    "vocab_size": Option(1, ge=1),
+    "tokenizer": Option({}),
+    "dtype": Option("uint16", choices=tuple(ID_LIMITS)),
+    "splits": Option({}),
+    "bytes": Option({}),  # each split's text in bytes (optional)
 }
-CLASSIFY_META = {"label_names": Key([]), "max_length": Key(1, ge=1)}
+CLASSIFY_META = {"label_names": Option([]), "max_length": Option(1, ge=1)}
 META_FIX = "the data is damaged or from another version: run its prepare.py again"
 # the repository: data/<name>/ holds each dataset's prepare.py and files
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,13 +42,13 @@ def check_meta(meta, path):
     """A prepared dataset's meta.json (data/README.md), checked."""
     with checking(meta, path, META_FIX):
         check_keys(meta, META, optional=["bytes"])
-        check_keys(meta, {"vocab_size": Key(1, le=ID_LIMITS[meta["dtype"]])})
+        check_keys(meta, {"vocab_size": Option(1, le=ID_LIMITS[meta["dtype"]])})
         check_tokenizer(meta["tokenizer"])
         for table in ("splits", "bytes"):
             counts = meta.get(table, {})
-            check_keys(counts, dict.fromkeys(counts, Key(0, ge=0)), where=f"{table}.")
+            check_keys(counts, dict.fromkeys(counts, Option(0, ge=0)), where=f"{table}.")
         if meta["task"] == "classify":
-            pad = Key(0, ge=0, lt=meta["vocab_size"])
+            pad = Option(0, ge=0, lt=meta["vocab_size"])
             check_keys(meta, {**CLASSIFY_META, "pad_token_id": pad})
             check_label_names(meta["label_names"])
     return meta

@@ -5,11 +5,11 @@ import torch
 import torch.nn as nn
 
 from lib.common import native_bf16
-from lib.keys import Key
+from lib.options import Option
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
 # the scripts' --weights and --device (sample.py, serve.py, classify.py, bench/)
-WEIGHTS_KEY = Key(
+WEIGHTS_OPTION = Option(
     "auto",
     "the format a GPT's weights decode in: auto is bfloat16 where the device multiplies it "
     "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), int8 on other "

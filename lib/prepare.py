@@ -20,7 +20,7 @@ import numpy as np
 
 from lib.common import ArgumentParser, Error, parse_json
 from lib.files import atomic_path, try_lock, write_json
-from lib.keys import Key, flags
+from lib.options import Option, flags
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 # a label written as an integer: ASCII digits ("²" and "--1" are no class), short enough for int()
@@ -277,8 +277,8 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
     text is cut first and each part encoded on its own, which gives nanoGPT's token counts."""
     p = ArgumentParser(description=doc)
     keys = {
-        "source": Key(None, f"a local copy of the text (default: download {url})"),
-        "out_dir": Key(out_dir, "where to write"),
+        "source": Option(None, f"a local copy of the text (default: download {url})"),
+        "out_dir": Option(out_dir, "where to write"),
     }
     flags(p, keys)
     args = p.parse_args(argv)

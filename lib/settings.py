@@ -14,99 +14,99 @@ import torch
 
 from lib.build import model_config
 from lib.common import Error
-from lib.keys import GPT2_NAMES, Key, keys_of
+from lib.options import GPT2_NAMES, Option, options_of
 from model import EncoderConfig
 
-KEYS = dict(
+OPTIONS = dict(
     # run
-    out_dir=Key("out", "where the checkpoints and metrics.jsonl go"),
-    task=Key(
+    out_dir=Option("out", "where the checkpoints and metrics.jsonl go"),
+    task=Option(
         "lm",
         "lm: next-token prediction with GPT; classify: EncoderClassifier on labelled rows",
         choices=("lm", "classify"),
     ),
-    dataset=Key(
+    dataset=Option(
         "shakespeare_char",
         "a folder under data/ made by its prepare.py, or a path to a prepared folder",
     ),
-    init_from=Key(
+    init_from=Option(
         "scratch",
         "scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)",
     ),
-    overwrite_out_dir=Key(
+    overwrite_out_dir=Option(
         False,
         "let a new run start in an out_dir that holds a checkpoint (without it, it refuses): "
         "the old run's files move into out_dir/previous",
     ),
     # torch.manual_seed's range, and numpy's seeds are >= 0
-    seed=Key(1337, "batches, initial weights and dropout all follow from it", ge=0, lt=2**64),
-    device=Key(
+    seed=Option(1337, "batches, initial weights and dropout all follow from it", ge=0, lt=2**64),
+    device=Option(
         "auto",
         "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps "
         "(a resume runs where it is told)",
     ),
-    dtype=Key(
+    dtype=Option(
         "auto",
         "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, "
         "else float32",
         choices=("auto", "float32", "bfloat16", "float16"),
     ),
-    compile=Key(False, "torch.compile the model: a slower start, faster steps on GPUs"),
-    deterministic=Key(
+    compile=Option(False, "torch.compile the model: a slower start, faster steps on GPUs"),
+    deterministic=Option(
         False,
         "deterministic GPU kernels (slower): identical reruns, resumes and DDP on GPUs as well",
     ),
-    strategy=Key(
+    strategy=Option(
         "ddp",
         "under torchrun: ddp, a whole copy of the model on each process; fsdp, parameters, "
         "gradients and AdamW's moments sharded over the processes (one process: no difference)",
         choices=("ddp", "fsdp"),
     ),
-    activation_checkpointing=Key(
+    activation_checkpointing=Option(
         False,
         "recompute each Block's activations in the backward pass: only the Blocks' inputs are "
         "kept, for a second forward pass (about a third more compute)",
     ),
     # evaluation, logging, checkpoints
-    eval_interval=Key(250, "steps between evaluations (and checkpoints)", ge=1),
-    eval_iters=Key(100, "batches per evaluation, the same ones every time", ge=1),
-    log_interval=Key(
+    eval_interval=Option(250, "steps between evaluations (and checkpoints)", ge=1),
+    eval_iters=Option(100, "batches per evaluation, the same ones every time", ge=1),
+    log_interval=Option(
         10,
         "steps between log lines (loss, lr, speed, gradient norm; MFU on known GPUs)",
         ge=1,
     ),
-    eval_only=Key(False, "evaluate once and exit"),
-    always_save_checkpoint=Key(
+    eval_only=Option(False, "evaluate once and exit"),
+    always_save_checkpoint=Option(
         True, "save trainer_state.pt at every evaluation, not only when validation improves"
     ),
-    wandb_log=Key(False, "log to wandb as well (WANDB_MODE=offline works without an account)"),
-    wandb_project=Key("gpt-starter", "the wandb project"),
-    wandb_run_name=Key("", "the wandb run's name; empty: out_dir and the start time"),
+    wandb_log=Option(False, "log to wandb as well (WANDB_MODE=offline works without an account)"),
+    wandb_project=Option("gpt-starter", "the wandb project"),
+    wandb_run_name=Option("", "the wandb run's name; empty: out_dir and the start time"),
     # data and model
-    batch_size=Key(12, "rows per micro-step per process", ge=1),
-    gradient_accumulation_steps=Key(
+    batch_size=Option(12, "rows per micro-step per process", ge=1),
+    gradient_accumulation_steps=Option(
         1, "micro-steps per optimizer step, over all processes together", ge=1
     ),
-    vocab_size=Key(0, "0: the dataset's", ge=0),
+    vocab_size=Option(0, "0: the dataset's", ge=0),
     # the model's keys, declared with its config: block_size, n_layer, n_head, n_embd, dropout,
     # bias, attn_impl, rope, qk_norm, token_dropout, bow_head, bow_buckets
-    **keys_of(EncoderConfig),
+    **options_of(EncoderConfig),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
-    optimizer=Key(
+    optimizer=Option(
         "adamw",
         "adamw; muon: Muon for the blocks' matrices, AdamW for the rest",
         choices=("adamw", "muon"),
     ),
-    learning_rate=Key(6e-4, "peak learning rate", ge=0),
-    min_lr=Key(6e-5, "learning rate at the end of the decay", ge=0),
-    warmup_iters=Key(100, "steps of linear warmup", ge=0),
-    lr_decay_iters=Key(5000, "the step at which the decay reaches min_lr", ge=0),
-    decay_lr=Key(True, "False: learning_rate throughout"),
-    max_iters=Key(5000, "optimizer steps in all", ge=0),
-    weight_decay=Key(0.1, "decoupled weight decay of matrices and embeddings", ge=0),
-    beta1=Key(0.9, "Adam's first-moment decay", ge=0, lt=1),
-    beta2=Key(0.95, "Adam's second-moment decay", ge=0, lt=1),
-    grad_clip=Key(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
+    learning_rate=Option(6e-4, "peak learning rate", ge=0),
+    min_lr=Option(6e-5, "learning rate at the end of the decay", ge=0),
+    warmup_iters=Option(100, "steps of linear warmup", ge=0),
+    lr_decay_iters=Option(5000, "the step at which the decay reaches min_lr", ge=0),
+    decay_lr=Option(True, "False: learning_rate throughout"),
+    max_iters=Option(5000, "optimizer steps in all", ge=0),
+    weight_decay=Option(0.1, "decoupled weight decay of matrices and embeddings", ge=0),
+    beta1=Option(0.9, "Adam's first-moment decay", ge=0, lt=1),
+    beta2=Option(0.95, "Adam's second-moment decay", ge=0, lt=1),
+    grad_clip=Option(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
 )
 
 

@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from lib.card import check_card
 from lib.common import Error, check_regular, read_json
-from lib.schema import check_card
 from lib.tokenizer import CharTokenizer
 from model import ARCHITECTURES
 
@@ -109,7 +109,7 @@ def load_gpt(source, device, hub=False):
 
 
 def get_tokenizer(spec, where="tokenizer", vocab_size=None):
-    """The tokenizer that spec (its keys: lib/schema.py's) names in the file where; a trained BPE's
+    """The tokenizer that spec (its keys: lib/card.py's) names in the file where; a trained BPE's
     file lies beside that file. With vocab_size, every id must index a model's embedding rows."""
     if spec is None:
         raise Error(

@@ -9,7 +9,7 @@ import torch
 from lib import common, formats, records
 from lib.common import ArgumentParser, Error
 from lib.files import atomic_path
-from lib.keys import Key, flags
+from lib.options import Option, flags
 
 
 @pytest.mark.parametrize(
@@ -132,11 +132,11 @@ def test_absent_devices_are_one_line():
 
 
 FLAGS = {
-    "rows": Key(8, "rows at once", ge=1),
-    "share": Key(0.1, "a share", gt=0, lt=1),
-    "mode": Key("auto", "a mode", choices=("auto", "fast")),
-    "name": Key(None, "a name"),
-    "quick": Key(False, "a switch"),
+    "rows": Option(8, "rows at once", ge=1),
+    "share": Option(0.1, "a share", gt=0, lt=1),
+    "mode": Option("auto", "a mode", choices=("auto", "fast")),
+    "name": Option(None, "a name"),
+    "quick": Option(False, "a switch"),
 }
 
 

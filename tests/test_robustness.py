@@ -1539,9 +1539,9 @@ def test_a_file_that_is_not_a_regular_file_is_refused_not_read_forever(tmp_path,
         "metrics.jsonl": partial(read_metrics, str(tmp_path)),
         "trainer_state.pt": partial(
             checkpoint.resume,
-            settings.parse([f"--out_dir={tmp_path}"], train.KEYS, "")[0],
+            settings.parse([f"--out_dir={tmp_path}"], train.OPTIONS, "")[0],
             set(),
-            train.KEYS,
+            train.OPTIONS,
         ),
     }
     with pytest.raises(Error, match=f"{name}: not a regular file"):
