@@ -37,7 +37,7 @@ from lib.weights import from_checkpoint, get_tokenizer
 GPT2_LAYOUT = {"rope": False, "qk_norm": False, "window": 0, "global_tokens": 0, "random_links": 0}
 # and llama.cpp's gpt2 architecture, whose GELU is the tanh form
 GGUF_LAYOUT = {**GPT2_LAYOUT, "gelu": "tanh"}
-# --gguf_dtype: the weight matrices' type (lib/gguf_export.py); q8_0: llama.cpp's int8 blocks
+# --gguf_dtype: the weight matrices' type (gguf_export.py); q8_0: llama.cpp's int8 blocks
 GGUF_DTYPES = ("float32", "float16", "q8_0")
 # transformers' activation_function of each of GPTConfig's gelu forms
 HF_ACTIVATION = {gelu: name for name, gelu in HF_GELU.items()}
@@ -284,9 +284,9 @@ def check_gguf_target(path, overwrite):
 
 
 def gguf_writer():
-    """lib.gguf_export's write_gguf, imported here: the gguf package is an optional extra."""
+    """gguf_export's write_gguf, imported here: the gguf package is an optional extra."""
     try:
-        from lib.gguf_export import write_gguf
+        from gguf_export import write_gguf
     except ImportError as e:
         raise Error(
             f"--gguf needs the gguf package, llama.cpp's GGUF writer ({e}): "

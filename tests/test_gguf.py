@@ -419,6 +419,6 @@ def test_a_plain_export_imports_no_gguf():
 
 def test_every_gguf_dtype_the_flag_takes_is_one_the_writer_writes():
     """--gguf_dtype's choices (export.py, which imports no gguf) name the writer's types."""
-    from lib.gguf_export import DTYPES
+    from gguf_export import DTYPES
 
     assert tuple(DTYPES) == GGUF_DTYPES
