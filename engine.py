@@ -175,13 +175,13 @@ class Engine:
         kept = []
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
-            idx = torch.tensor([window[start:end]], device=self.device)
+            idx = torch.tensor([window[start:end]], device=self.device)  # (1, T)
             step = self.cache.step([row.slot], end - start) if self.use_cache else None
             wanted = end - max(start, n - keep)  # this chunk's share of the last keep
             with torch.inference_mode(self.use_cache):  # as decode()'s
                 logits, _ = self.model(idx, cache=step, logits_to_keep=max(1, wanted))
             if wanted > 0:
-                kept.append(logits[0])
+                kept.append(logits[0])  # (keep, vocab)
         return torch.cat(kept)
 
     def decode(self, rows):
@@ -194,7 +194,7 @@ class Engine:
             else:
                 batched.append(row)
         if batched:
-            idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)
+            idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)  # (B, 1)
             logits = self.next_logits(idx, [row.slot for row in batched])
             took += self.take(batched, logits)
         return took
@@ -208,7 +208,7 @@ class Engine:
         # cached forward keeps no tensor that a later training step could meet
         with torch.inference_mode():
             logits, _ = forward(idx, cache=step, logits_to_keep=1)
-        return logits[:, -1]
+        return logits[:, -1]  # (B, 1, vocab) -> (B, vocab)
 
     def slide(self, row):
         """Whether the row's window restarts (past block_size) as its last block_size // 2; a

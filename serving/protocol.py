@@ -87,7 +87,7 @@ def decoding_fields():
     return made
 
 
-# decoding.option()'s bounds by their JSON Schema names
+# the bounds each decoding option declares (lib.options.setting), by their JSON Schema names
 SCHEMA_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum"}
 
 
