@@ -1,7 +1,7 @@
 """Every GPT decode's engine: continuous batching over one KV cache, each row drawing by its own
 generator (never depending on the batch).
   engine = Engine(model, rows=8)
-  request = engine.submit(prompt, picks, max_new_tokens=100, end_tokens={eot})  # a row per pick
+  request = engine.submit(prompt, rules, max_new_tokens=100, end_tokens={eot})  # a row per rule
   while engine.busy(): engine.step()  # request.rows[i].tokens grow
 """
 
@@ -22,12 +22,12 @@ COMPILE_OPTION = Option(
 
 
 class Row:
-    """One sequence: its tokens (prompt, then generated), pick and cache slot."""
+    """One sequence: its tokens (prompt, then generated), rule and cache slot."""
 
-    def __init__(self, prompt, pick, max_new_tokens, block_size, end_tokens=()):
+    def __init__(self, prompt, rule, max_new_tokens, block_size, end_tokens=()):
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
-        self.pick = pick
+        self.rule = rule
         self.remaining = max_new_tokens
         self.end_tokens = frozenset(end_tokens)  # one drawn ends the row unseen
         self.ended = False  # whether the row drew one (a document's or a turn's end)
@@ -90,21 +90,21 @@ class Engine:
         if compile:  # before any request is timed (gpt-fast's decode)
             self.warm_up(rows)
 
-    def submit(self, prompt, picks, max_new_tokens, end_tokens=()):
-        """A Request of a row per pick, decoded from the next step on; a row that draws one of
+    def submit(self, prompt, rules, max_new_tokens, end_tokens=()):
+        """A Request of a row per rule, decoded from the next step on; a row that draws one of
         end_tokens (lib/chat.py's end_tokens: the special ones) ends there, without it."""
-        request = self.make_request(prompt, picks, max_new_tokens, end_tokens)
+        request = self.make_request(prompt, rules, max_new_tokens, end_tokens)
         self.waiting.append(request)
         return request
 
-    def make_request(self, prompt, picks, max_new_tokens, end_tokens=()):
+    def make_request(self, prompt, rules, max_new_tokens, end_tokens=()):
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         slots = len(self.cache.lengths)
-        if len(picks) > slots:
-            raise Error(f"{len(picks)} rows asked of an engine of {slots}")
+        if len(rules) > slots:
+            raise Error(f"{len(rules)} rows asked of an engine of {slots}")
         size = None if self.model.endless else self.block_size
-        return Request([Row(prompt, pick, max_new_tokens, size, end_tokens) for pick in picks])
+        return Request([Row(prompt, rule, max_new_tokens, size, end_tokens) for rule in rules])
 
     def warm_up(self, rows):
         """Compiles the one-token step by throwaway requests of one row and of all."""
@@ -221,8 +221,8 @@ class Engine:
 
     def take(self, rows, logits):
         """Each row's next token from its logits -> the rows that took one."""
-        # rows that share their options pick as one batch, each from its own generator
-        tokens = pick_tokens([row.pick for row in rows], logits, [row.tokens for row in rows])
+        # rows that share their options draw as one batch, each from its own generator
+        tokens = pick_tokens([row.rule for row in rows], logits, [row.tokens for row in rows])
         took = []
         for row, row_logits, token in zip(rows, logits, tokens):
             if isinstance(token, Error):  # its options leave no token: it ends alone

@@ -136,7 +136,7 @@ def main(argv=None):
         engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
     except Error as e:  # a cache past memory
         raise Error(f"--num_samples {args.num_samples}: {e}") from None
-    picks = decoding.make_picks(
+    rules = decoding.make_rules(
         options, args.greedy, args.seed, args.num_samples, tokenizer.vocab_size
     )
     if args.compile:
@@ -144,7 +144,7 @@ def main(argv=None):
     if args.chat or args.messages:
         from lib.chat import talk
 
-        return talk(engine, tokenizer, picks, args)
+        return talk(engine, tokenizer, rules, args)
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw
@@ -154,7 +154,7 @@ def main(argv=None):
         log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")
     # the special tokens: none for plain characters, a chat model's markers and <|end|> too
     ends = () if args.ignore_eos else end_tokens(tokenizer)
-    request = engine.submit(prompt, picks, args.max_new_tokens, ends)
+    request = engine.submit(prompt, rules, args.max_new_tokens, ends)
     print_samples(engine, request, tokenizer, args)
     stopped_short(request.rows)
 

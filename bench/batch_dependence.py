@@ -15,7 +15,7 @@ import torch
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from decoding import Options, make_picks  # noqa: E402
+from decoding import Options, make_rules  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
 from lib.options import (  # noqa: E402
@@ -39,9 +39,9 @@ def decode(model, tokenizer, seed, tokens, company):
     vocab_size = tokenizer.vocab_size
     for i in range(company):
         prompt = tokenizer.encode(PROMPTS[1 + i % 3])
-        engine.submit(prompt, make_picks(OPTIONS, False, 1000 + i, 1, vocab_size), tokens)
+        engine.submit(prompt, make_rules(OPTIONS, False, 1000 + i, 1, vocab_size), tokens)
     prompt = tokenizer.encode(PROMPTS[0])
-    picks = make_picks(OPTIONS, False, seed, 1, vocab_size)
+    picks = make_rules(OPTIONS, False, seed, 1, vocab_size)
     request = engine.submit(prompt, picks, tokens, logprobs=0)
     while engine.busy():
         engine.step()

@@ -95,8 +95,8 @@ def fitted(tokenizer, messages, block_size, max_tokens):
     return ids, len(messages) - len(system) - len(turns)
 
 
-def talk(engine, tokenizer, picks, args):
-    """Replies on stdout to args.messages' conversation (a sample per pick), then with
+def talk(engine, tokenizer, rules, args):
+    """Replies on stdout to args.messages' conversation (a sample per rule), then with
     args.chat to each line typed."""
     if not tokenizer.spec.get("chat"):
         raise Error(
@@ -106,10 +106,10 @@ def talk(engine, tokenizer, picks, args):
     messages = read_messages(args.messages) if args.messages else []
     if not args.chat:  # --messages alone: a reply for each sample
         rows = []
-        for i, pick in enumerate(picks):
+        for i, rule in enumerate(rules):
             if i:
                 print(SEPARATOR)
-            _, row = reply(engine, tokenizer, messages, pick, args, args.stream and not i)
+            _, row = reply(engine, tokenizer, messages, rule, args, args.stream and not i)
             rows.append(row)
         stopped_short(rows)  # once all are out, as sample.py's samples
         return
@@ -122,7 +122,7 @@ def talk(engine, tokenizer, picks, args):
         # a character the model never saw, or a reply cut short: the turn is dropped, the
         # conversation goes on
         try:
-            text, row = reply(engine, tokenizer, messages, picks[0], args, stream=True)
+            text, row = reply(engine, tokenizer, messages, rules[0], args, stream=True)
             stopped_short([row])
         except Error as e:
             messages.pop()
@@ -166,12 +166,12 @@ def read_messages(path):
     return conversation
 
 
-def reply(engine, tokenizer, messages, pick, args, stream):
+def reply(engine, tokenizer, messages, rule, args, stream):
     """The assistant's reply to messages, cut at its end of turn or --stop; printed,
     token by token with stream. -> (its text, its engine row)."""
     ids, _ = fitted(tokenizer, messages, engine.block_size, args.max_new_tokens)
     # <|end|>, or a role marker drawn mid-reply: the text never holds one
-    request = engine.submit(ids, [pick], args.max_new_tokens, end_tokens(tokenizer))
+    request = engine.submit(ids, [rule], args.max_new_tokens, end_tokens(tokenizer))
     stops = [args.stop] if args.stop else []
     text, shown = "", 0
     try:
