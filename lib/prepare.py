@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from lib.common import ArgumentParser, Error, parse_json
+from lib.common import ArgumentParser, Error, parse_json, read_utf8
 from lib.files import atomic_path, try_lock, write_json
 from lib.options import Option, flags
 
@@ -168,15 +168,12 @@ def read_text(source, url):
             raise Error(
                 f"cannot download {url} (no network? {type(e).__name__}: {e}): pass --source FILE"
             ) from None
-    try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise Error(f"--source {source}: no such file; pass the path of a text file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise Error(
-            f"--source {source}: not readable UTF-8 text ({type(e).__name__}); convert it to UTF-8"
-        ) from None
+    text = read_utf8(
+        source,
+        f"--source {source}: no such file; pass the path of a text file",
+        f"--source {source}: not readable UTF-8 text",
+        "; convert it to UTF-8",
+    )
     if not text:
         raise Error(f"--source {source}: the file is empty; pass a file holding the text")
     return text

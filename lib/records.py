@@ -3,6 +3,7 @@ to wandb), and its speed: the FLOPs a model spends per token, the datasheet peak
 and the meter behind train.py's tokens/s and MFU (none where the device has no datasheet entry)."""
 
 import functools
+import io
 import json
 import os
 import re
@@ -12,7 +13,7 @@ from dataclasses import asdict
 
 import torch
 
-from lib.common import Error, check_regular, parse_json
+from lib.common import Error, check_regular, parse_json, read_utf8
 from lib.files import atomic_path, write_json, writing
 
 
@@ -21,13 +22,9 @@ def read_metrics(out_dir):
     a warning."""
     path = os.path.join(out_dir, "metrics.jsonl")
     check_regular(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        raise Error(f"{path}: no such file: point at an out_dir that train.py wrote") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise Error(f"{path}: not a readable metrics file ({type(e).__name__})") from None
+    missing = f"{path}: no such file: point at an out_dir that train.py wrote"
+    text = read_utf8(path, missing, f"{path}: not a readable metrics file")
+    lines = io.StringIO(text).readlines()  # as the file's readlines() gives them
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
