@@ -42,7 +42,7 @@ def main(argv):
         def open_run():
             """Rank 0 locks out_dir; every rank reads a resumed run's state and settings."""
             if run.master:
-                out_dir = checkpoint.locked_out_dir(
+                out_dir = checkpoint.run_out_dir(
                     settings.out_dir, resuming, settings.overwrite_out_dir
                 )
                 held.enter_context(out_dir)

@@ -93,3 +93,25 @@ def try_lock(fd, name):
             "network mounts?): pick an --out_dir on a local disk"
         ) from None
     return True
+
+
+@contextmanager
+def locked_out_dir(out_dir, refusal):
+    """Make out_dir and hold it while the block runs: a second run or prepare into it is refused
+    with refusal(out_dir), an Error's message, not mixed with the first's files. flock on the
+    folder itself, with no file to follow; the OS releases it when the process dies. Where a
+    folder cannot be opened (Windows) nothing is locked."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        folder = None if os.name == "nt" else os.open(out_dir, os.O_RDONLY)
+    except OSError as e:
+        raise Error(
+            f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
+        ) from None
+    try:
+        if folder is not None and not try_lock(folder, f"out_dir {out_dir!r}"):
+            raise Error(refusal(out_dir))
+        yield
+    finally:
+        if folder is not None:
+            os.close(folder)

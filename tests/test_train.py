@@ -576,7 +576,7 @@ def test_locks_tell_a_held_lock_from_a_filesystem_without_locks(tmp_path, monkey
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
     with pytest.raises(Error, match="cannot be locked .* a filesystem without flock"):
-        with checkpoint.locked_out_dir(str(tmp_path), resuming=False, overwrite=False):
+        with checkpoint.run_out_dir(str(tmp_path), resuming=False, overwrite=False):
             pass
 
 

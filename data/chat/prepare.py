@@ -30,6 +30,7 @@ from lib import prepare
 from lib.chat import ChatTokenizer, check_messages
 from lib.common import ArgumentParser, Error, parse_json, run_script
 from lib.corpus import not_regular, text_files
+from lib.files import locked_out_dir
 from lib.options import GPT2_NAMES, Option, flags
 from lib.weights import get_tokenizer, load_pretrained
 
@@ -200,7 +201,7 @@ def main():
                 "--val_fraction"
             )
     dtype = prepare.token_dtype(tokenizer.vocab_size)
-    with prepare.locked_out_dir(args.out_dir):
+    with locked_out_dir(args.out_dir, prepare.held_by_a_prepare):
         prepare.unpublish(args.out_dir)
         for split, rows in splits.items():
             write_split(args.out_dir, split, rows, dtype)

@@ -30,7 +30,7 @@ from lib import prepare
 from lib.bpe import BPETokenizer, TrainedBPE, save_ranks, train_bpe
 from lib.common import ArgumentParser, Error, run_script
 from lib.corpus import PIECE, Corpus
-from lib.files import atomic_path
+from lib.files import atomic_path, locked_out_dir
 from lib.options import Option, flags
 from lib.tokenizer import CharTokenizer
 
@@ -189,7 +189,7 @@ def main(argv=None):
     corpus = Corpus(args)
     tok = make_tokenizer(args, corpus)
     tails = False
-    with prepare.locked_out_dir(args.out_dir):
+    with locked_out_dir(args.out_dir, prepare.held_by_a_prepare):
         # the token files take their names as this block ends, unless it fails
         with ExitStack() as files:
             dtype = prepare.token_dtype(tok.vocab_size)
