@@ -14,7 +14,6 @@ from lib.checkpoint import SHAPE
 from lib.common import Error, read_json
 from lib.data import dataset_dir, read_meta
 from lib.options import GPT2_NAMES
-from lib.weights import GPT2_TOKENIZER, load_pretrained
 from model import ARCHITECTURES
 
 
@@ -70,6 +69,9 @@ def pretrained_body(cfg, vocab_size, given):
     """(the state, the shape) of a fine-tune's start, the GPT in cfg.init_from: its SHAPE keys,
     its context cut to cfg.block_size, its token table grown to vocab_size (a chat fine-tune's
     tokens). given: the keys the command set, refused where they differ from the start's."""
+    # imported here: a plain run reads no pretrained model, nor its tokenizer
+    from lib.weights import load_pretrained
+
     source, info = load_pretrained(cfg.init_from)
     if info["architecture"] != "GPT":
         raise Error(
@@ -123,6 +125,8 @@ def check_data_tokenizer(cfg, meta=None):
         return
     with checking(card, path, CARD_FIX):
         check_tokenizer(card.get("tokenizer"))
+    from lib.weights import GPT2_TOKENIZER  # a fine-tune's alone, as load_pretrained
+
     ours = {"architecture", "model"} & card.keys()  # else GPT-2's: a name or a Hugging Face folder
     model = card.get("tokenizer", None if ours else GPT2_TOKENIZER)
     if model is not None and token_ids(model) != token_ids(meta["tokenizer"]):
