@@ -62,7 +62,7 @@ def from_pretrained(name_or_dir):
         # dropped from the loaded dict as it moves: one copy at a time
         tensor = loaded.pop(key)
         if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
-            continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
+            continue  # causal-mask buffers older transformers saved; the head is tied to wte
         parts = key.removeprefix("transformer.").split(".")
         key = ".".join(HF_MODULES.get(part, part) for part in parts)
         # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]

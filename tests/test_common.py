@@ -1,5 +1,5 @@
 """common.py: the one dtype rule, device errors, atomic writes, the peak MFU is measured against;
-config.py's flags, the scripts' one way to declare a flag."""
+lib/options.py's flags, the scripts' one way to declare a flag."""
 
 import os
 
