@@ -16,6 +16,7 @@ import torch
 
 from lib.card import CARD_FIX, checking
 from lib.common import Error, check_regular, read_json
+from lib.distributed import rank, under_torchrun
 from lib.files import TEMPORARY, WriteError, atomic_path, fsync, locked_out_dir
 
 # the settings a checkpoint's weights hold to: their shapes, what the optimizer states fit, and
@@ -177,7 +178,7 @@ def kept_pattern(settings, user_keys, keys):
         for k in PATTERN
         if k in user_keys and k in saved and saved[k] != getattr(settings, k)
     ]
-    if int(os.environ.get("RANK", 0)) == 0 and (any(kept.values()) or named):
+    if rank() == 0 and (any(kept.values()) or named):
         pattern = ", ".join(f"{k}={getattr(settings, k)!r}" for k in PATTERN)
         line = f"init_from={settings.init_from}: the pattern {pattern}"
         if named:
@@ -322,7 +323,7 @@ def restore(state, optimizers, scaler, sharded_model=None):
 
 def model_card(settings, meta):
     """config.json's entries; a classifier's labels also as Hugging Face's id2label, label2id."""
-    launcher = "torchrun ..." if "RANK" in os.environ else "python"
+    launcher = "torchrun ..." if under_torchrun() else "python"
     card = dict(
         task=settings.task,
         dataset=settings.dataset,

@@ -13,6 +13,7 @@ import torch
 
 from lib.card import check_keys, check_label_names, check_tokenizer, checking
 from lib.common import Error, read_json
+from lib.distributed import under_torchrun
 from lib.options import Option
 
 # how many token ids each dtype of a dataset's files holds
@@ -323,7 +324,7 @@ def load_data(cfg):
     prepare = os.path.join(path, "prepare.py")
     command = f"python data/{cfg.dataset}/prepare.py"
     if not os.path.exists(os.path.join(path, "meta.json")):
-        if "RANK" in os.environ or not os.path.isfile(prepare):
+        if under_torchrun() or not os.path.isfile(prepare):
             raise Error(f"no prepared data in {path}: run {command} first")
         print(f"no prepared data in {path}: running {command}", file=sys.stderr)
         if subprocess.run([sys.executable, prepare]).returncode:

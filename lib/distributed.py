@@ -43,6 +43,21 @@ class Run:
         return replace(self, dtype=resolve_dtype(dtype, self.device), sharded=sharded)
 
 
+def under_torchrun():
+    """Whether torchrun started this process: its environment names a rank."""
+    return "RANK" in os.environ
+
+
+def rank():
+    """This process's rank under torchrun; 0 alone."""
+    return int(os.environ.get("RANK", 0))
+
+
+def world_size():
+    """How many processes torchrun started; 1 alone."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
 @contextmanager
 def started(device, deterministic=False):
     """This process's Run: under torchrun it takes its GPU (LOCAL_RANK) and joins the group."""

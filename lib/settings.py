@@ -14,6 +14,7 @@ import torch
 
 from lib.build import model_config
 from lib.common import Error
+from lib.distributed import rank, world_size
 from lib.options import GPT2_NAMES, Option, options_of
 from model import EncoderConfig
 
@@ -112,7 +113,7 @@ OPTIONS = dict(
 
 def check_rules(cfg, resuming):
     """What the keys must satisfy together."""
-    processes = int(os.environ.get("WORLD_SIZE", 1))
+    processes = world_size()
     forms = ("scratch", "resume") + GPT2_NAMES
     if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
         raise broken(cfg, "min_lr", f"<= learning_rate={cfg.learning_rate}")
@@ -142,7 +143,7 @@ def check_rules(cfg, resuming):
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
-    first_rank = int(os.environ.get("RANK", 0)) == 0
+    first_rank = rank() == 0
     if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(
             f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
