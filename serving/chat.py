@@ -9,10 +9,10 @@ from lib.chat import check_messages, fitted
 from lib.common import Error
 from serving.completions import Completion
 from serving.protocol import (
-    SURROGATE,
     CompletionRequest,
     DecodeFields,
     at_most,
+    check_unicode,
     decoding_fields,
 )
 from serving.transport import RequestError
@@ -96,8 +96,7 @@ def content_text(content, i):
         content = "".join(texts)
     if not isinstance(content, str):
         raise bad(f"{where} is {type(content).__name__}: send a text or a list of text parts")
-    if SURROGATE.search(content):
-        raise bad(f"{where} is not valid Unicode (a lone surrogate): send UTF-8 text")
+    check_unicode(content, where, "messages")
     return content
 
 
