@@ -203,7 +203,7 @@ class Engine:
         """The logits [B, vocab] after one new token idx [B, 1] in each of slots: the one-token
         step, eager at position 0, where a compiled step would hold a single key as a constant."""
         step = self.cache.step(slots, 1)
-        forward = self.model if step.keys == 1 else self.one_token
+        forward = self.model if step.n_keys == 1 else self.one_token
         # no version counters or autograd records: a tenth off a small model's token; a
         # cached forward keeps no tensor that a later training step could meet
         with torch.inference_mode():

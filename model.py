@@ -282,7 +282,7 @@ class Transformer(nn.Module):
                 dense = dense or (self.training and self.config.dropout > 0)
                 mask = self.pattern.mask(longest, idx.device, mask, dense)
         else:
-            longest = cache.keys  # known on the host: no device sync
+            longest = cache.n_keys  # known on the host: no device sync
             positions = cache.positions
             mask = cache.mask(self.pattern)
         if longest > self.config.block_size and not self.endless:
