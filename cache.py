@@ -1,6 +1,6 @@
 """The KV cache decoding reads and writes: a row's keys and values preallocated and written in
 place (gpt-fast's static cache); a window model's rolling one is patterns.RollingCache. A step's
-cache enters the model as positions, keys (how many it reads), mask(pattern) and
+cache enters the model as positions, n_keys (how many keys it reads), mask(pattern) and
 update(layer, k, v)."""
 
 import torch
@@ -11,7 +11,7 @@ class KVCache:
     cache), and each row's length."""
 
     def __init__(self, config, rows, length, device, dtype=torch.float32):
-        shape = (rows, config.n_head, length, config.n_embd // config.n_head)
+        shape = (rows, config.n_head, length, config.n_embd // config.n_head)  # (rows, h, L, d_k)
         # (keys, values) per layer, written in place: a compiled step mutates no views
         self.kv = [
             [torch.zeros(shape, device=device, dtype=dtype) for _ in range(2)]
@@ -26,8 +26,9 @@ class KVCache:
         start = torch.tensor(lengths)
         self.rows = torch.tensor(rows, device=device)
         self.positions = (start[:, None] + torch.arange(T)).to(device)  # [B, T]
-        self.keys = max(lengths) + T  # how many keys the queries may read
-        self.key_positions = torch.arange(self.keys, device=device)  # those update() returns
+        self.n_keys = max(lengths) + T  # how many keys the queries may read
+        # (keys,): the positions of the keys update() returns
+        self.key_positions = torch.arange(self.n_keys, device=device)
         # every row in order: the cache's own views are read, no copies
         in_order = rows == list(range(len(self.lengths)))
         self.read = slice(None) if in_order else self.rows
@@ -44,7 +45,7 @@ class KVCache:
     def mask(self, pattern=None):
         """[B, 1, T, keys]: the query at position p sees its row's keys read at positions <= p
         (and, with a pattern, those it keeps); None where each query sees every key read."""
-        queries = self.positions[:, None, :, None]
+        queries = self.positions[:, None, :, None]  # (B, 1, T, 1), against (keys,)
         if pattern is not None:  # causal: it keeps keys <= p only
             return pattern(None, None, queries, self.key_positions)
         if self.unmasked:
@@ -56,12 +57,12 @@ class KVCache:
         [B, h, keys, d_k]."""
         kept = []
         for cache, new in zip(self.kv[layer], (k, v)):
-            new = new.to(cache.dtype)
+            new = new.to(cache.dtype)  # (B, h, T, d_k)
             if self.start is not None:  # a copy into a view, not an indexed write
-                cache[:, :, self.start : self.keys] = new
+                cache[:, :, self.start : self.n_keys] = new
             else:  # [B, T, h, d_k] places: row b, every head, position positions[b, t]
                 cache[self.rows[:, None], :, self.positions] = new.transpose(1, 2)
-            kept.append(cache[self.read, :, : self.keys])
+            kept.append(cache[self.read, :, : self.n_keys])  # (B, h, keys, d_k)
         return kept
 
     def reset(self, row):

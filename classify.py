@@ -24,17 +24,17 @@ import torch
 
 from lib.classifier import attention_maps, load, predict
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.keys import DEVICE_KEY, Key, flags
-from lib.plots import pyplot, save_figure
+from lib.options import DEVICE_OPTION, Option, flags
 from lib.prepare import read_labelled
+from plot import pyplot, save_figure
 
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".svg", ".pdf")
 FLAGS = {
-    "out_dir": Key("out-agnews", "a classifier checkpoint written by train.py"),
-    "device": DEVICE_KEY,
-    "batch_size": Key(64, "texts per forward pass", ge=1),
-    "file": Key(None, "read the texts from this file, one per line (blank lines are skipped)"),
-    "json": Key(False, "print one JSON object per text: text, label, label_id, probs"),
+    "out_dir": Option("out-agnews", "a classifier checkpoint written by train.py"),
+    "device": DEVICE_OPTION,
+    "batch_size": Option(64, "texts per forward pass", ge=1),
+    "file": Option(None, "read the texts from this file, one per line (blank lines are skipped)"),
+    "json": Option(False, "print one JSON object per text: text, label, label_id, probs"),
 }
 
 

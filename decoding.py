@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from lib.common import Error
-from lib.keys import keys_of, setting
+from lib.options import options_of, setting
 
 NEG_INF = float("-inf")
 
@@ -92,7 +92,7 @@ class Options:
     )
 
     def __post_init__(self):
-        for name, key in keys_of(Options).items():
+        for name, key in options_of(Options).items():
             key.check(name, getattr(self, name))
 
 
@@ -173,25 +173,25 @@ class NextToken:
         return token[:, 0].to(logits.device)
 
 
-def make_picks(options, greedy, seed, n, vocab_size):
-    """One NextToken per sample, sample i's generator seeded seed + i."""
+def make_rules(options, greedy, seed, n, vocab_size):
+    """One decoding rule (a NextToken) per sample, sample i's generator seeded seed + i."""
     return [
         NextToken(options, greedy, torch.Generator().manual_seed(seed + i), vocab_size)
         for i in range(n)
     ]
 
 
-def pick_tokens(picks, logits, contexts):
-    """Row i's next token (an int) by picks[i], or its Error; rows that share options are
+def pick_tokens(rules, logits, contexts):
+    """Row i's next token (an int) by rules[i], or its Error; rows that share options are
     processed as one batch, each drawing from its own generator."""
     groups = {}
-    for i, pick in enumerate(picks):
-        length = len(contexts[i]) if pick.reads_context() else 0
-        key = pick.options, pick.greedy, pick.vocab_size, length
+    for i, rule in enumerate(rules):
+        length = len(contexts[i]) if rule.reads_context() else 0
+        key = rule.options, rule.greedy, rule.vocab_size, length
         groups.setdefault(key, []).append(i)
-    tokens = [None] * len(picks)
+    tokens = [None] * len(rules)
     for rows in groups.values():
-        first = picks[rows[0]]
+        first = rules[rows[0]]
         context = None
         if first.reads_context():
             context = torch.tensor([contexts[i] for i in rows], device=logits.device)
@@ -199,7 +199,7 @@ def pick_tokens(picks, logits, contexts):
         for j, i in enumerate(rows):
             own = None if context is None else context[j : j + 1]
             try:
-                tokens[i] = int(picks[i].draw(processed[j : j + 1], logits[i : i + 1], own))
+                tokens[i] = int(rules[i].draw(processed[j : j + 1], logits[i : i + 1], own))
             except Error as e:  # no token left to draw: this row's options, not the others'
                 tokens[i] = e
     return tokens

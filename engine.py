@@ -1,7 +1,7 @@
 """Every GPT decode's engine: continuous batching over one KV cache, each row drawing by its own
 generator (never depending on the batch).
   engine = Engine(model, rows=8)
-  request = engine.submit(prompt, picks, max_new_tokens=100, end_tokens={eot})  # a row per pick
+  request = engine.submit(prompt, rules, max_new_tokens=100, end_tokens={eot})  # a row per rule
   while engine.busy(): engine.step()  # request.rows[i].tokens grow
 """
 
@@ -10,11 +10,11 @@ import torch
 from cache import KVCache
 from decoding import NextToken, Options, pick_tokens
 from lib.common import Error, compiling
-from lib.keys import Key
+from lib.options import Option
 from model import varying_lengths
 
 # the scripts' --compile (sample.py, serve.py)
-COMPILE_KEY = Key(
+COMPILE_OPTION = Option(
     False,
     "compile a GPT's one-token step at the start (seconds to a minute), for long or many "
     "samples: on a CPU it pays with bfloat16 and int8 weights, not float32",
@@ -22,12 +22,12 @@ COMPILE_KEY = Key(
 
 
 class Row:
-    """One sequence: its tokens (prompt, then generated), pick and cache slot."""
+    """One sequence: its tokens (prompt, then generated), rule and cache slot."""
 
-    def __init__(self, prompt, pick, max_new_tokens, block_size, end_tokens=()):
+    def __init__(self, prompt, rule, max_new_tokens, block_size, end_tokens=()):
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
-        self.pick = pick
+        self.rule = rule
         self.remaining = max_new_tokens
         self.end_tokens = frozenset(end_tokens)  # one drawn ends the row unseen
         self.ended = False  # whether the row drew one (a document's or a turn's end)
@@ -90,21 +90,21 @@ class Engine:
         if compile:  # before any request is timed (gpt-fast's decode)
             self.warm_up(rows)
 
-    def submit(self, prompt, picks, max_new_tokens, end_tokens=()):
-        """A Request of a row per pick, decoded from the next step on; a row that draws one of
+    def submit(self, prompt, rules, max_new_tokens, end_tokens=()):
+        """A Request of a row per rule, decoded from the next step on; a row that draws one of
         end_tokens (lib/chat.py's end_tokens: the special ones) ends there, without it."""
-        request = self.make_request(prompt, picks, max_new_tokens, end_tokens)
+        request = self.make_request(prompt, rules, max_new_tokens, end_tokens)
         self.waiting.append(request)
         return request
 
-    def make_request(self, prompt, picks, max_new_tokens, end_tokens=()):
+    def make_request(self, prompt, rules, max_new_tokens, end_tokens=()):
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         slots = len(self.cache.lengths)
-        if len(picks) > slots:
-            raise Error(f"{len(picks)} rows asked of an engine of {slots}")
+        if len(rules) > slots:
+            raise Error(f"{len(rules)} rows asked of an engine of {slots}")
         size = None if self.model.endless else self.block_size
-        return Request([Row(prompt, pick, max_new_tokens, size, end_tokens) for pick in picks])
+        return Request([Row(prompt, rule, max_new_tokens, size, end_tokens) for rule in rules])
 
     def warm_up(self, rows):
         """Compiles the one-token step by throwaway requests of one row and of all."""
@@ -175,13 +175,13 @@ class Engine:
         kept = []
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
-            idx = torch.tensor([window[start:end]], device=self.device)
+            idx = torch.tensor([window[start:end]], device=self.device)  # (1, T)
             step = self.cache.step([row.slot], end - start) if self.use_cache else None
             wanted = end - max(start, n - keep)  # this chunk's share of the last keep
             with torch.inference_mode(self.use_cache):  # as decode()'s
                 logits, _ = self.model(idx, cache=step, logits_to_keep=max(1, wanted))
             if wanted > 0:
-                kept.append(logits[0])
+                kept.append(logits[0])  # (keep, vocab)
         return torch.cat(kept)
 
     def decode(self, rows):
@@ -194,7 +194,7 @@ class Engine:
             else:
                 batched.append(row)
         if batched:
-            idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)
+            idx = torch.tensor([[row.tokens[-1]] for row in batched], device=self.device)  # (B, 1)
             logits = self.next_logits(idx, [row.slot for row in batched])
             took += self.take(batched, logits)
         return took
@@ -203,12 +203,12 @@ class Engine:
         """The logits [B, vocab] after one new token idx [B, 1] in each of slots: the one-token
         step, eager at position 0, where a compiled step would hold a single key as a constant."""
         step = self.cache.step(slots, 1)
-        forward = self.model if step.keys == 1 else self.one_token
+        forward = self.model if step.n_keys == 1 else self.one_token
         # no version counters or autograd records: a tenth off a small model's token; a
         # cached forward keeps no tensor that a later training step could meet
         with torch.inference_mode():
             logits, _ = forward(idx, cache=step, logits_to_keep=1)
-        return logits[:, -1]
+        return logits[:, -1]  # (B, 1, vocab) -> (B, vocab)
 
     def slide(self, row):
         """Whether the row's window restarts (past block_size) as its last block_size // 2; a
@@ -221,8 +221,8 @@ class Engine:
 
     def take(self, rows, logits):
         """Each row's next token from its logits -> the rows that took one."""
-        # rows that share their options pick as one batch, each from its own generator
-        tokens = pick_tokens([row.pick for row in rows], logits, [row.tokens for row in rows])
+        # rows that share their options draw as one batch, each from its own generator
+        tokens = pick_tokens([row.rule for row in rows], logits, [row.tokens for row in rows])
         took = []
         for row, row_logits, token in zip(rows, logits, tokens):
             if isinstance(token, Error):  # its options leave no token: it ends alone

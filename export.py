@@ -27,20 +27,19 @@ from contextlib import contextmanager
 import torch
 from safetensors.torch import save_file
 
-from lib.bpe import bytes_to_unicode, merges, save_ranks
-from lib.bpe_tokenizer import RANKS_FILE, BPETokenizer
+from lib.bpe import RANKS_FILE, BPETokenizer, bytes_to_unicode, merges, save_ranks
 from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
-from lib.keys import Key, flags
-from lib.tokenizer import EOT, end_tokens, get_tokenizer, special_tokens
-from lib.weights import from_checkpoint
+from lib.options import Option, flags
+from lib.tokenizer import EOT, end_tokens, special_tokens
+from lib.weights import from_checkpoint, get_tokenizer
 
 # the options' values that GPT-2's layout can hold: dense attention, learned positions
 GPT2_LAYOUT = {"rope": False, "qk_norm": False, "window": 0, "global_tokens": 0, "random_links": 0}
 # and llama.cpp's gpt2 architecture, whose GELU is the tanh form
 GGUF_LAYOUT = {**GPT2_LAYOUT, "gelu": "tanh"}
-# --gguf_dtype: the weight matrices' type (lib/gguf_export.py); q8_0: llama.cpp's int8 blocks
+# --gguf_dtype: the weight matrices' type (gguf_export.py); q8_0: llama.cpp's int8 blocks
 GGUF_DTYPES = ("float32", "float16", "q8_0")
 # transformers' activation_function of each of GPTConfig's gelu forms
 HF_ACTIVATION = {gelu: name for name, gelu in HF_GELU.items()}
@@ -302,9 +301,9 @@ def check_gguf_target(path, overwrite):
 
 
 def gguf_writer():
-    """lib.gguf_export's write_gguf, imported here: the gguf package is an optional extra."""
+    """gguf_export's write_gguf, imported here: the gguf package is an optional extra."""
     try:
-        from lib.gguf_export import write_gguf
+        from gguf_export import write_gguf
     except ImportError as e:
         raise Error(
             f"--gguf needs the gguf package, llama.cpp's GGUF writer ({e}): "
@@ -424,14 +423,14 @@ def hf_tokenizer(tokenizer, bpe):
 
 
 FLAGS = dict(
-    hf_dir=Key(None, "the folder to write the Hugging Face model into"),
-    gguf=Key(None, "the GGUF file to write, for llama.cpp (name.gguf)"),
-    gguf_dtype=Key(
+    hf_dir=Option(None, "the folder to write the Hugging Face model into"),
+    gguf=Option(None, "the GGUF file to write, for llama.cpp (name.gguf)"),
+    gguf_dtype=Option(
         "float16",
         "the GGUF file's weight matrices; q8_0: llama.cpp's int8, the smallest",
         choices=GGUF_DTYPES,
     ),
-    overwrite=Key(
+    overwrite=Option(
         False,
         "replace or remove files in --hf_dir that no earlier export wrote, or replace the "
         "--gguf file (refused without it)",

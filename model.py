@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lib.common import Error
-from lib.keys import setting
+from lib.options import setting
 
 # Attention kernels for lengths that change call to call (decoding, padded batches): all but
 # cuDNN's, which plans anew for every new length, a cost that training at one block_size pays once
@@ -136,15 +136,15 @@ class EncoderConfig(GPTConfig):
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
     """softmax(Q K^T / sqrt(d_k)) V on [..., n, d_k] tensors -> (output, weights before dropout).
     mask (True = may attend) or causal, as F.scaled_dot_product_attention's."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S): T queries, S keys
     if causal:
         T, S = scores.shape[-2:]
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # every key masked: 0/0 -> zeros
-    weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
-    return F.dropout(weights, dropout_p) @ v, weights
+    weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)  # (B, h, T, S)
+    return F.dropout(weights, dropout_p) @ v, weights  # (B, h, T, d_k)
 
 
 def rotation(positions, d_k):
@@ -153,7 +153,7 @@ def rotation(positions, d_k):
     half = d_k // 2
     steps = torch.arange(half, device=positions.device, dtype=torch.float32)
     inv_freq = 10000.0 ** (-steps / half)
-    angles = positions.float()[..., None] * inv_freq
+    angles = positions.float()[..., None] * inv_freq  # (T, d_k/2) or (B, T, d_k/2)
     if angles.dim() == 3:
         angles = angles[:, None]  # a head axis
     return angles.cos(), angles.sin()
@@ -161,7 +161,7 @@ def rotation(positions, d_k):
 
 def rotary(x, cos, sin):
     """x [B, h, T, d_k] rotated pair by pair: query-key products see relative positions."""
-    x1, x2 = x.chunk(2, dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)  # each (B, h, T, d_k/2)
     cos = cos.to(x.dtype)
     sin = sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -184,8 +184,8 @@ class MultiHeadAttention(nn.Module):
         """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend, the whole mask
         (None on a causal model: the causal kernel), or a pattern's fast path attend(q, k, v);
         rope: rotation()'s; cache: cache.py's, its update() the keys and values so far."""
-        B, T, C = x.shape
-        # 3 x [B, h, T, d_k]
+        B, T, C = x.shape  # (B, T, d)
+        # q, k, v each (B, h, T, d_k)
         q, k, v = self.qkv(x).view(B, T, 3, self.config.n_head, -1).permute(2, 0, 3, 1, 4)
         if self.config.qk_norm:
             q = F.rms_norm(q, q.shape[-1:])
@@ -194,7 +194,7 @@ class MultiHeadAttention(nn.Module):
             q = rotary(q, *rope)
             k = rotary(k, *rope)
         if cache is not None:
-            k, v = cache.update(self.layer, k, v)
+            k, v = cache.update(self.layer, k, v)  # (B, h, S, d_k): every key so far
             q = q.to(k.dtype)  # attention in the cache's dtype
         # a cache without a mask: each query sees every key read
         causal = self.causal and mask is None and cache is None
@@ -208,7 +208,9 @@ class MultiHeadAttention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
             )
-        y = y.transpose(1, 2).reshape(B, T, C)  # concatenate the heads
+        y = y.transpose(1, 2).reshape(
+            B, T, C
+        )  # (B, h, T, d_k) -> (B, T, d): the heads side by side
         if cache is not None:
             y = y.to(x.dtype)  # back from the cache's dtype
         return self.resid_dropout(self.proj(y)), weights
@@ -235,7 +237,7 @@ class Block(nn.Module):
     def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
         attended, weights = self.attn(self.ln_1(x), mask, rope, cache, need_weights)
         x = x + attended
-        hidden = F.gelu(self.mlp.fc(self.ln_2(x)), approximate=self.gelu)
+        hidden = F.gelu(self.mlp.fc(self.ln_2(x)), approximate=self.gelu)  # (B, T, 4d)
         return x + self.mlp_dropout(self.mlp.proj(hidden)), weights
 
 
@@ -280,14 +282,14 @@ class Transformer(nn.Module):
                 dense = dense or (self.training and self.config.dropout > 0)
                 mask = self.pattern.mask(longest, idx.device, mask, dense)
         else:
-            longest = cache.keys  # known on the host: no device sync
+            longest = cache.n_keys  # known on the host: no device sync
             positions = cache.positions
             mask = cache.mask(self.pattern)
         if longest > self.config.block_size and not self.endless:
             raise Error(f"sequence of {longest} tokens exceeds block_size={self.config.block_size}")
-        x = self.wte(idx)
+        x = self.wte(idx)  # (B, T, d)
         if self.wpe is not None:
-            x = x + self.wpe(positions)
+            x = x + self.wpe(positions)  # (T, d) or (B, T, d), broadcast
         rope = None
         if self.config.rope:
             rope = rotation(positions, self.config.n_embd // self.config.n_head)
@@ -357,10 +359,10 @@ class GPT(Transformer):
             # float32 whatever autocast's dtype: in bfloat16 close logits round to ties
             with torch.autocast(x.device.type, enabled=False):
                 return self.lm_head(x[:, -logits_to_keep:].float()), None
-        logits = self.lm_head(x)
+        logits = self.lm_head(x)  # (B, T, vocab)
         loss = None
         if targets is not None:
-            flat = logits.view(-1, logits.size(-1)).float()
+            flat = logits.view(-1, logits.size(-1)).float()  # (B * T, vocab)
             loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
         return logits, loss
 
@@ -431,8 +433,8 @@ class EncoderClassifier(Transformer):
             x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
         weights = real.unsqueeze(-1).to(x.dtype)
         # mean over real tokens, not a CLS token: every token gets a gradient
-        mean = (x * weights).sum(1) / weights.sum(1).clamp(min=1)
-        logits = self.head(mean).float()
+        mean = (x * weights).sum(1) / weights.sum(1).clamp(min=1)  # (B, d)
+        logits = self.head(mean).float()  # (B, n_classes)
         loss = None if labels is None else F.cross_entropy(logits, labels)
         if self.bow is not None:
             # an ensemble: each classifier trained by its own loss; the mean of their

@@ -11,60 +11,59 @@ from dataclasses import fields
 from functools import partial
 
 import decoding
-from engine import COMPILE_KEY, Engine
+from engine import COMPILE_OPTION, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
-from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
-from lib.text import SEPARATOR, continuation, stopped_short
-from lib.tokenizer import end_tokens
+from lib.formats import WEIGHTS_OPTION, for_decoding, resolve_weights
+from lib.options import DEVICE_OPTION, GPT2_NAMES, Option, flags, options_of
+from lib.tokenizer import SEPARATOR, continuation, end_tokens, stopped_short
 from lib.weights import load_gpt
 
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
 FLAGS = {
-    "out_dir": Key("out", "a checkpoint written by train.py"),
-    "init_from": Key(
+    "out_dir": Option("out", "a checkpoint written by train.py"),
+    "init_from": Option(
         None,
         f"sample these weights instead of --out_dir: {', '.join(GPT2_NAMES)} (from the Hugging "
         "Face hub), a GPT-2 folder in its layout (model.safetensors + config.json; GPT-2's BPE), "
         "or a checkpoint folder of this project",
     ),
-    "start": Key(
+    "start": Option(
         "",
         "the prompt, or FILE:path to read it from a file; empty: the tokenizer's start token "
         "(newline, or BPE's <|endoftext|>), not printed",
     ),
-    "num_samples": Key(1, "samples, generated together as one batch", ge=1),
-    "max_new_tokens": Key(500, "tokens generated per sample", ge=0),
-    "seed": Key(
+    "num_samples": Option(1, "samples, generated together as one batch", ge=1),
+    "max_new_tokens": Option(500, "tokens generated per sample", ge=0),
+    "seed": Option(
         1337,
         "random seed: sample i draws from a generator of its own seeded seed + i, so it is the "
         "sample that --seed=seed+i --num_samples=1 gives",
     ),
-    "device": DEVICE_KEY,
-    "weights": WEIGHTS_KEY,
-    "compile": COMPILE_KEY,
-    "stream": Key(
+    "device": DEVICE_OPTION,
+    "weights": WEIGHTS_OPTION,
+    "compile": COMPILE_OPTION,
+    "stream": Option(
         False,
         "print the first sample token by token as it is generated; the others follow when the "
         "batch is done (stdout is the same as without --stream)",
     ),
-    "stop": Key(
+    "stop": Option(
         None,
         "a string that ends a sample, cut right before it (searched in the continuation, not the "
         "prompt); generation ends once all have (in bash, $'\\n\\n' is two newlines)",
     ),
-    "ignore_eos": Key(
+    "ignore_eos": Option(
         False,
         "go on past the tokenizer's special tokens (<|endoftext|>, a chat model's <|end|> and "
         "role markers), one of which otherwise ends a sample, unprinted",
     ),
-    "messages": Key(None, "a JSON file of a conversation ({'messages': [...]}): reply to it"),
-    "chat": Key(
+    "messages": Option(None, "a JSON file of a conversation ({'messages': [...]}): reply to it"),
+    "chat": Option(
         False,
         "talk to a chat model (config/chat.py's), after --messages' conversation if given: each "
         "line typed is your turn; the oldest turns leave past the context",
     ),
-    "no_cache": Key(
+    "no_cache": Option(
         False,
         "re-run the model's whole window every step instead of using the KV cache (slower, the "
         "same tokens; for comparison)",
@@ -76,14 +75,14 @@ def decoding_flags():
     """--greedy and a flag per decoding.Options field, at sample.py's defaults; their ranges are
     Options' to check, so the messages name the option as the API's do."""
     keys = {
-        "greedy": Key(
+        "greedy": Option(
             False,
             "take the most likely token instead of sampling (the penalties and "
             "--no_repeat_ngram_size still apply)",
         )
     }
-    for name, key in keys_of(decoding.Options).items():
-        keys[name] = Key(decoding.SAMPLE_DEFAULTS.get(name, key.default), key.help)
+    for name, key in options_of(decoding.Options).items():
+        keys[name] = Option(decoding.SAMPLE_DEFAULTS.get(name, key.default), key.help)
     return keys
 
 
@@ -137,15 +136,15 @@ def main(argv=None):
         engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
     except Error as e:  # a cache past memory
         raise Error(f"--num_samples {args.num_samples}: {e}") from None
-    picks = decoding.make_picks(
+    rules = decoding.make_rules(
         options, args.greedy, args.seed, args.num_samples, tokenizer.vocab_size
     )
     if args.compile:
         log(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s")
     if args.chat or args.messages:
-        from lib.talk import talk
+        from lib.chat import talk
 
-        return talk(engine, tokenizer, picks, args)
+        return talk(engine, tokenizer, rules, args)
     try:
         prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
     except Error as e:  # a character the char model never saw
@@ -155,7 +154,7 @@ def main(argv=None):
         log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")
     # the special tokens: none for plain characters, a chat model's markers and <|end|> too
     ends = () if args.ignore_eos else end_tokens(tokenizer)
-    request = engine.submit(prompt, picks, args.max_new_tokens, ends)
+    request = engine.submit(prompt, rules, args.max_new_tokens, ends)
     print_samples(engine, request, tokenizer, args)
     stopped_short(request.rows)
 

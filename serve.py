@@ -33,34 +33,34 @@ Bad input gets a 4xx and one JSON line naming the field: {"error": {"message", "
 import contextlib
 import sys
 
-from engine import COMPILE_KEY
+from engine import COMPILE_OPTION
 from lib.common import ArgumentParser, run_script
-from lib.formats import WEIGHTS_KEY
-from lib.keys import DEVICE_KEY, Key, flags
-from lib.transport import DEADLINE, exposure
+from lib.formats import WEIGHTS_OPTION
+from lib.options import DEVICE_OPTION, Option, flags
 from serving.app import Server
 from serving.playground import Playground
 from serving.scheduler import MAX_ROWS
+from serving.transport import DEADLINE, exposure
 
 FLAGS = {
-    "host": Key(
+    "host": Option(
         "127.0.0.1",
         "the address to listen on: 127.0.0.1 or ::1 for this machine only; 0.0.0.0 or :: for "
         "every network it is on",
     ),
-    "port": Key(8000, "0: any free port", ge=0, le=65535),
-    "device": DEVICE_KEY,
-    "weights": WEIGHTS_KEY,
-    "compile": COMPILE_KEY,
-    "max_rows": Key(
+    "port": Option(8000, "0: any free port", ge=0, le=65535),
+    "device": DEVICE_OPTION,
+    "weights": WEIGHTS_OPTION,
+    "compile": COMPILE_OPTION,
+    "max_rows": Option(
         MAX_ROWS,
         "a GPT's KV cache rows: the most choices decoding at once, in one batch; more wait their "
         "turn",
         ge=1,
     ),
-    "max_tokens": Key(256, "the most tokens a request may ask for", ge=1),
-    "max_n": Key(8, "the most completions a request may ask for", ge=1),
-    "deadline": Key(
+    "max_tokens": Option(256, "the most tokens a request may ask for", ge=1),
+    "max_n": Option(8, "the most completions a request may ask for", ge=1),
+    "deadline": Option(
         DEADLINE,
         "seconds a request may take, to its last byte; a stream read slower is cut",
         ge=1,

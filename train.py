@@ -16,25 +16,22 @@ from dataclasses import asdict
 import torch
 from tqdm import tqdm
 
-from lib import checkpoint, config
-from lib.batches import epochs_line, load_data, to_device
-from lib.build import make_model
+from lib import checkpoint
+from lib.build import check_data_tokenizer, make_model
 from lib.common import Error, run_script
-from lib.distributed import StepGuard, agreed, parallel, started
-from lib.finetune import check_data_tokenizer
-from lib.mfu import Speed, peak_flops
-from lib.records import RunRecord, start_wandb
-from lib.settings import KEYS, check_rules
-from lib.step import TrainStep
+from lib.data import epochs_line, load_data, to_device
+from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
+from lib.records import RunRecord, Speed, peak_flops, start_wandb
+from lib.settings import OPTIONS, check_rules, parse
 from optim import configure_optimizers
 
 
 def main(argv):
     """The settings, this process's place in the run, then the run."""
-    settings, user_keys = config.parse(argv, KEYS, __doc__)
+    settings, user_keys = parse(argv, OPTIONS, __doc__)
     resuming = settings.init_from == "resume"
     if not resuming:  # a resumed run is checked once its saved settings are in
-        settings = checkpoint.kept_pattern(settings, user_keys, KEYS)
+        settings = checkpoint.kept_pattern(settings, user_keys, OPTIONS)
         check_rules(settings, resuming)
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
@@ -45,13 +42,13 @@ def main(argv):
         def open_run():
             """Rank 0 locks out_dir; every rank reads a resumed run's state and settings."""
             if run.master:
-                out_dir = checkpoint.locked_out_dir(
+                out_dir = checkpoint.run_out_dir(
                     settings.out_dir, resuming, settings.overwrite_out_dir
                 )
                 held.enter_context(out_dir)
             if not resuming:
                 return None, settings
-            state, resumed = checkpoint.resume(settings, user_keys, KEYS)
+            state, resumed = checkpoint.resume(settings, user_keys, OPTIONS)
             check_rules(resumed, resuming)
             return state, resumed
 

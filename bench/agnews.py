@@ -31,20 +31,20 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, Error, run_script
-from lib.keys import Key, flags
+from lib.options import Option, flags
 from lib.prepare import read_labelled
-from lib.tokenizer import get_tokenizer
+from lib.weights import get_tokenizer
 
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
 FLAGS = {
-    "source": Key(
+    "source": Option(
         os.path.join(os.path.dirname(ROOT), "shared", "data", "agnews_sample"),
         "a folder with train.csv and val.csv",
     ),
-    "holdout": Key(False, "also score the hold-out (report the final recipe once)"),
-    "holdout_rows": Key(2000, "rows of train.csv held out"),
-    "no_peers": Key(False, "skip the scikit-learn peers"),
-    "prepare": Key("", 'arguments for data/agnews/prepare.py, e.g. "--cased"'),
+    "holdout": Option(False, "also score the hold-out (report the final recipe once)"),
+    "holdout_rows": Option(2000, "rows of train.csv held out"),
+    "no_peers": Option(False, "skip the scikit-learn peers"),
+    "prepare": Option("", 'arguments for data/agnews/prepare.py, e.g. "--cased"'),
 }
 
 

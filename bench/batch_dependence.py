@@ -15,11 +15,11 @@ import torch
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from decoding import Options, make_picks  # noqa: E402
+from decoding import Options, make_rules  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
 from lib.formats import for_decoding  # noqa: E402
-from lib.keys import (  # noqa: E402
-    Key,
+from lib.options import (  # noqa: E402
+    Option,
     flags,
 )
 from lib.weights import load_gpt  # noqa: E402
@@ -28,8 +28,8 @@ from serving.scheduler import ServingEngine  # noqa: E402
 PROMPTS = ["ROMEO:", "KING HENRY:", "First Citizen:", "JULIET:"]
 OPTIONS = Options(temperature=0.9, top_k=40)
 FLAGS = {
-    "seeds": Key(20, "samples compared per format", ge=1),
-    "tokens": Key(100, "tokens per sample", ge=1),
+    "seeds": Option(20, "samples compared per format", ge=1),
+    "tokens": Option(100, "tokens per sample", ge=1),
 }
 
 
@@ -39,9 +39,9 @@ def decode(model, tokenizer, seed, tokens, company):
     vocab_size = tokenizer.vocab_size
     for i in range(company):
         prompt = tokenizer.encode(PROMPTS[1 + i % 3])
-        engine.submit(prompt, make_picks(OPTIONS, False, 1000 + i, 1, vocab_size), tokens)
+        engine.submit(prompt, make_rules(OPTIONS, False, 1000 + i, 1, vocab_size), tokens)
     prompt = tokenizer.encode(PROMPTS[0])
-    picks = make_picks(OPTIONS, False, seed, 1, vocab_size)
+    picks = make_rules(OPTIONS, False, seed, 1, vocab_size)
     request = engine.submit(prompt, picks, tokens, logprobs=0)
     while engine.busy():
         engine.step()

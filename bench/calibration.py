@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from classify import calibration_error
 from lib.classifier import load
 from lib.common import ArgumentParser, Error, run_script
-from lib.labelled import pad_batch
+from lib.data import pad_batch
 from lib.prepare import read_labelled
 
 

@@ -30,21 +30,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
-from lib.batches import load_split
+from lib.build import grown
 from lib.common import ArgumentParser, run_script
-from lib.finetune import grown
-from lib.keys import Key, flags
-from lib.tokenizer import end_tokens, get_tokenizer
-from lib.weights import load_pretrained
+from lib.data import load_split
+from lib.options import Option, flags
+from lib.tokenizer import end_tokens
+from lib.weights import get_tokenizer, load_pretrained
 from model import GPT
 
 FLAGS = {
-    "base": Key("out-shakespeare-char-cpu", "the model before the fine-tune"),
-    "data": Key("data/chat", "the prepared conversations (their val split is scored)"),
-    "config": Key("config/chat.py", "the fine-tune's config"),
-    "max_iters": Key(0, "the fine-tunes' steps, the schedule alike (0: the config's)", ge=0),
-    "score": Key(None, "score this checkpoint alone"),
-    "json": Key(None, "write the results to this file too"),
+    "base": Option("out-shakespeare-char-cpu", "the model before the fine-tune"),
+    "data": Option("data/chat", "the prepared conversations (their val split is scored)"),
+    "config": Option("config/chat.py", "the fine-tune's config"),
+    "max_iters": Option(0, "the fine-tunes' steps, the schedule alike (0: the config's)", ge=0),
+    "score": Option(None, "score this checkpoint alone"),
+    "json": Option(None, "write the results to this file too"),
 }
 
 # the tokens of a packed row: config/chat.py's block_size + 1

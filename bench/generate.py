@@ -42,9 +42,9 @@ from bench.timing import bandwidth, machine, median_pass  # noqa: E402
 from cache import KVCache  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
-from lib.batches import load_split  # noqa: E402
 from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
+from lib.data import load_split  # noqa: E402
 from lib.formats import (  # noqa: E402
     PackedLinear,
     for_decoding,
@@ -53,7 +53,7 @@ from lib.formats import (  # noqa: E402
     resolve_weights,
 )
 from lib.gpt2 import from_pretrained  # noqa: E402
-from lib.keys import Key, flags  # noqa: E402
+from lib.options import Option, flags  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -72,15 +72,15 @@ SHAKESPEARE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=38
 GPT2 = dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True)
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 FLAGS = {
-    "old": Key(None, "another checkout (a commit before): its sample.py beside ours"),
-    "val_model": Key(None, "a trained 6 x 384 char checkpoint: the formats' loss changes"),
-    "json": Key(None, "also write the results here"),
-    "quick": Key(False, "fewer tokens: a smoke test"),
-    "sections": Key(
+    "old": Option(None, "another checkout (a commit before): its sample.py beside ours"),
+    "val_model": Option(None, "a trained 6 x 384 char checkpoint: the formats' loss changes"),
+    "json": Option(None, "also write the results here"),
+    "quick": Option(False, "fewer tokens: a smoke test"),
+    "sections": Option(
         "products,gpt2,shakespeare,batches",
         "which to run: products (0, 0b), gpt2 (1 to 1c), shakespeare (2), batches (3)",
     ),
-    "turns": Key(1, "rounds of section 2's runs (medians)"),
+    "turns": Option(1, "rounds of section 2's runs (medians)"),
 }
 
 

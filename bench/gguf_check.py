@@ -29,12 +29,12 @@ from bench.speed import machine  # noqa: E402
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from export import export  # noqa: E402
-from lib.bpe_tokenizer import BPETokenizer  # noqa: E402
+from lib.bpe import BPETokenizer  # noqa: E402
 from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
 from lib.formats import for_decoding, resolve_weights  # noqa: E402
 from lib.gpt2 import from_pretrained  # noqa: E402
-from lib.keys import Key, flags  # noqa: E402
+from lib.options import Option, flags  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -174,11 +174,11 @@ def speed_section(out_dir, files, prompt, n, vocab_size, threads, rounds):
 
 
 FLAGS = dict(
-    init_from=Key(None, "a GPT-2 folder in the Hugging Face layout (else random weights)"),
-    new_tokens=Key(200, "greedy tokens a run decodes", ge=1),
-    threads=Key(2, "threads, ours and llama.cpp's", ge=1),
-    rounds=Key(3, "interleaved rounds; the best of them counts", ge=1),
-    json=Key(None, "write the results here"),
+    init_from=Option(None, "a GPT-2 folder in the Hugging Face layout (else random weights)"),
+    new_tokens=Option(200, "greedy tokens a run decodes", ge=1),
+    threads=Option(2, "threads, ours and llama.cpp's", ge=1),
+    rounds=Option(3, "interleaved rounds; the best of them counts", ge=1),
+    json=Option(None, "write the results here"),
 )
 
 

@@ -25,8 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.timing import machine, table  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.keys import Key, flags  # noqa: E402
-from lib.plots import read_metrics  # noqa: E402
+from lib.options import Option, flags  # noqa: E402
+from lib.records import read_metrics  # noqa: E402
 
 # nanoGPT's README: "a baby GPT" on a CPU
 NANOGPT_CPU = [
@@ -46,8 +46,8 @@ NANOGPT_CPU = [
 ]
 SHORT = ["--max_iters=300", "--lr_decay_iters=300"]  # the last flag of a key wins in both
 FLAGS = {
-    "turns": Key(1, "rounds of the four runs"),
-    "json": Key(None, "also write the results here"),
+    "turns": Option(1, "rounds of the four runs"),
+    "json": Option(None, "also write the results here"),
 }
 
 

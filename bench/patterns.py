@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options  # noqa: E402
 from engine import Engine  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.keys import Key, flags  # noqa: E402
+from lib.options import Option, flags  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from patterns import Pattern  # noqa: E402
@@ -43,12 +43,12 @@ PATTERNS = {
 CONFIG = "config/shakespeare_char_window.py"
 OUT = "out-shakespeare-char-window"
 FLAGS = {
-    "ns": Key("1024,2048,4096,8192", "the row lengths n that part 1 times, comma-separated"),
-    "skip_quality": Key(False, "skip part 2's trainings"),
-    "png": Key("", "also plot part 1's times into this image"),
-    "tokens": Key(4000, "part 3's tokens generated"),
-    "out_dir": Key(os.path.join(ROOT, OUT), "the windowed checkpoint"),
-    "picture": Key("", "draw the four patterns there and stop"),
+    "ns": Option("1024,2048,4096,8192", "the row lengths n that part 1 times, comma-separated"),
+    "skip_quality": Option(False, "skip part 2's trainings"),
+    "png": Option("", "also plot part 1's times into this image"),
+    "tokens": Option(4000, "part 3's tokens generated"),
+    "out_dir": Option(os.path.join(ROOT, OUT), "the windowed checkpoint"),
+    "picture": Option("", "draw the four patterns there and stop"),
 }
 
 
@@ -165,7 +165,7 @@ def endless(out, tokens=4000, chunk=500, prompt=1000, checked=150, rounds=3):
 def plot(results, png):
     from matplotlib import ticker
 
-    from lib.plots import pyplot
+    from plot import pyplot
 
     plt = pyplot()
     fig, (ax_time, ax_memory) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
@@ -178,7 +178,7 @@ def plot(results, png):
     for ax, label in ((ax_time, "seconds per step"), (ax_memory, "peak MiB above the model")):
         ax.set(xscale="log", yscale="log", xlabel="tokens n", ylabel=label)
         ax.set_xticks([n for n, _, _ in points], [f"{n:,}" for n, _, _ in points])
-        # plain-text tick labels (lib.plots turns TeX off): the n's alone across, numbers up
+        # plain-text tick labels (plot turns TeX off): the n's alone across, numbers up
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
@@ -190,7 +190,7 @@ def plot(results, png):
 def picture(png, n=16):
     """The notes' four patterns of an encoder (no causal cut) over n positions, queries down, keys
     across, drawn from the model's own mask function."""
-    from lib.plots import pyplot
+    from plot import pyplot
 
     plt = pyplot()
     panels = {

@@ -29,11 +29,11 @@ from dataclasses import replace
 # run from anywhere: the repository root
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from engine import COMPILE_KEY  # noqa: E402
+from engine import COMPILE_OPTION  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.formats import WEIGHTS_KEY  # noqa: E402
-from lib.keys import DEVICE_KEY, Key, flags  # noqa: E402
-from lib.transport import MAX_ACTIVE  # noqa: E402
+from lib.formats import WEIGHTS_OPTION  # noqa: E402
+from lib.options import DEVICE_OPTION, Option, flags  # noqa: E402
+from serving.transport import MAX_ACTIVE  # noqa: E402
 
 HEADLINES = [
     "Stocks fall as oil prices jump",
@@ -47,28 +47,28 @@ HEADLINES = [
 ]
 
 FLAGS = {
-    "requests": Key(200, "requests per round", ge=1),
-    "concurrency": Key(8, "requests in flight", ge=1),
-    "rounds": Key(2, "measured rounds after the warm-up", ge=1),
-    "distinct": Key(20, "distinct requests, each answered alone first", ge=1),
-    "max_tokens": Key(32, "tokens per completion", ge=1),
-    "big": Key(
+    "requests": Option(200, "requests per round", ge=1),
+    "concurrency": Option(8, "requests in flight", ge=1),
+    "rounds": Option(2, "measured rounds after the warm-up", ge=1),
+    "distinct": Option(20, "distinct requests, each answered alone first", ge=1),
+    "max_tokens": Option(32, "tokens per completion", ge=1),
+    "big": Option(
         0,
         "> 0: each GPT's rounds again, beside one more client that sends 64 prompts x 8 choices "
         "of this many tokens, again and again; 0: none",
         ge=0,
     ),
-    "bad": Key(
+    "bad": Option(
         False,
         "each GPT's rounds again, beside a client sending malformed and oversized requests",
     ),
-    "chat": Key(
+    "chat": Option(
         False,
         "each GPT's requests as chat completions of the word tasks (config/chat.py's checkpoint)",
     ),
-    "device": replace(DEVICE_KEY, default="cpu"),
-    "weights": WEIGHTS_KEY,
-    "compile": COMPILE_KEY,
+    "device": replace(DEVICE_OPTION, default="cpu"),
+    "weights": WEIGHTS_OPTION,
+    "compile": COMPILE_OPTION,
 }
 
 # refused before decoding: JSON that is not, wrong types, past the limits, more logprobs than a

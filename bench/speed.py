@@ -59,23 +59,23 @@ from bench.steps import (
 from bench.time_to_loss import time_to_loss
 from bench.timing import bench_matmul, machine, table, two
 from lib.common import ArgumentParser, pick_device, run_script
-from lib.keys import DEVICE_KEY, Key, flags
+from lib.options import DEVICE_OPTION, Option, flags
 
 FLAGS = {
-    "device": DEVICE_KEY,
-    "repeats": Key(5, "timed repeats per figure, after one warm-up", ge=1),
-    "quick": Key(
+    "device": DEVICE_OPTION,
+    "repeats": Option(5, "timed repeats per figure, after one warm-up", ge=1),
+    "quick": Option(
         False,
         "2 repeats, n = 128 and 512, 100 new tokens, training batches of at most 4 rows, "
         "torch.compile on the first config only",
     ),
-    "no-compile": Key(False, "skip the torch.compile measurements"),
-    "target": Key(
+    "no-compile": Option(False, "skip the torch.compile measurements"),
+    "target": Option(
         1.8818,
         "with --time_to_loss: the validation loss to reach, what config/shakespeare_char_cpu.py "
         "reaches",
     ),
-    "png": Key("time_to_loss.png", "with --time_to_loss: the plot"),
+    "png": Option("time_to_loss.png", "with --time_to_loss: the plot"),
 }
 
 

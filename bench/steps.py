@@ -12,12 +12,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.timing import rates, sync, table, timed, two
-from lib.batches import read_meta
 from lib.build import new_model
 from lib.common import Error, autocast
-from lib.distributed import Run
-from lib.mfu import flops_per_token
-from lib.step import TrainStep
+from lib.data import read_meta
+from lib.distributed import Run, TrainStep
+from lib.records import flops_per_token
 from optim import configure_optimizers
 
 CONFIGS = ["config/shakespeare_char_cpu.py", "config/shakespeare_char.py", "config/agnews.py"]
@@ -82,7 +81,7 @@ def dtype_of(mode):
 
 
 def train_step(c, meta, mode, device, rows):
-    """(step, model, batch): one of train.py's training steps (lib/step.py: forward under autocast,
+    """(step, model, batch): one of train.py's training steps (TrainStep: forward under autocast,
     backward, clip, the config's optimizer), on random tokens of the config's shape."""
     model = new_model(c, meta).to(device)
     optimizers = configure_optimizers(

@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.timing import table
 from lib.common import Error
-from lib.plots import pyplot, read_metrics
+from lib.records import read_metrics
+from plot import pyplot
 
 
 def time_to_loss(runs, target, repeats, png):

@@ -18,7 +18,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib.common import ArgumentParser, run_script  # noqa: E402
-from lib.keys import Key, flags  # noqa: E402
+from lib.options import Option, flags  # noqa: E402
 from lib.records import read_metrics  # noqa: E402
 
 # (name, prepare.py's tokenizer options)
@@ -28,7 +28,7 @@ TOKENIZERS = [
     ("bpe-1024", ["--tokenizer=bpe", "--vocab_size=1024"]),
     ("bpe-4096", ["--tokenizer=bpe", "--vocab_size=4096"]),
 ]
-FLAGS = {"max_iters": Key(1000, "each run's steps")}
+FLAGS = {"max_iters": Option(1000, "each run's steps")}
 
 
 def run(command):

@@ -1,11 +1,19 @@
 """The model a run trains, built from its settings: from scratch, from a pretrained GPT's
-weights, or from a resumed run's state."""
+weights, or from a resumed run's state; a fine-tune's start (init_from a checkpoint folder or
+GPT-2): the pretrained GPT's body and shape, its context cut to the run's block_size, its token
+table grown for new tokens."""
 
+import os
+import sys
 from dataclasses import asdict, fields, replace
 
 import torch
 
-from lib.common import Error
+from lib.card import CARD_FIX, check_tokenizer, checking
+from lib.checkpoint import SHAPE
+from lib.common import Error, read_json
+from lib.data import dataset_dir, read_meta
+from lib.options import GPT2_NAMES
 from model import ARCHITECTURES
 
 
@@ -31,7 +39,7 @@ def new_model(settings, meta):
 
 def make_model(cfg, meta, state, given):
     """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
-    (lib/finetune.py), or a resumed state's weights (taken over, not copied). given: the keys
+    (pretrained_body, below), or a resumed state's weights (taken over, not copied). given: the keys
     the command set."""
     vocab_size = cfg.vocab_size or meta["vocab_size"]
     if meta["vocab_size"] > vocab_size:
@@ -41,8 +49,6 @@ def make_model(cfg, meta, state, given):
     shape = {"vocab_size": vocab_size}
     body = None
     if state is None and cfg.init_from != "scratch":  # a fine-tune
-        from lib.finetune import check_data_tokenizer, pretrained_body
-
         check_data_tokenizer(cfg, meta)  # data this run's prepare.py made too
         body, shape = pretrained_body(cfg, meta["vocab_size"], given)
     cfg = replace(cfg, **shape)
@@ -53,3 +59,99 @@ def make_model(cfg, meta, state, given):
     if state is not None:
         return cfg, model.load_weights(state["model"])
     return cfg, model.load_body(body)
+
+
+# the SHAPE keys a fine-tune may set apart from its start's: a shorter context, more tokens
+RESIZED = ("block_size", "vocab_size")
+
+
+def pretrained_body(cfg, vocab_size, given):
+    """(the state, the shape) of a fine-tune's start, the GPT in cfg.init_from: its SHAPE keys,
+    its context cut to cfg.block_size, its token table grown to vocab_size (a chat fine-tune's
+    tokens). given: the keys the command set, refused where they differ from the start's."""
+    # imported here: a plain run reads no pretrained model, nor its tokenizer
+    from lib.weights import load_pretrained
+
+    source, info = load_pretrained(cfg.init_from)
+    if info["architecture"] != "GPT":
+        raise Error(
+            f"init_from={cfg.init_from!r} holds an {info['architecture']}, not a GPT to start from"
+        )
+    config = source.config
+    shape = {k: getattr(config, k) for k in SHAPE if hasattr(config, k)}
+    differ = [
+        f"{k}={getattr(cfg, k)!r} (its {v!r})"
+        for k, v in shape.items()
+        if k in given and k not in RESIZED and getattr(cfg, k) != v
+    ]
+    if differ:
+        raise Error(
+            f"init_from={cfg.init_from!r}: a fine-tune computes as its start, and the command "
+            f"names {', '.join(differ)}: drop those keys, or train from scratch"
+        )
+    if "block_size" in given and cfg.block_size > config.block_size:
+        raise Error(
+            f"init_from={cfg.init_from!r} reads {config.block_size} tokens at most, the command "
+            f"names block_size={cfg.block_size}: pass {config.block_size} or less"
+        )
+    shape["block_size"] = min(cfg.block_size, config.block_size)
+    shape["vocab_size"] = max(config.vocab_size, vocab_size)
+    torch.manual_seed(cfg.seed)  # the new rows' draws
+    return grown(source.state_dict(), shape["vocab_size"]), shape
+
+
+def grown(state, rows):
+    """state with its token table grown to rows, each new row drawn from the old rows'
+    mean and spread (as Hugging Face's resize_token_embeddings draws them)."""
+    table = state["wte.weight"]
+    if rows == len(table):
+        return state
+    print(f"the token table grows from {len(table)} to {rows} rows", file=sys.stderr)
+    mean, std = table.mean(0), table.std(0)
+    new = torch.normal(mean.expand(rows - len(table), -1), std)
+    return {**state, "wte.weight": torch.cat([table, new])}
+
+
+def check_data_tokenizer(cfg, meta=None):
+    """A fine-tune's data is tokenized by its model's tokenizer (the chat tokens and lowercasing
+    aside, which keep its ids): one line naming both if not. meta: the data's meta.json, read
+    here if None (and unchecked where the run is to prepare it)."""
+    folder = dataset_dir(cfg.dataset)
+    if meta is None and os.path.isfile(os.path.join(folder, "meta.json")):
+        meta = read_meta(folder)
+    if cfg.init_from in ("scratch", "resume") or meta is None:
+        return
+    path = os.path.join(cfg.init_from, "config.json")
+    if os.path.isfile(path):
+        card = read_json(path, "checkpoint config")
+    elif cfg.init_from in GPT2_NAMES:
+        card = {}
+    else:  # no model there: its load says so
+        return
+    with checking(card, path, CARD_FIX):
+        check_tokenizer(card.get("tokenizer"))
+    from lib.weights import GPT2_TOKENIZER  # a fine-tune's alone, as load_pretrained
+
+    ours = {"architecture", "model"} & card.keys()  # else GPT-2's: a name or a Hugging Face folder
+    model = card.get("tokenizer", None if ours else GPT2_TOKENIZER)
+    if model is not None and token_ids(model) != token_ids(meta["tokenizer"]):
+        where = " (its config.json)" if card else ""
+        raise Error(
+            f"{folder} (its meta.json) is tokenized by {described(meta['tokenizer'])}, "
+            f"init_from={cfg.init_from}{where} by {described(model)}: prepare the data with the "
+            f"model's tokenizer (a chat set: data/chat/prepare.py --tokenizer_from={cfg.init_from})"
+        )
+
+
+def token_ids(spec):
+    """What a tokenizer spec's ids mean: the spec less its chat tokens and lowercasing."""
+    return {k: v for k, v in spec.items() if k not in ("chat", "lowercase")}
+
+
+def described(spec):
+    """A checked tokenizer spec in a few words."""
+    if spec["type"] == "char":
+        return f"{len(spec['chars'])} characters"
+    if "file" in spec:
+        return f"a BPE trained on its data (sha256 {spec['sha256'][:12]}...)"
+    return f"tiktoken's {spec['encoding']}"

@@ -14,10 +14,10 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
+from lib.card import CARD_FIX, checking
 from lib.common import Error, check_regular, read_json
-from lib.files import TEMPORARY, WriteError, atomic_path, fsync
-from lib.locks import try_lock
-from lib.schema import CARD_FIX, checking
+from lib.distributed import rank, under_torchrun
+from lib.files import TEMPORARY, WriteError, atomic_path, fsync, locked_out_dir
 
 # the settings a checkpoint's weights hold to: their shapes, what the optimizer states fit, and
 # the function they compute (rope, qk_norm and gelu have no tensors of their own)
@@ -39,33 +39,23 @@ PATTERN = ("window", "global_tokens", "random_links", "random_seed")
 
 
 @contextmanager
-def locked_out_dir(out_dir, resuming, overwrite):
-    """Make out_dir and lock it for the run (flock: released when the process dies). A new run
-    refuses a checkpoint there, or with overwrite moves it aside."""
+def run_out_dir(out_dir, resuming, overwrite):
+    """out_dir locked for the run (lib.files.locked_out_dir), its .lock naming the run. A new
+    run refuses a checkpoint there, or with overwrite moves it aside."""
     path = os.path.join(out_dir, ".lock")
     # a folder from elsewhere (a tarball) may hold a .lock that links to any file
     if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
         raise Error(f"{path} is a link or not a regular file: delete it (a run makes its own)")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        # never through a link, even one made since the check
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        lock = open(os.open(path, flags, 0o666), "r+")
-    except OSError as e:
-        raise Error(
-            f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
-        ) from None
-    with lock:
-        if not try_lock(lock.fileno(), f"out_dir {out_dir!r}"):
-            lock.seek(0)
-            holder = lock.read().strip() or "pid ?"
+    with locked_out_dir(out_dir, held_by_a_run):
+        try:
+            # never through a link, even one made since the check
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+            with open(os.open(path, flags, 0o666), "w") as lock:
+                lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        except OSError as e:
             raise Error(
-                f"out_dir {out_dir!r} is in use by another run ({holder}): wait for it to end, "
-                "or pick another --out_dir"
-            )
-        lock.truncate(0)
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        lock.flush()
+                f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
+            ) from None
         # the temporary files of saves cut short: with the lock held, every one is a dead run's
         for path in Path(out_dir).iterdir():
             if TEMPORARY.search(path.name):
@@ -80,6 +70,18 @@ def locked_out_dir(out_dir, resuming, overwrite):
                 )
             move_aside(out_dir)
         yield
+
+
+def held_by_a_run(out_dir):
+    """The refusal of an out_dir another run holds, naming that run (its .lock)."""
+    try:
+        holder = Path(out_dir, ".lock").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        holder = ""
+    return (
+        f"out_dir {out_dir!r} is in use by another run ({holder or 'pid ?'}): wait for it to "
+        "end, or pick another --out_dir"
+    )
 
 
 def move_aside(out_dir):
@@ -117,7 +119,7 @@ def what_survives(out_dir):
 def resume(settings, user_keys, keys):
     """(out_dir's trainer state, its run's settings): the keys given now override the saved ones,
     except the model's shape, task and optimizer; init_from stays where the run began. keys: each
-    setting's Key, whose rule the saved values pass as a new run's."""
+    setting's Option, whose rule the saved values pass as a new run's."""
     path = os.path.join(settings.out_dir, "trainer_state.pt")
     check_regular(path)
     try:
@@ -176,7 +178,7 @@ def kept_pattern(settings, user_keys, keys):
         for k in PATTERN
         if k in user_keys and k in saved and saved[k] != getattr(settings, k)
     ]
-    if int(os.environ.get("RANK", 0)) == 0 and (any(kept.values()) or named):
+    if rank() == 0 and (any(kept.values()) or named):
         pattern = ", ".join(f"{k}={getattr(settings, k)!r}" for k in PATTERN)
         line = f"init_from={settings.init_from}: the pattern {pattern}"
         if named:
@@ -249,7 +251,7 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
     }
     tokenizer_file = (card.get("tokenizer") or {}).get("file")
     if tokenizer_file:  # read and checked before a write, whose errors say the disk refused it
-        from lib.bpe_tokenizer import read_ranks_file
+        from lib.bpe import read_ranks_file
 
         source = os.path.join(tokenizer_dir, tokenizer_file)
         where = os.path.join(tokenizer_dir, "meta.json")
@@ -321,7 +323,7 @@ def restore(state, optimizers, scaler, sharded_model=None):
 
 def model_card(settings, meta):
     """config.json's entries; a classifier's labels also as Hugging Face's id2label, label2id."""
-    launcher = "torchrun ..." if "RANK" in os.environ else "python"
+    launcher = "torchrun ..." if under_torchrun() else "python"
     card = dict(
         task=settings.task,
         dataset=settings.dataset,

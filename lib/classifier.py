@@ -8,12 +8,11 @@ import sys
 import torch
 from tqdm import tqdm
 
+from lib.card import CARD_FIX, checking
 from lib.common import Error
-from lib.keys import Key
-from lib.labelled import pad_batch
-from lib.schema import CARD_FIX, checking
-from lib.tokenizer import get_tokenizer
-from lib.weights import from_checkpoint
+from lib.data import pad_batch
+from lib.options import Option
+from lib.weights import from_checkpoint, get_tokenizer
 
 
 def load(out_dir, device, info=None):
@@ -35,7 +34,7 @@ def load(out_dir, device, info=None):
     where = os.path.join(out_dir, "config.json")
     tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
     with checking(info, where, CARD_FIX):
-        pad = Key(0, ge=0, lt=model.config.vocab_size)
+        pad = Option(0, ge=0, lt=model.config.vocab_size)
         pad.check("model.pad_token_id", model.config.pad_token_id)
     return model, tokenizer, names, min(info.get("max_length") or 10**9, model.config.block_size)
 

@@ -134,16 +134,22 @@ def check_regular(path):
         raise Error(f"{path}: not a regular file")
 
 
+def read_utf8(path, missing, unreadable, fix=""):
+    """The UTF-8 text of a file, or an Error: missing where there is no such file; unreadable,
+    the cause's name, then fix, where it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise Error(missing) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise Error(f"{unreadable} ({type(e).__name__}){fix}") from None
+
+
 def read_json(path, what):
     """A JSON file, or an Error naming it."""
     check_regular(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise Error(f"{path}: no such {what}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise Error(f"{path}: not a readable JSON {what} ({type(e).__name__})") from None
+    text = read_utf8(path, f"{path}: no such {what}", f"{path}: not a readable JSON {what}")
     try:
         return parse_json(text)
     except Error as e:

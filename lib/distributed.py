@@ -1,6 +1,7 @@
-"""A run's processes, the model over them (lib/parallel.py: DDP, FSDP, activation checkpointing),
-its signals."""
+"""A run's processes: torchrun's set-up, the model over them (DDP, FSDP, activation
+checkpointing), one training step, a stop every rank agrees on, its signals."""
 
+import functools
 import os
 import signal
 import sys
@@ -10,8 +11,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 
-from lib.common import Error, pick_device, resolve_dtype
+from lib.common import Error, autocast, pick_device, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,21 @@ class Run:
         """With the settings' dtype; sharded under torchrun with strategy=fsdp."""
         sharded = self.distributed and strategy == "fsdp"
         return replace(self, dtype=resolve_dtype(dtype, self.device), sharded=sharded)
+
+
+def under_torchrun():
+    """Whether torchrun started this process: its environment names a rank."""
+    return "RANK" in os.environ
+
+
+def rank():
+    """This process's rank under torchrun; 0 alone."""
+    return int(os.environ.get("RANK", 0))
+
+
+def world_size():
+    """How many processes torchrun started; 1 alone."""
+    return int(os.environ.get("WORLD_SIZE", 1))
 
 
 @contextmanager
@@ -88,12 +106,53 @@ def agreed(run, attempt):
 # ------------------------------------------------------------------- the model over the processes
 def parallel(model, run, checkpointing):
     """The model as the loop calls it: itself on one process; DDP's wrapper, itself sharded
-    (FSDP) or with its activations recomputed otherwise (lib/parallel.py)."""
+    (FSDP) or with its activations recomputed otherwise."""
     if not (checkpointing or run.distributed):
         return model.to(run.device)
-    from lib.parallel import wrapped
-
     return wrapped(model, run, checkpointing)
+
+
+def wrapped(model, run, checkpointing):
+    """The model as the loop calls it: DDP's wrapper, or itself sharded (FSDP); with checkpointing,
+    its blocks' activations recomputed in the backward pass."""
+    if checkpointing:
+        recompute_blocks(model)
+    if run.sharded:
+        return shard(model, run)
+    model.to(run.device)
+    if not run.distributed:
+        return model
+    # DDP's device_ids: this process's GPU, none on CPUs
+    gpu = [run.device] if run.device_type == "cuda" else None
+    return DDP(model, device_ids=gpu)
+
+
+def shard(model, run):
+    """FSDP2: each Block, then the rest, split by rows over the processes. Returns the model."""
+    # imported here: a second at every start otherwise
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(run.device_type, (run.world_size,))
+    # gathered in the autocast dtype, reduced in float32 as DDP's; the shards stay float32
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, run.dtype), reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def recompute_blocks(model):
+    """Activation checkpointing, set on each Block's instance: the state dict's names stay."""
+    for block in model.blocks:
+        block.forward = functools.partial(recomputed, block, block.forward)
+
+
+def recomputed(block, forward, *args, **kwargs):
+    """forward, checkpointed in training with gradients."""
+    if not block.training or not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    # non-reentrant: it restores the random state, so dropout draws the same masks
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def micro_step(model, run, last):
@@ -174,3 +233,45 @@ class StepGuard:
             "resume with --init_from=resume\n"
         )
         raise SystemExit(128 + signum)
+
+
+# ------------------------------------------------------------------------- one training step
+class TrainStep:
+    """One run's step: its model, optimizers, processes (a lib.distributed.Run) and clipping."""
+
+    def __init__(self, model, raw_model, optimizers, run, grad_clip):
+        """model: what the forward runs through (the model, DDP's wrapper or torch.compile's);
+        raw_model: the model itself (under FSDP this process's shards); grad_clip 0: no clipping."""
+        self.model = model
+        self.raw_model = raw_model
+        self.optimizers = optimizers
+        self.run = run
+        self.grad_clip = grad_clip
+        self.ctx = autocast(run.device, run.dtype)
+        self.scaler = grad_scaler(run)  # float16's loss scaler; disabled otherwise
+
+    def gradients(self, batches):
+        """The micro-batches' gradients, summed: (the mean loss, the gradient's norm before
+        clipping), tensors on the device (read them together: one sync)."""
+        loss_sum = torch.zeros((), device=self.run.device)
+        for i, batch in enumerate(batches):
+            # the gradients reduced over the processes once, in the step's last micro-step
+            with micro_step(self.model, self.run, last=i == len(batches) - 1):
+                with self.ctx:
+                    _, loss = self.model(**batch)
+                    loss = loss / len(batches)
+                self.scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        for optimizer in self.optimizers:
+            self.scaler.unscale_(optimizer)
+        max_norm = self.grad_clip or float("inf")
+        return loss_sum, clip_gradients(self.raw_model, max_norm, self.run)
+
+    def update(self):
+        """The optimizers step on the gradients (fp16's scaler skips a step of inf or NaN), which
+        are then dropped."""
+        for optimizer in self.optimizers:
+            self.scaler.step(optimizer)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        self.scaler.update()

@@ -1,5 +1,5 @@
 """Atomic writes: a file is replaced whole or not at all, and a write the system refuses is one
-line naming the file."""
+line naming the file; the lock that holds an out_dir for one process (a run's, a prepare's)."""
 
 import json
 import os
@@ -73,3 +73,45 @@ def fsync(path):
 def write_json(path, obj):
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(obj, f, indent=2)
+
+
+def try_lock(fd, name):
+    """flock fd, exclusively and without waiting (the OS releases it when the process dies): False
+    if another process holds it; True once held, or where there is no flock (not POSIX: nothing is
+    locked). name: what holds fd, for the error of a filesystem that cannot lock."""
+    try:
+        import fcntl  # POSIX
+    except ImportError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # held: the one failure that means another process
+        return False
+    except OSError as e:
+        raise Error(
+            f"{name} cannot be locked ({e.strerror}: a filesystem without flock, such as some "
+            "network mounts?): pick an --out_dir on a local disk"
+        ) from None
+    return True
+
+
+@contextmanager
+def locked_out_dir(out_dir, refusal):
+    """Make out_dir and hold it while the block runs: a second run or prepare into it is refused
+    with refusal(out_dir), an Error's message, not mixed with the first's files. flock on the
+    folder itself, with no file to follow; the OS releases it when the process dies. Where a
+    folder cannot be opened (Windows) nothing is locked."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        folder = None if os.name == "nt" else os.open(out_dir, os.O_RDONLY)
+    except OSError as e:
+        raise Error(
+            f"out_dir {out_dir!r} is not writable ({e.strerror}): pick another --out_dir"
+        ) from None
+    try:
+        if folder is not None and not try_lock(folder, f"out_dir {out_dir!r}"):
+            raise Error(refusal(out_dir))
+        yield
+    finally:
+        if folder is not None:
+            os.close(folder)

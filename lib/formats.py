@@ -1,15 +1,15 @@
-"""The formats a GPT's weights decode in: float32, bfloat16, int8 (weight-only, as gpt-fast's:
-lib/int8.py)."""
+"""The formats a GPT's weights decode in: float32, bfloat16, oneDNN's packed layout, and int8
+(weight-only, as gpt-fast's, a scale per output channel)."""
 
 import torch
 import torch.nn as nn
 
 from lib.common import native_bf16
-from lib.keys import Key
+from lib.options import Option
 
 WEIGHTS = ("auto", "float32", "bfloat16", "int8")
 # the scripts' --weights and --device (sample.py, serve.py, classify.py, bench/)
-WEIGHTS_KEY = Key(
+WEIGHTS_OPTION = Option(
     "auto",
     "the format a GPT's weights decode in: auto is bfloat16 where the device multiplies it "
     "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), int8 on other "
@@ -28,8 +28,6 @@ def for_decoding(model, device, weights="auto"):
         # float32 logits: in bfloat16 near ones round to ties
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
     if weights == "int8":
-        from lib.int8 import Int8Linear
-
         replace_linears(model, Int8Linear)
     elif torch.device(device).type == "cpu" and onednn_multiplies(weights):
         replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
@@ -95,3 +93,28 @@ def replace_linears(model, kind):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, kind(child))
+
+
+class Int8Linear(nn.Module):
+    """A Linear with int8 weights, a bfloat16 scale per output channel."""
+
+    # the CPU kernel reads rows 16 inputs at a time, aligned (8 on AVX2): zeros pad them
+    ALIGN = 16
+
+    def __init__(self, linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127
+        quantized = torch.round(weight / scales[:, None]).clamp(-128, 127)
+        quantized = nn.functional.pad(quantized, (0, -weight.size(1) % self.ALIGN))
+        self.register_buffer("weight_int8", quantized.to(torch.int8))
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+        self.bias = linear.bias
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1)).to(torch.bfloat16)
+        # a new, aligned tensor, its rows padded as the weight's
+        flat = nn.functional.pad(flat, (0, self.weight_int8.size(1) - x.size(-1)))
+        y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)
+        y = y.view(*x.shape[:-1], y.size(-1)).to(x.dtype)
+        return y if self.bias is None else y + self.bias

@@ -1,14 +1,14 @@
 """GPT-2's weights in the Hugging Face layout, from a folder or the hub, read into a GPT; its
-config.json checked as a checkpoint's is (lib/schema.py)."""
+config.json checked as a checkpoint's is (lib/card.py)."""
 
 import os
 
 import torch
 from safetensors.torch import load_file
 
+from lib.card import check_keys, check_shapes, check_tokenizer, checking
 from lib.common import Error, check_regular, read_json
-from lib.keys import GPT2_NAMES, Key
-from lib.schema import check_keys, check_shapes, check_tokenizer, checking
+from lib.options import GPT2_NAMES, Option
 from model import GPT, GPTConfig
 
 # the names of GPT-2's modules in the Hugging Face layout -> ours
@@ -62,7 +62,7 @@ def from_pretrained(name_or_dir):
         # dropped from the loaded dict as it moves: one copy at a time
         tensor = loaded.pop(key)
         if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
-            continue  # the causal-mask buffers of old checkpoints; the head is tied to wte
+            continue  # causal-mask buffers older transformers saved; the head is tied to wte
         parts = key.removeprefix("transformer.").split(".")
         key = ".".join(HF_MODULES.get(part, part) for part in parts)
         # GPT-2 was written with Conv1D, whose weight is [in, out]; Linear's is [out, in]
@@ -78,10 +78,10 @@ def from_pretrained(name_or_dir):
 def check_hf(hf, path, shapes):
     """A Hugging Face GPT-2 config.json -> its GPTConfig, checked as check_card's."""
     with checking(hf, path, "not a GPT-2 config.json that fits the model.safetensors beside it"):
-        check_keys(hf, dict.fromkeys(HF_NAMES.values(), Key(1, ge=1)))
+        check_keys(hf, dict.fromkeys(HF_NAMES.values(), Option(1, ge=1)))
         check_shapes(shapes, {key: (name, hf.get(name)) for key, name in HF_NAMES.items()})
         check_tokenizer(hf.get("tokenizer"))
-        gelu = Key("gelu_new", choices=tuple(HF_GELU))
+        gelu = Option("gelu_new", choices=tuple(HF_GELU))
         check_keys(hf, {"activation_function": gelu}, ("activation_function",))
         shape = {key: hf[name] for key, name in HF_NAMES.items()}
         gelu = HF_GELU[hf.get("activation_function", "gelu_new")]

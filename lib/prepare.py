@@ -14,14 +14,12 @@ import os
 import re
 import time
 import urllib.request
-from contextlib import contextmanager
 
 import numpy as np
 
-from lib.common import ArgumentParser, Error, parse_json
-from lib.files import atomic_path, write_json
-from lib.keys import Key, flags
-from lib.locks import try_lock
+from lib.common import ArgumentParser, Error, parse_json, read_utf8
+from lib.files import atomic_path, locked_out_dir, write_json
+from lib.options import Option, flags
 
 LABELLED_FORMATS = (".csv", ".parquet", ".jsonl")
 # a label written as an integer: ASCII digits ("²" and "--1" are no class), short enough for int()
@@ -169,15 +167,12 @@ def read_text(source, url):
             raise Error(
                 f"cannot download {url} (no network? {type(e).__name__}: {e}): pass --source FILE"
             ) from None
-    try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise Error(f"--source {source}: no such file; pass the path of a text file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise Error(
-            f"--source {source}: not readable UTF-8 text ({type(e).__name__}); convert it to UTF-8"
-        ) from None
+    text = read_utf8(
+        source,
+        f"--source {source}: no such file; pass the path of a text file",
+        f"--source {source}: not readable UTF-8 text",
+        "; convert it to UTF-8",
+    )
     if not text:
         raise Error(f"--source {source}: the file is empty; pass a file holding the text")
     return text
@@ -205,27 +200,12 @@ def save_array(path, array):
         np.save(f, array) if path.endswith(".npy") else f.write(array.data)
 
 
-@contextmanager
-def locked_out_dir(out_dir):
-    """Make out_dir and hold a lock on it while a prepare writes there: a second prepare into it
-    is refused, not mixed with the first's files. flock on the folder itself, as train.py locks
-    its out_dir but with no file to leave behind or to follow; the OS releases it when the process
-    dies."""
-    check_out_dir(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    if os.name == "nt":  # no flock, nor a folder to open: prepares are not locked, as runs are not
-        yield
-        return
-    folder = os.open(out_dir, os.O_RDONLY)
-    try:
-        if not try_lock(folder, f"--out_dir {out_dir}"):
-            raise Error(
-                f"--out_dir {out_dir}: another prepare.py is writing into it: wait for it to end, "
-                "or pick another --out_dir"
-            )
-        yield
-    finally:
-        os.close(folder)
+def held_by_a_prepare(out_dir):
+    """The refusal of an --out_dir another prepare.py holds (lib.files.locked_out_dir)."""
+    return (
+        f"--out_dir {out_dir}: another prepare.py is writing into it: wait for it to end, "
+        "or pick another --out_dir"
+    )
 
 
 def check_out_dir(out_dir):
@@ -258,7 +238,8 @@ def write_lm(out_dir, splits, text_bytes, tok, source):
     """splits: {name: token ids}; text_bytes: {name: the bytes of its UTF-8 text}. Writes
     {name}.bin for each, then meta.json (task "lm") last."""
     dtype = token_dtype(tok.vocab_size)
-    with locked_out_dir(out_dir):
+    check_out_dir(out_dir)
+    with locked_out_dir(out_dir, held_by_a_prepare):
         unpublish(out_dir)
         for name, ids in splits.items():
             save_array(os.path.join(out_dir, f"{name}.bin"), np.asarray(ids, dtype=dtype))
@@ -278,8 +259,8 @@ def prepare_text(doc, url, out_dir, tokenizer_for, argv=None):
     text is cut first and each part encoded on its own, which gives nanoGPT's token counts."""
     p = ArgumentParser(description=doc)
     keys = {
-        "source": Key(None, f"a local copy of the text (default: download {url})"),
-        "out_dir": Key(out_dir, "where to write"),
+        "source": Option(None, f"a local copy of the text (default: download {url})"),
+        "out_dir": Option(out_dir, "where to write"),
     }
     flags(p, keys)
     args = p.parse_args(argv)

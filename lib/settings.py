@@ -1,119 +1,124 @@
 """train.py's settings: each key with its default, help and range (config files and --key=value
-set them), and the rules the keys must satisfy together."""
+set them), the rules the keys must satisfy together, and the reading of config files,
+include() and --key=value overrides (parse)."""
 
+import ast
+import difflib
 import os
 import sys
-from dataclasses import asdict
+import traceback
+from dataclasses import asdict, make_dataclass
+from types import ModuleType
 
 import torch
 
-from lib import config
 from lib.build import model_config
 from lib.common import Error
-from lib.keys import GPT2_NAMES, Key, keys_of
+from lib.distributed import rank, world_size
+from lib.options import GPT2_NAMES, Option, options_of
 from model import EncoderConfig
 
-KEYS = dict(
+OPTIONS = dict(
     # run
-    out_dir=Key("out", "where the checkpoints and metrics.jsonl go"),
-    task=Key(
+    out_dir=Option("out", "where the checkpoints and metrics.jsonl go"),
+    task=Option(
         "lm",
         "lm: next-token prediction with GPT; classify: EncoderClassifier on labelled rows",
         choices=("lm", "classify"),
     ),
-    dataset=Key(
+    dataset=Option(
         "shakespeare_char",
         "a folder under data/ made by its prepare.py, or a path to a prepared folder",
     ),
-    init_from=Key(
+    init_from=Option(
         "scratch",
         "scratch, resume, gpt2[-medium|-large|-xl], or a folder of GPT weights (ours or HF's)",
     ),
-    overwrite_out_dir=Key(
+    overwrite_out_dir=Option(
         False,
         "let a new run start in an out_dir that holds a checkpoint (without it, it refuses): "
         "the old run's files move into out_dir/previous",
     ),
     # torch.manual_seed's range, and numpy's seeds are >= 0
-    seed=Key(1337, "batches, initial weights and dropout all follow from it", ge=0, lt=2**64),
-    device=Key(
+    seed=Option(1337, "batches, initial weights and dropout all follow from it", ge=0, lt=2**64),
+    device=Option(
         "auto",
         "auto: cuda, then mps, then cpu; or cpu, cuda, cuda:1, mps "
         "(a resume runs where it is told)",
     ),
-    dtype=Key(
+    dtype=Option(
         "auto",
         "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, "
         "else float32",
         choices=("auto", "float32", "bfloat16", "float16"),
     ),
-    compile=Key(False, "torch.compile the model: a slower start, faster steps on GPUs"),
-    deterministic=Key(
+    compile=Option(False, "torch.compile the model: a slower start, faster steps on GPUs"),
+    deterministic=Option(
         False,
         "deterministic GPU kernels (slower): identical reruns, resumes and DDP on GPUs as well",
     ),
-    strategy=Key(
+    strategy=Option(
         "ddp",
         "under torchrun: ddp, a whole copy of the model on each process; fsdp, parameters, "
         "gradients and AdamW's moments sharded over the processes (one process: no difference)",
         choices=("ddp", "fsdp"),
     ),
-    activation_checkpointing=Key(
+    activation_checkpointing=Option(
         False,
         "recompute each Block's activations in the backward pass: only the Blocks' inputs are "
         "kept, for a second forward pass (about a third more compute)",
     ),
     # evaluation, logging, checkpoints
-    eval_interval=Key(250, "steps between evaluations (and checkpoints)", ge=1),
-    eval_iters=Key(100, "batches per evaluation, the same ones every time", ge=1),
-    log_interval=Key(
+    eval_interval=Option(250, "steps between evaluations (and checkpoints)", ge=1),
+    eval_iters=Option(100, "batches per evaluation, the same ones every time", ge=1),
+    log_interval=Option(
         10,
         "steps between log lines (loss, lr, speed, gradient norm; MFU on known GPUs)",
         ge=1,
     ),
-    eval_only=Key(False, "evaluate once and exit"),
-    always_save_checkpoint=Key(
+    eval_only=Option(False, "evaluate once and exit"),
+    always_save_checkpoint=Option(
         True, "save trainer_state.pt at every evaluation, not only when validation improves"
     ),
-    wandb_log=Key(False, "log to wandb as well (WANDB_MODE=offline works without an account)"),
-    wandb_project=Key("gpt-starter", "the wandb project"),
-    wandb_run_name=Key("", "the wandb run's name; empty: out_dir and the start time"),
+    wandb_log=Option(False, "log to wandb as well (WANDB_MODE=offline works without an account)"),
+    wandb_project=Option("gpt-starter", "the wandb project"),
+    wandb_run_name=Option("", "the wandb run's name; empty: out_dir and the start time"),
     # data and model
-    batch_size=Key(12, "rows per micro-step per process", ge=1),
-    gradient_accumulation_steps=Key(
+    batch_size=Option(12, "rows per micro-step per process", ge=1),
+    gradient_accumulation_steps=Option(
         1, "micro-steps per optimizer step, over all processes together", ge=1
     ),
-    vocab_size=Key(0, "0: the dataset's", ge=0),
+    vocab_size=Option(0, "0: the dataset's", ge=0),
     # the model's keys, declared with its config: block_size, n_layer, n_head, n_embd, dropout,
     # bias, attn_impl, rope, qk_norm, token_dropout, bow_head, bow_buckets
-    **keys_of(EncoderConfig),
+    **options_of(EncoderConfig),
     # optimizer and schedule: linear warmup, then cosine decay to min_lr
-    optimizer=Key(
+    optimizer=Option(
         "adamw",
         "adamw; muon: Muon for the blocks' matrices, AdamW for the rest",
         choices=("adamw", "muon"),
     ),
-    learning_rate=Key(6e-4, "peak learning rate", ge=0),
-    min_lr=Key(6e-5, "learning rate at the end of the decay", ge=0),
-    warmup_iters=Key(100, "steps of linear warmup", ge=0),
-    lr_decay_iters=Key(5000, "the step at which the decay reaches min_lr", ge=0),
-    decay_lr=Key(True, "False: learning_rate throughout"),
-    max_iters=Key(5000, "optimizer steps in all", ge=0),
-    weight_decay=Key(0.1, "decoupled weight decay of matrices and embeddings", ge=0),
-    beta1=Key(0.9, "Adam's first-moment decay", ge=0, lt=1),
-    beta2=Key(0.95, "Adam's second-moment decay", ge=0, lt=1),
-    grad_clip=Key(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
+    learning_rate=Option(6e-4, "peak learning rate", ge=0),
+    min_lr=Option(6e-5, "learning rate at the end of the decay", ge=0),
+    warmup_iters=Option(100, "steps of linear warmup", ge=0),
+    lr_decay_iters=Option(5000, "the step at which the decay reaches min_lr", ge=0),
+    decay_lr=Option(True, "False: learning_rate throughout"),
+    max_iters=Option(5000, "optimizer steps in all", ge=0),
+    weight_decay=Option(0.1, "decoupled weight decay of matrices and embeddings", ge=0),
+    beta1=Option(0.9, "Adam's first-moment decay", ge=0, lt=1),
+    beta2=Option(0.95, "Adam's second-moment decay", ge=0, lt=1),
+    grad_clip=Option(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
 )
 
 
 def check_rules(cfg, resuming):
     """What the keys must satisfy together."""
-    processes = int(os.environ.get("WORLD_SIZE", 1))
+    processes = world_size()
     forms = ("scratch", "resume") + GPT2_NAMES
     if cfg.decay_lr and cfg.min_lr > cfg.learning_rate:
         raise broken(cfg, "min_lr", f"<= learning_rate={cfg.learning_rate}")
     if not (resuming or cfg.init_from in forms or os.path.isdir(cfg.init_from)):
-        hint = config.did_you_mean(cfg.init_from, forms)
+        hint = did_you_mean(cfg.init_from, forms)
         raise broken(
             cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
         )
@@ -138,7 +143,7 @@ def check_rules(cfg, resuming):
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
-    first_rank = int(os.environ.get("RANK", 0)) == 0
+    first_rank = rank() == 0
     if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(
             f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
@@ -159,3 +164,79 @@ def inside(path, folder):
 def broken(cfg, name, what):
     """The error of a broken rule: the key, its value and what it must be."""
     return Error(f"{name}={getattr(cfg, name)!r}: must be {what}")
+
+
+def parse(argv, keys, doc):
+    """(frozen settings, the names the user set) from config files and --key=value overrides, in
+    order; --help prints doc and every key."""
+    given = {}
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(doc + "\nkeys, their defaults and what they do:")
+            for name, key in keys.items():
+                print(f"  --{name}={key.default!r}".ljust(34) + f"  {key.help}")
+            raise SystemExit(0)
+        if arg == "--print_config":
+            continue
+        if arg.startswith("--"):
+            name, eq, text = arg[2:].partition("=")
+            if not eq:
+                raise Error(f"{arg}: write --{name}=VALUE")
+            settings = {name: literal(text)}
+        else:
+            settings = read_file(arg, {})
+        for name, value in settings.items():
+            if name not in keys:
+                hint = did_you_mean(name, keys) or " (see --help)"
+                raise Error(f"unknown key {name!r} in {arg}{hint}")
+            try:
+                given[name] = keys[name].check(name, value)
+            except Error as e:
+                raise Error(f"{e} (in {arg})") from None
+    values = {name: key.default for name, key in keys.items()} | given
+    typed = [(name, type(key.default)) for name, key in keys.items()]
+    return make_dataclass("Settings", typed, frozen=True)(**values), set(given)
+
+
+def did_you_mean(value, choices):
+    """ " (did you mean X?)" for the closest of choices, or nothing."""
+    close = difflib.get_close_matches(value, choices, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def literal(text):
+    """A Python literal (1e-3, True, 'x'), nan and inf, else the text itself."""
+    for read in (ast.literal_eval, float):
+        try:
+            return read(text)
+        except (ValueError, SyntaxError):
+            pass
+    return text
+
+
+def read_file(path, scope):
+    """The settings a config file sets into scope; include(path) runs another, relative to it."""
+    if not os.path.isfile(path):
+        raise Error(f"no config file {path!r} (config files live in config/)")
+
+    def include(other):
+        return read_file(os.path.join(os.path.dirname(path), other), scope)
+
+    scope["include"] = include
+    try:
+        with open(path, encoding="utf-8") as f:
+            exec(compile(f.read(), path, "exec"), scope)
+    except Error:
+        raise
+    except SyntaxError as e:
+        raise Error(f"{e.filename}:{e.lineno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise Error(f"{path}: not UTF-8 text ({e.reason}): save it as UTF-8") from None
+    except Exception as e:  # where Python says it was raised
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise Error(f"{frame.filename}:{frame.lineno}: {type(e).__name__}: {e}") from None
+    return {
+        name: value
+        for name, value in scope.items()
+        if not name.startswith("_") and not callable(value) and not isinstance(value, ModuleType)
+    }

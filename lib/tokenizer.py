@@ -1,36 +1,11 @@
 """The tokenizers a dataset's meta.json or a checkpoint names: characters, or a byte-pair encoding
-(lib/bpe_tokenizer.py: GPT-2's through tiktoken, or one trained on the data)."""
+(lib/bpe.py: GPT-2's through tiktoken, or one trained on the data); the special tokens every
+tokenizer shares, and a decode's text: where a stop string cuts it, what can be printed yet."""
 
 from lib.common import Error
 
 # the end of a document: a token of its own, never produced from text
 EOT = "<|endoftext|>"
-
-
-def get_tokenizer(spec, where="tokenizer", vocab_size=None):
-    """The tokenizer that spec (its keys: lib/schema.py's) names in the file where; a trained BPE's
-    file lies beside that file. With vocab_size, every id must index a model's embedding rows."""
-    if spec is None:
-        raise Error(
-            f"{where}: no tokenizer this project knows: add a 'tokenizer' key "
-            "(a char one holds 'chars', a bpe one 'encoding')"
-        )
-    if spec["type"] == "char":
-        tokenizer = CharTokenizer(spec["chars"], spec.get("eot", False))
-    else:
-        from lib.bpe_tokenizer import bpe_tokenizer
-
-        tokenizer = bpe_tokenizer(spec, where)
-    if "chat" in spec:  # a chat fine-tune's: its tokens after
-        from lib.chat import with_chat
-
-        tokenizer = with_chat(tokenizer, spec["chat"], where)
-    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
-        raise Error(
-            f"{where}: the tokenizer has {tokenizer.vocab_size:,} tokens, the model's vocabulary "
-            f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
-        )
-    return tokenizer
 
 
 class CharTokenizer:
@@ -90,3 +65,48 @@ def pieces(tokenizer, ids):
         else:
             run.append(i)
     return made + [(decode(run), False)]
+
+
+SEPARATOR = "-" * 40  # printed between samples
+
+
+def first_stop(text, stops):
+    """Where the first of stops begins in text, or -1."""
+    return min((text.find(stop) for stop in stops if stop in text), default=-1)
+
+
+def printable(text, stops=()):
+    """All of text but a tail that may begin one of stops: what can be printed now."""
+    text = text.rstrip("\ufffd")  # tiktoken's half of a multi-byte character
+    held = 0
+    for stop in stops:
+        for n in range(1, min(len(stop) - 1, len(text)) + 1):
+            if stop.startswith(text[-n:]):
+                held = max(held, n)
+    return text[: len(text) - held]
+
+
+def continuation(tokenizer, row, stops, count=None):
+    """The text of an engine row's generated tokens (its first count), cut before the first of
+    stops, where the row finishes -> (that text, what of it can be shown now, whether a stop cut
+    it). The whole is decoded each time: bytes split over tokens join up. A stop is found in the
+    text between special tokens, never in a special token's name nor across one."""
+    text = ""
+    parts = pieces(tokenizer, row.generated[:count])
+    for piece, special in parts:
+        cut = -1 if special else first_stop(piece, stops)
+        if cut >= 0:
+            row.finish()
+            return text + piece[:cut], text + piece[:cut], True
+        text += piece
+    last = parts[-1][0]  # the text after the last special token: it may begin a stop
+    return text, text[: len(text) - len(last)] + printable(last, stops), False
+
+
+def stopped_short(rows):
+    """An Error naming the first of the engine rows (sample i + 1) that stopped where its
+    options left no token to draw, and how far it got; the message names the option
+    (serve.py's 400)."""
+    for i, row in enumerate(rows):
+        if row.error:
+            raise Error(f"sample {i + 1} stopped after {len(row.generated)} tokens: {row.error}")

@@ -1,5 +1,7 @@
 """Reading weights: this project's checkpoints (model.safetensors + config.json, which
-lib/checkpoint.save_pretrained writes); GPT-2's in the Hugging Face layout through lib/gpt2.py."""
+lib/checkpoint.save_pretrained writes); GPT-2's in the Hugging Face layout through lib/gpt2.py;
+the tokenizer a checkpoint's or a dataset's spec names (get_tokenizer), picked here so that no
+tokenizer module imports the module that picks it."""
 
 import os
 
@@ -7,9 +9,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from lib.card import check_card
 from lib.common import Error, check_regular, read_json
-from lib.schema import check_card
-from lib.tokenizer import get_tokenizer
+from lib.tokenizer import CharTokenizer
 from model import ARCHITECTURES
 
 # the tokenizer of GPT-2's weights, and of a Hugging Face folder whose config.json names none
@@ -104,3 +106,29 @@ def load_gpt(source, device, hub=False):
         f"{tokenizer.spec['type']} tokenizer"
     )
     return model, tokenizer, what
+
+
+def get_tokenizer(spec, where="tokenizer", vocab_size=None):
+    """The tokenizer that spec (its keys: lib/card.py's) names in the file where; a trained BPE's
+    file lies beside that file. With vocab_size, every id must index a model's embedding rows."""
+    if spec is None:
+        raise Error(
+            f"{where}: no tokenizer this project knows: add a 'tokenizer' key "
+            "(a char one holds 'chars', a bpe one 'encoding')"
+        )
+    if spec["type"] == "char":
+        tokenizer = CharTokenizer(spec["chars"], spec.get("eot", False))
+    else:
+        from lib.bpe import bpe_tokenizer
+
+        tokenizer = bpe_tokenizer(spec, where)
+    if "chat" in spec:  # a chat fine-tune's: its tokens after
+        from lib.chat import with_chat
+
+        tokenizer = with_chat(tokenizer, spec["chat"], where)
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
+        raise Error(
+            f"{where}: the tokenizer has {tokenizer.vocab_size:,} tokens, the model's vocabulary "
+            f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
+        )
+    return tokenizer

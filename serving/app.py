@@ -12,15 +12,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from lib.transport import (
-    DEADLINE,
-    MAX_CONNECTIONS,
-    Guard,
-    Protocol,
-    RequestError,
-    host_names,
-    listen,
-)
 from serving.chat import ChatRequest, chat_completion
 from serving.protocol import (
     ClassifyRequest,
@@ -31,6 +22,15 @@ from serving.protocol import (
     invalid,
     refused,
     server_error,
+)
+from serving.transport import (
+    DEADLINE,
+    MAX_CONNECTIONS,
+    Guard,
+    Protocol,
+    RequestError,
+    host_names,
+    listen,
 )
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.html")
@@ -76,26 +76,26 @@ def make_app(playground, names, port, origins=(), deadline=DEADLINE):
 
     @app.get("/tokenizer_info")
     def tokenizer_info(model: str | None = None):
-        _, m = playground.pick_model(model, "lm")
-        tokenizer = m["tokenizer"]
+        _, served = playground.pick_model(model, "lm")
+        tokenizer = served["tokenizer"]
         return {
             "tokenizer_class": type(tokenizer).__name__,
             "eos_token": tokenizer.decode([tokenizer.start_token]),
-            "model_max_length": m["model"].config.block_size,
+            "model_max_length": served["model"].config.block_size,
         }
 
     @app.post("/tokenize")
     def tokenize(body: TokenizeRequest):
-        _, m = playground.pick_model(body.model, "lm")
-        tokens = playground.encode(m["tokenizer"], body.prompt, "prompt")
-        block_size = m["model"].config.block_size
+        _, served = playground.pick_model(body.model, "lm")
+        tokens = playground.encode(served["tokenizer"], body.prompt, "prompt")
+        block_size = served["model"].config.block_size
         return {"count": len(tokens), "max_model_len": block_size, "tokens": tokens}
 
     @app.post("/detokenize")
     def detokenize(body: DetokenizeRequest):
-        _, m = playground.pick_model(body.model, "lm")
-        tokens = playground.check_ids(m["tokenizer"], body.tokens, "tokens")
-        return {"prompt": m["tokenizer"].decode(tokens)}
+        _, served = playground.pick_model(body.model, "lm")
+        tokens = playground.check_ids(served["tokenizer"], body.tokens, "tokens")
+        return {"prompt": served["tokenizer"].decode(tokens)}
 
     if origins:  # their pages may read the answers (after the preflight a JSON POST needs)
         app.add_middleware(

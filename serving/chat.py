@@ -7,15 +7,15 @@ from pydantic import Field, create_model
 
 from lib.chat import check_messages, fitted
 from lib.common import Error
-from lib.transport import RequestError
 from serving.completions import Completion
 from serving.protocol import (
-    SURROGATE,
     CompletionRequest,
     DecodeFields,
     at_most,
+    check_unicode,
     decoding_fields,
 )
+from serving.transport import RequestError
 
 NO_CHAT = (
     "this model has no chat tokens: fine-tune it on conversations (data/chat/prepare.py, "
@@ -42,8 +42,8 @@ ChatRequest = create_model("ChatRequest", __base__=ChatFields, **decoding_fields
 def chat_completion(playground, req, deadline):
     """A chat request -> a ChatCompletion, not yet submitted: the completion of the
     conversation rendered up to the assistant's marker, checked as any completion is."""
-    name, m = playground.pick_model(req.model, "lm")
-    tokenizer = m["tokenizer"]
+    name, served = playground.pick_model(req.model, "lm")
+    tokenizer = served["tokenizer"]
     if not tokenizer.spec.get("chat"):
         raise RequestError(400, f"model {name!r}: {NO_CHAT}", "model")
     messages = conversation(req.messages)
@@ -52,7 +52,7 @@ def chat_completion(playground, req, deadline):
         raise RequestError(400, f"send max_tokens or its newer name {field}, not both", field)
     max_tokens = getattr(req, field) or playground.max_tokens
     at_most(field, max_tokens, playground.max_tokens)
-    block_size = m["model"].config.block_size
+    block_size = served["model"].config.block_size
     ids, dropped = prompt_ids(tokenizer, messages, block_size, max_tokens, req.drop_oldest)
     fields = {k: v for k, v in req if k in CompletionRequest.model_fields}
     fields.update(model=name, prompt=ids, max_tokens=max_tokens)
@@ -96,8 +96,7 @@ def content_text(content, i):
         content = "".join(texts)
     if not isinstance(content, str):
         raise bad(f"{where} is {type(content).__name__}: send a text or a list of text parts")
-    if SURROGATE.search(content):
-        raise bad(f"{where} is not valid Unicode (a lone surrogate): send UTF-8 text")
+    check_unicode(content, where, "messages")
     return content
 
 

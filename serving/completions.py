@@ -14,10 +14,9 @@ from fastapi.responses import JSONResponse
 import decoding
 from engine import Engine
 from lib.common import Error
-from lib.text import continuation
-from lib.tokenizer import end_tokens
-from lib.transport import RequestError
+from lib.tokenizer import continuation, end_tokens
 from serving.protocol import error_response, option_named
+from serving.transport import RequestError
 
 # the log-probabilities one completion may send: each a line of JSON in its answer and held in
 # memory until it is sent (about 20 bytes each, some 5 MB in all)
@@ -71,11 +70,11 @@ class Completion:
     ID = "cmpl"  # OpenAI's id prefix and objects: the answer's, a streamed chunk's
     OBJECT = CHUNK = "text_completion"
 
-    def __init__(self, playground, name, m, req, prompts, options, seed, stops):
+    def __init__(self, playground, name, served, req, prompts, options, seed, stops):
         self.playground = playground
         self.req = req
-        self.tokenizer = m["tokenizer"]
-        self.decoder = m["decoder"]
+        self.tokenizer = served["tokenizer"]
+        self.decoder = served["decoder"]
         self.stops = stops
         self.prompts = prompts
         self.options = options
@@ -104,15 +103,15 @@ class Completion:
         ends = () if req.ignore_eos else end_tokens(self.tokenizer)
         for text, ids in self.prompts:
             # generators of the request's own: a choice draws as it would alone
-            picks = decoding.make_picks(self.options, False, self.seed, req.n, vocab_size)
-            traces = [[] for _ in picks]
+            rules = decoding.make_rules(self.options, False, self.seed, req.n, vocab_size)
+            traces = [[] for _ in rules]
             if req.trace:
-                picks = [Traced(p, req.trace, self.tokenizer, t) for p, t in zip(picks, traces)]
+                rules = [Traced(p, req.trace, self.tokenizer, t) for p, t in zip(rules, traces)]
             # the prompt scored only where its log-probabilities are asked for
             echo = req.echo and req.logprobs is not None
             # the engine's client: its prompts take turns with other completions' prompts
             request = self.decoder.submit(
-                ids, picks, req.max_tokens, ends, req.logprobs, echo, self
+                ids, rules, req.max_tokens, ends, req.logprobs, echo, self
             )
             self.requests.append(request)
             for row, trace in zip(request.rows, traces):
@@ -302,11 +301,11 @@ def event(data):
 
 
 class Traced(decoding.NextToken):
-    """pick's decoding, recording each token it draws in trace: the token and the top candidates
+    """rule's decoding, recording each token it draws in trace: the token and the top candidates
     (token, id, probability) of the raw logits and after each filter that runs."""
 
-    def __init__(self, pick, top, tokenizer, trace):
-        super().__init__(pick.options, pick.greedy, pick.generator, pick.vocab_size)
+    def __init__(self, rule, top, tokenizer, trace):
+        super().__init__(rule.options, rule.greedy, rule.generator, rule.vocab_size)
         self.top = top
         self.tokenizer = tokenizer
         self.trace = trace
@@ -335,10 +334,10 @@ class ScoringEngine(Engine):
         super().__init__(model, rows, compile=compile)
         self.vocab_size = vocab_size or model.config.vocab_size
 
-    def make_request(self, prompt, picks, max_new_tokens, end_tokens=(), logprobs=None, echo=False):
+    def make_request(self, prompt, rules, max_new_tokens, end_tokens=(), logprobs=None, echo=False):
         """Engine.make_request, with each token's log-probability (logprobs: the top that many
         too) and the prompt scored (echo: it must fit in block_size)."""
-        request = super().make_request(prompt, picks, max_new_tokens, end_tokens)
+        request = super().make_request(prompt, rules, max_new_tokens, end_tokens)
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         request.echo = echo

@@ -12,11 +12,11 @@ import decoding
 from lib import classifier
 from lib.common import Error, pick_device, read_json
 from lib.formats import for_decoding
-from lib.transport import DEADLINE, MAX_ACTIVE, RequestError, Slots
 from lib.weights import load_gpt
 from serving.completions import Completion, check_candidates
 from serving.protocol import MAX_TEXTS, at_most, option_named
 from serving.scheduler import MAX_ROWS, Decoder, ServingEngine, free_rows
+from serving.transport import DEADLINE, MAX_ACTIVE, RequestError, Slots
 
 
 class Playground:
@@ -81,19 +81,19 @@ class Playground:
     def describe(self):
         """GET /v1/models: OpenAI's list, each entry with what the page needs to draw it."""
         data = []
-        for name, m in self.models.items():
-            config = m["model"].config
+        for name, served in self.models.items():
+            config = served["model"].config
             shape = ("block_size", "n_layer", "n_head", "n_embd")
             data.append(
                 {
                     "id": name,
                     "object": "model",
                     "owned_by": "gpt-starter",
-                    "task": m["task"],
-                    "labels": m.get("labels"),
+                    "task": served["task"],
+                    "labels": served.get("labels"),
                     **{k: getattr(config, k) for k in shape},
-                    **free_rows(m),
-                    "chat": m["tokenizer"].spec.get("chat", False),
+                    **free_rows(served),
+                    "chat": served["tokenizer"].spec.get("chat", False),
                 }
             )
         return {"object": "list", "data": data}
@@ -119,7 +119,7 @@ class Playground:
     def pick_model(self, name, task):
         """The checkpoint a request names (or the only one of its task),
         checked to be of that task."""
-        of_task = [n for n, m in self.models.items() if m["task"] == task]
+        of_task = [n for n, served in self.models.items() if served["task"] == task]
         if not of_task:
             what = "GPT" if task == "lm" else "classifier"
             raise RequestError(
@@ -145,7 +145,7 @@ class Playground:
         """A checked completion request -> a Completion (or kind, its subclass), not yet
         submitted; one that the model's measured speed cannot finish within deadline seconds is
         refused at once."""
-        name, m = self.pick_model(req.model, "lm")
+        name, served = self.pick_model(req.model, "lm")
         if req.max_tokens == 0 and not req.echo:
             raise RequestError(400, "max_tokens 0 scores the prompt: send echo too", "max_tokens")
         at_most("max_tokens", req.max_tokens, self.max_tokens)
@@ -155,7 +155,7 @@ class Playground:
             raise RequestError(
                 400, "stop must be a non-empty string or a list of at most 4 of them", "stop"
             )
-        vocab_size = m["tokenizer"].vocab_size
+        vocab_size = served["tokenizer"].vocab_size
         if req.logprobs is not None and req.logprobs > vocab_size:
             raise RequestError(
                 400,
@@ -163,8 +163,8 @@ class Playground:
                 f"got {req.logprobs}",
                 "logprobs",
             )
-        prompts = self.prompts(req.prompt, m)
-        decoder = m["decoder"]
+        prompts = self.prompts(req.prompt, served)
+        decoder = served["decoder"]
         steps = decoder.steps_for(len(prompts) * req.n, req.max_tokens)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         seconds = steps * decoder.step_seconds + prompt_tokens * decoder.token_seconds
@@ -182,13 +182,13 @@ class Playground:
         except Error as e:
             raise RequestError(400, str(e), option_named(str(e))) from None
         check_candidates(req, prompts, options)
-        return kind(self, name, m, req, prompts, options, seed, stops)
+        return kind(self, name, served, req, prompts, options, seed, stops)
 
-    def prompts(self, prompt, m):
+    def prompts(self, prompt, served):
         """A request's prompt -> [(its text, its token ids)], one per prompt given: a text, a
         list of token ids, or a list of either; an empty text starts from the start token."""
-        tokenizer = m["tokenizer"]
-        block_size = m["model"].config.block_size
+        tokenizer = served["tokenizer"]
+        block_size = served["model"].config.block_size
         one = isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))
         given = [prompt] if one else prompt
         if not 1 <= len(given) <= MAX_TEXTS:
@@ -234,7 +234,7 @@ class Playground:
     def classify(self, req):
         """POST /v1/classify: the probabilities classify.py gives (its predict, the same batches),
         and with attention one text's tokens and maps [layer][head][query][key]."""
-        name, m = self.pick_model(req.model, "classify")
+        name, served = self.pick_model(req.model, "classify")
         texts = [req.input] if isinstance(req.input, str) else req.input
         if not texts or len(texts) > MAX_TEXTS or not all(t.strip() for t in texts):
             raise RequestError(
@@ -249,27 +249,27 @@ class Playground:
                 "attention",
             )
         try:
-            rows = [row[: m["max_length"]] for row in m["tokenizer"].encode_batch(texts)]
+            rows = [row[: served["max_length"]] for row in served["tokenizer"].encode_batch(texts)]
         except Error as e:  # a character a char model never saw
             raise RequestError(400, f"input: {e}", "input") from None
         with self.lock:  # float32, as classify.py runs
-            probs = classifier.predict(m["model"], rows, 64, self.device).tolist()
+            probs = classifier.predict(served["model"], rows, 64, self.device).tolist()
             maps = None
             if req.attention:
-                maps = classifier.attention_maps(m["model"], rows[0], self.device)[1]
+                maps = classifier.attention_maps(served["model"], rows[0], self.device)[1]
         data = []
         for i, p in enumerate(probs):
             best = max(range(len(p)), key=p.__getitem__)
             data.append(
                 {
                     "index": i,
-                    "label": m["labels"][best],
+                    "label": served["labels"][best],
                     "label_id": best,
-                    "probs": dict(zip(m["labels"], p)),
+                    "probs": dict(zip(served["labels"], p)),
                 }
             )
         if maps is not None:
-            data[0]["tokens"] = [m["tokenizer"].decode([t]) for t in rows[0]]
+            data[0]["tokens"] = [served["tokenizer"].decode([t]) for t in rows[0]]
             # a pair the model's pattern masks: null
             data[0]["attention"] = [
                 [

@@ -9,7 +9,7 @@ import traceback
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 import decoding
-from lib.transport import RequestError
+from serving.transport import RequestError
 
 MAX_TEXTS = 64  # texts in one classify request, prompts in one completion request
 MAX_TRACE = 20  # candidates per filter in a trace, alternatives per token in logprobs
@@ -38,11 +38,17 @@ class Body(BaseModel):
         if not isinstance(data, dict):
             return data
         for name, value in data.items():
-            texts = value if isinstance(value, list) else [value]
-            if any(isinstance(text, str) and SURROGATE.search(text) for text in texts):
-                what = "is not valid Unicode (a lone surrogate): send UTF-8 text"
-                raise RequestError(400, f"{name} {what}", name)
+            for text in value if isinstance(value, list) else [value]:
+                if isinstance(text, str):
+                    check_unicode(text, name, name)
         return data
+
+
+def check_unicode(text, where, field):
+    """A 400 naming field where text holds a lone surrogate ("\\ud800" in JSON)."""
+    if SURROGATE.search(text):
+        what = "is not valid Unicode (a lone surrogate): send UTF-8 text"
+        raise RequestError(400, f"{where} {what}", field)
 
 
 class StreamOptions(Body):
@@ -87,7 +93,7 @@ def decoding_fields():
     return made
 
 
-# decoding.option()'s bounds by their JSON Schema names
+# the bounds each decoding option declares (lib.options.setting), by their JSON Schema names
 SCHEMA_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum"}
 
 

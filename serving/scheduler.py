@@ -61,10 +61,10 @@ class ServingEngine(ScoringEngine):
         return took
 
     def submit(
-        self, prompt, picks, max_new_tokens, end_tokens=(), logprobs=None, echo=False, client=None
+        self, prompt, rules, max_new_tokens, end_tokens=(), logprobs=None, echo=False, client=None
     ):
         """ScoringEngine's request (logprobs, echo), and who asks (client, any hashable)."""
-        request = self.make_request(prompt, picks, max_new_tokens, end_tokens, logprobs, echo)
+        request = self.make_request(prompt, rules, max_new_tokens, end_tokens, logprobs, echo)
         for row in request.rows:
             row.bug = False  # whether its error is the engine's failure, not its options'
             row.client = client
@@ -117,10 +117,10 @@ class Decoder:
         self.token_seconds = 0.0  # a running mean of a prompt token's prefill (0: none yet)
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
-    def submit(self, prompt, picks, max_new_tokens, *options):
+    def submit(self, prompt, rules, max_new_tokens, *options):
         """engine.submit's request (its options: ServingEngine.submit's), the thread woken."""
         with self.work:
-            request = self.engine.submit(prompt, picks, max_new_tokens, *options)
+            request = self.engine.submit(prompt, rules, max_new_tokens, *options)
             self.work.notify()
         return request
 
@@ -189,9 +189,9 @@ def wake(futures):
             future.set_result(None)
 
 
-def free_rows(m):
+def free_rows(served):
     """A GPT's KV cache rows and how many are free now (all of them when idle), else nothing."""
-    if m["task"] != "lm":
+    if served["task"] != "lm":
         return {}
-    engine = m["decoder"].engine
+    engine = served["decoder"].engine
     return {"rows": len(engine.cache.lengths), "free_rows": len(engine.free)}

@@ -1,6 +1,7 @@
 """bench/attention.py: the notebook-style per-head loop computes what the fused projection
 computes; bench/speed.py's measurements run. bench/core_tokens.py: a run's walk."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -93,14 +94,9 @@ OPTIONS = (
     "patterns",  # a sparse attention pattern, and a window model's rolling cache
     "muon",  # optimizer=muon
     "lib.gpt2",  # GPT-2's weights: a name on the hub or a Hugging Face folder
-    "lib.parallel",  # torchrun's DDP or FSDP, activation_checkpointing
-    "lib.bpe_tokenizer",  # a byte-pair encoding
+    "lib.bpe",  # a byte-pair encoding
     "tiktoken",
-    "lib.labelled",  # task=classify
-    "lib.int8",  # weights=int8
     "lib.chat",  # a chat model's tokenizer
-    "lib.conversations",  # a chat fine-tune's data
-    "lib.talk",  # sample.py --chat, --messages
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys
@@ -108,7 +104,7 @@ import train, sample
 from engine import Engine
 from lib.distributed import Run, parallel
 from lib.formats import for_decoding
-from lib.tokenizer import get_tokenizer
+from lib.weights import get_tokenizer
 from model import GPT, GPTConfig
 
 def loaded():
@@ -142,9 +138,49 @@ def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own()
     assert plain & set(OPTIONS) == set()
     assert {
         "patterns",
-        "lib.parallel",
-        "lib.bpe_tokenizer",
+        "lib.bpe",
         "tiktoken",
-        "lib.int8",
         "lib.chat",
     } <= taken
+
+
+def repository_imports():
+    """{module: the repository's modules it imports}, imports inside functions included, for
+    every module of the repository's packages and root (scripts and tests aside)."""
+    graph = {}
+    for folder in ("", "lib", "serving"):
+        for name in sorted(os.listdir(os.path.join(speed.ROOT, folder or "."))):
+            if name.endswith(".py") and name != "__init__.py":
+                module = ".".join(filter(None, (folder, name[:-3])))
+                with open(os.path.join(speed.ROOT, folder, name)) as f:
+                    graph[module] = imported(ast.parse(f.read()))
+    return {module: names & graph.keys() for module, names in graph.items()}
+
+
+def imported(tree):
+    """The dotted names a module's import statements name, and each `from package import name`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_no_module_imports_itself_through_others():
+    """Imports go one way: no circle among the repository's modules, lazy imports included."""
+    graph = repository_imports()
+    circles = []
+    for start in graph:
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            module, path = stack.pop()
+            for other in graph[module]:
+                if other == start:
+                    circles.append(" -> ".join(path + [start]))
+                elif other not in seen:
+                    seen.add(other)
+                    stack.append((other, path + [other]))
+    assert circles == []

@@ -25,9 +25,9 @@ from engine import Engine
 from lib.chat import SPECIAL_TOKENS, ChatTokenizer, fitted
 from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.conversations import ConversationData
-from lib.tokenizer import CharTokenizer, end_tokens, get_tokenizer
-from lib.weights import load_pretrained
+from lib.data import ConversationData
+from lib.tokenizer import CharTokenizer, end_tokens
+from lib.weights import get_tokenizer, load_pretrained
 from model import GPT, GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread

@@ -80,7 +80,7 @@ def engine_replies(out_dir, messages, n, seed, max_tokens, ends=end_tokens, **op
     at ends(tokenizer); the tokens of the prompt and of the replies."""
     model, tokenizer, _ = load_gpt(str(out_dir), "cpu")
     ids, _ = tokenizer.render(messages, reply=True)
-    picks = decoding.make_picks(decoding.Options(**options), False, seed, n, tokenizer.vocab_size)
+    picks = decoding.make_rules(decoding.Options(**options), False, seed, n, tokenizer.vocab_size)
     engine = Engine(model, n)
     request = engine.submit(ids, picks, max_tokens, ends(tokenizer))
     while engine.busy():

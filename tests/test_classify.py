@@ -378,7 +378,7 @@ def test_help_documents_every_flag(capsys):
 def test_bpe_checkpoint_truncates_to_block_size(tmp_path, capsys):
     """GPT-2's BPE through tiktoken; max_length 64 > block_size 32, so texts are cut to 32
     tokens."""
-    from lib.bpe_tokenizer import BPETokenizer
+    from lib.bpe import BPETokenizer
 
     tok = BPETokenizer("r50k_base")
     torch.manual_seed(0)

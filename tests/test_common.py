@@ -1,15 +1,15 @@
 """common.py: the one dtype rule, device errors, atomic writes, the peak MFU is measured against;
-config.py's flags, the scripts' one way to declare a flag."""
+lib/options.py's flags, the scripts' one way to declare a flag."""
 
 import os
 
 import pytest
 import torch
 
-from lib import common, formats, mfu
+from lib import common, formats, records
 from lib.common import ArgumentParser, Error
 from lib.files import atomic_path
-from lib.keys import Key, flags
+from lib.options import Option, flags
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_explicit_bfloat16_on_a_gpu_without_bfloat16_matmuls_is_refused(monkeypa
 def test_datasheet_peaks_match_whole_names(name, peak):
     """An A10G is not an A10, nor an L40S an L4, nor an H100 PCIe the SXM H100: an unknown device
     has no peak, and no MFU."""
-    assert mfu.datasheet_peak(name) == peak
+    assert records.datasheet_peak(name) == peak
 
 
 def test_atomic_path_replaces_whole_or_not_at_all(tmp_path):
@@ -117,7 +117,10 @@ def test_atomic_writes_take_a_plain_files_mode(tmp_path, umask):
 
 
 def test_a_cpu_and_float32_have_no_peak_and_no_mfu():
-    assert mfu.peak_flops("cpu", "bfloat16") is None and mfu.peak_flops("cpu", "float32") is None
+    assert (
+        records.peak_flops("cpu", "bfloat16") is None
+        and records.peak_flops("cpu", "float32") is None
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
@@ -129,11 +132,11 @@ def test_absent_devices_are_one_line():
 
 
 FLAGS = {
-    "rows": Key(8, "rows at once", ge=1),
-    "share": Key(0.1, "a share", gt=0, lt=1),
-    "mode": Key("auto", "a mode", choices=("auto", "fast")),
-    "name": Key(None, "a name"),
-    "quick": Key(False, "a switch"),
+    "rows": Option(8, "rows at once", ge=1),
+    "share": Option(0.1, "a share", gt=0, lt=1),
+    "mode": Option("auto", "a mode", choices=("auto", "fast")),
+    "name": Option(None, "a name"),
+    "quick": Option(False, "a switch"),
 }
 
 

@@ -15,8 +15,7 @@ from decoding import NextToken, Options
 from engine import Engine
 from lib import formats
 from lib.common import Error
-from lib.formats import PackedLinear, for_decoding, resolve_weights
-from lib.int8 import Int8Linear
+from lib.formats import Int8Linear, PackedLinear, for_decoding, resolve_weights
 from model import GPT, GPTConfig
 from serving.scheduler import ServingEngine
 

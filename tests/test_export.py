@@ -16,8 +16,8 @@ from export import export
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.gpt2 import from_pretrained
-from lib.tokenizer import EOT, end_tokens, get_tokenizer
-from lib.weights import load_pretrained
+from lib.tokenizer import EOT, end_tokens
+from lib.weights import get_tokenizer, load_pretrained
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip(

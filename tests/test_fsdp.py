@@ -24,9 +24,9 @@ from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import train
-from lib import parallel as distributed
-from lib.batches import load_split
+from lib import distributed as distributed
 from lib.common import Error
+from lib.data import load_split
 from lib.distributed import Run
 from lib.weights import from_checkpoint
 from model import GPT, GPTConfig

@@ -20,8 +20,7 @@ from lib.bpe import bytes_to_unicode, save_ranks, train_bpe
 from lib.checkpoint import save_pretrained
 from lib.common import Error, run_script
 from lib.files import WriteError
-from lib.tokenizer import get_tokenizer
-from lib.weights import from_checkpoint
+from lib.weights import from_checkpoint, get_tokenizer
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is an extra: pip install -e '.[gguf]'")
@@ -420,6 +419,6 @@ def test_a_plain_export_imports_no_gguf():
 
 def test_every_gguf_dtype_the_flag_takes_is_one_the_writer_writes():
     """--gguf_dtype's choices (export.py, which imports no gguf) name the writer's types."""
-    from lib.gguf_export import DTYPES
+    from gguf_export import DTYPES
 
     assert tuple(DTYPES) == GGUF_DTYPES

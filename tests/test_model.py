@@ -12,7 +12,7 @@ import optim
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.gpt2 import from_pretrained
-from lib.mfu import flops_per_token
+from lib.records import flops_per_token
 from lib.weights import from_checkpoint
 from model import (
     GPT,

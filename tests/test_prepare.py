@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED, needs_shared
 
-from lib.batches import load_split, read_meta
-from lib.labelled import ClassificationData
+from lib.data import ClassificationData, load_split, read_meta
 
 SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]
@@ -378,3 +377,23 @@ def test_openwebtext_local_folder(tmp_path):
     assert load_split(str(tmp_path / "out"), "train", block_size=4).batch(np.array([0]))[
         "idx"
     ].shape == (1, 4)
+
+
+def test_a_run_and_a_prepare_hold_an_out_dir_by_one_lock(tmp_path):
+    """A prepare into a folder a run holds is refused, and a run into a folder a prepare holds:
+    one locked_out_dir for both."""
+    from lib import checkpoint, prepare
+    from lib.common import Error
+    from lib.files import locked_out_dir
+
+    with checkpoint.run_out_dir(str(tmp_path), resuming=False, overwrite=False):
+        with pytest.raises(Error, match="another prepare.py is writing into it"):
+            with locked_out_dir(str(tmp_path), prepare.held_by_a_prepare):
+                pass
+    with locked_out_dir(str(tmp_path), prepare.held_by_a_prepare):
+        with pytest.raises(Error, match="in use by another run"):
+            with checkpoint.run_out_dir(str(tmp_path), resuming=False, overwrite=False):
+                pass
+    # let go, a run takes it
+    with checkpoint.run_out_dir(str(tmp_path), resuming=False, overwrite=False):
+        pass

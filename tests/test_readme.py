@@ -16,7 +16,7 @@ from conftest import ROOT
 import train
 from bench.readme import PAGES, page_blocks
 from export import GGUF_LAYOUT
-from lib.config import parse
+from lib.settings import parse
 
 # a command starts at python or torchrun and ends where the shell or the markdown takes over
 COMMAND = re.compile(r"\b(python|torchrun)\s([^`|;#\n]+)")
@@ -84,7 +84,7 @@ def accepted_flags(script):
     """The --flags script takes: train.py's keys, or the options of the parser it builds when run
     (caught as it parses)."""
     if script == "train.py":
-        return {f"--{name}" for name in train.KEYS} | {"--help", "--print_config"}
+        return {f"--{name}" for name in train.OPTIONS} | {"--help", "--print_config"}
 
     def capture(parser, *args, **kwargs):
         raise Parsed(parser)
@@ -120,7 +120,7 @@ def trained(words):
         return None
     args = words[words.index("train.py") + 1 :]
     paths = [a if a.startswith("--") else os.path.join(ROOT, a) for a in args]
-    return parse(paths, train.KEYS, "")[0]
+    return parse(paths, train.OPTIONS, "")[0]
 
 
 def test_no_training_of_the_pages_overwrites_another_ones_folder():

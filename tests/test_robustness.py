@@ -27,7 +27,7 @@ from conftest import ROOT, TINY
 
 import train
 from export import export
-from lib import checkpoint, common, config
+from lib import checkpoint, common, settings
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.corpus import jsonl_rows
@@ -1539,9 +1539,9 @@ def test_a_file_that_is_not_a_regular_file_is_refused_not_read_forever(tmp_path,
         "metrics.jsonl": partial(read_metrics, str(tmp_path)),
         "trainer_state.pt": partial(
             checkpoint.resume,
-            config.parse([f"--out_dir={tmp_path}"], train.KEYS, "")[0],
+            settings.parse([f"--out_dir={tmp_path}"], train.OPTIONS, "")[0],
             set(),
-            train.KEYS,
+            train.OPTIONS,
         ),
     }
     with pytest.raises(Error, match=f"{name}: not a regular file"):

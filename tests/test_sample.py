@@ -15,8 +15,7 @@ from engine import Row
 from lib.chat import ChatTokenizer
 from lib.checkpoint import save_pretrained
 from lib.common import run_script
-from lib.text import continuation, printable
-from lib.tokenizer import EOT, CharTokenizer
+from lib.tokenizer import EOT, CharTokenizer, continuation, printable
 from lib.weights import from_checkpoint
 from model import GPT, GPTConfig
 from sample import SEPARATOR, main
@@ -283,7 +282,7 @@ def test_printable_holds_back_half_characters_and_a_possible_stop():
 def test_a_continuation_is_cut_before_the_first_stop_string_where_its_row_finishes():
     """sample.py's and serve's one reading of a row: its text, what may be shown, and the stop."""
     tokenizer = CharTokenizer("ab\n")
-    row = Row([0], pick=None, max_new_tokens=8, block_size=8)
+    row = Row([0], rule=None, max_new_tokens=8, block_size=8)
     row.tokens += tokenizer.encode("ab\nab\n\nb")
     assert continuation(tokenizer, row, ["\n\n"], 5) == ("ab\nab", "ab\nab", False)
     assert continuation(tokenizer, row, ["\n\n"], 6) == ("ab\nab\n", "ab\nab", False)
@@ -295,7 +294,7 @@ def test_a_stop_string_never_matches_inside_a_special_token():
     """A special token is not text: a stop is found in the text around it, never in its name nor
     across it ("r" does not cut <|user|> to <|use)."""
     tokenizer = ChatTokenizer(CharTokenizer("abr", eot=True))
-    row = Row([0], pick=None, max_new_tokens=8, block_size=8)
+    row = Row([0], rule=None, max_new_tokens=8, block_size=8)
     row.tokens += [0, tokenizer.ids["<|user|>"], 1, tokenizer.eot_token, 2, 0]
     whole = "a<|user|>b<|endoftext|>"
     assert continuation(tokenizer, row, ["r", "|>", "b<"], 4) == (whole, whole, False)

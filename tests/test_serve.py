@@ -24,11 +24,10 @@ from conftest import ROOT, eot_checkpoint
 import classify
 import decoding
 import sample
-from lib import transport
 from lib.checkpoint import save_pretrained
 from lib.tokenizer import EOT
 from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
-from serving import completions
+from serving import completions, transport
 from serving.app import Server
 from serving.playground import Playground
 from serving.scheduler import MAX_ROWS

@@ -21,10 +21,9 @@ from conftest import ROOT, SHARED, TINY, needs_shared
 import sample
 import train
 from export import export
-from lib.batches import read_meta
 from lib.common import Error
-from lib.tokenizer import get_tokenizer
-from lib.weights import load_gpt
+from lib.data import read_meta
+from lib.weights import get_tokenizer, load_gpt
 from serving.app import Server
 from serving.playground import Playground
 
@@ -194,15 +193,15 @@ def test_bits_per_byte_is_the_loss_in_bits_over_the_splits_bytes(prepared, train
 
 
 def test_plot_draws_bits_per_byte_beside_the_loss(trained, tmp_path, monkeypatch):
-    from lib import plots
+    import plot
 
     drawn = []
 
     def keep(fig, path, dpi):
         drawn.append(fig)
 
-    monkeypatch.setattr(plots, "save_figure", keep)
-    plots.plot_runs([str(trained)], str(tmp_path / "loss.png"))
+    monkeypatch.setattr(plot, "save_figure", keep)
+    plot.plot_runs([str(trained)], str(tmp_path / "loss.png"))
     loss, bpb = drawn[0].axes
     assert (loss.get_title(), bpb.get_title()) == ("loss", "validation bits per byte")
     records = [json.loads(line) for line in open(trained / "metrics.jsonl")]
@@ -453,7 +452,7 @@ def test_plot_without_out_names_its_image_after_the_runs_and_x(tmp_path, monkeyp
 def test_each_panel_legend_lists_the_runs_drawn_in_it(tmp_path, monkeypatch):
     """A language model beside a classifier: the loss panel holds both, the accuracy panel the
     classifier alone, the bits-per-byte panel the language model alone."""
-    from lib import plots
+    import plot
 
     lm = {"step": 0, "val/loss": 3.0, "train/loss": 3.1, "val/bpb": 2.0}
     write_records(tmp_path / "lm", [lm])  # the classifier's records lack a training loss
@@ -463,8 +462,8 @@ def test_each_panel_legend_lists_the_runs_drawn_in_it(tmp_path, monkeypatch):
     def keep(fig, path, dpi):
         drawn.append(fig)
 
-    monkeypatch.setattr(plots, "save_figure", keep)
-    plots.plot_runs([str(tmp_path / "lm"), str(tmp_path / "clf")], str(tmp_path / "x.png"))
+    monkeypatch.setattr(plot, "save_figure", keep)
+    plot.plot_runs([str(tmp_path / "lm"), str(tmp_path / "clf")], str(tmp_path / "x.png"))
     legends = {
         ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in drawn[0].axes
     }
@@ -615,7 +614,7 @@ def test_a_long_document_in_pieces_encodes_as_it_does_whole():
     """The cuts between pieces fall where GPT-2's words part, whatever spaces surround them."""
     import random
 
-    from lib.bpe_tokenizer import BPETokenizer
+    from lib.bpe import BPETokenizer
 
     tokenizer = BPETokenizer("r50k_base")
     words = ["word", "Ёжик", "'s", "'ll", "123", "!!", " ", "  ", "\n", "\n\n", "\t", "\r\n"]

@@ -24,17 +24,18 @@ from test_robustness import wait_for
 import plot
 import train
 from bench.readme import PAGES
-from lib import checkpoint, classifier, config
-from lib.batches import MAX_EPOCHS, epochs_line, load_split
+from lib import checkpoint, classifier
+from lib.build import RESIZED
 from lib.checkpoint import save_pretrained
 from lib.common import Error
+from lib.data import MAX_EPOCHS, epochs_line, load_split
 from lib.distributed import started
-from lib.finetune import RESIZED
-from lib.mfu import flops_per_token
 from lib.prepare import save_array, write_classification_split, write_meta
+from lib.records import flops_per_token
+from lib.settings import parse
 from model import GPT, EncoderClassifier, GPTConfig
 
-DEFAULTS = {name: key.default for name, key in train.KEYS.items()}
+DEFAULTS = {name: key.default for name, key in train.OPTIONS.items()}
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHARS = {"type": "char", "chars": "abcdefghij"}  # lm_dir's tokenizer
 
@@ -128,8 +129,10 @@ def test_config_file_overrides_and_types(tmp_path):
     cfg.write_text(
         "n_layer = 3\nlearning_rate = 1e-3\ndataset = 'agnews'\nimport math\n_private = 1\n"
     )
-    cfg, user_keys = config.parse(
-        [str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"], train.KEYS, ""
+    cfg, user_keys = parse(
+        [str(cfg), "--n_layer=5", "--learning_rate=1", "--wandb_run_name=bare_word"],
+        train.OPTIONS,
+        "",
     )
     assert (cfg.n_layer, cfg.learning_rate, cfg.dataset, cfg.wandb_run_name) == (
         5,
@@ -206,7 +209,7 @@ def test_include_is_relative_to_the_including_file(tmp_path, monkeypatch):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.py").write_text("include('../base.py')\nn_embd = 96\n")
     monkeypatch.chdir("/")
-    cfg, user_keys = config.parse([str(tmp_path / "sub" / "c.py")], train.KEYS, "")
+    cfg, user_keys = parse([str(tmp_path / "sub" / "c.py")], train.OPTIONS, "")
     assert (cfg.n_layer, cfg.n_embd) == (3, 96) and user_keys == {"n_layer", "n_embd"}
 
 
@@ -219,7 +222,7 @@ def test_help_says_what_every_key_does(capsys):
         for line in capsys.readouterr().out.splitlines()
         if line.startswith("  --")
     }
-    assert set(lines) == {f"--{k}" for k in train.KEYS}
+    assert set(lines) == {f"--{k}" for k in train.OPTIONS}
     # a comment beside each default
     assert all(len(line.split("  ")[-1]) > 8 for line in lines.values()), lines
     assert "rotary position embeddings" in lines["--rope"]
@@ -589,7 +592,7 @@ def test_locks_tell_a_held_lock_from_a_filesystem_without_locks(tmp_path, monkey
 
     monkeypatch.setattr(fcntl, "flock", no_locks)
     with pytest.raises(Error, match="cannot be locked .* a filesystem without flock"):
-        with checkpoint.locked_out_dir(str(tmp_path), resuming=False, overwrite=False):
+        with checkpoint.run_out_dir(str(tmp_path), resuming=False, overwrite=False):
             pass
 
 

@@ -23,22 +23,22 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.bpe_tokenizer import BPETokenizer
+from lib.bpe import BPETokenizer
 from lib.common import ArgumentParser, Error, run_script
-from lib.keys import Key, flags
+from lib.options import Option, flags
 
 HUB_NAME = "fancyzhx/ag_news"
 LABEL_NAMES = ["World", "Sports", "Business", "Sci/Tech"]
 FLAGS = {
-    "source": Key(
+    "source": Option(
         None, f"a folder with train.csv etc. (default: download {HUB_NAME} from the hub)"
     ),
-    "out_dir": Key(HERE, "where to write"),
-    "val_fraction": Key(
+    "out_dir": Option(HERE, "where to write"),
+    "val_fraction": Option(
         0.05, "share of train carved out as val when the source has no val split", gt=0, lt=1
     ),
-    "max_length": Key(128, "tokens kept per row", ge=1),
-    "cased": Key(
+    "max_length": Option(128, "tokens kept per row", ge=1),
+    "cased": Option(
         False,
         "keep the texts' case (default: lowercase them before BPE, as bag-of-words models do; the "
         "tokenizer in meta.json says so, and classify.py does the same)",

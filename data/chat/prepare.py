@@ -30,21 +30,21 @@ from lib import prepare
 from lib.chat import ChatTokenizer, check_messages
 from lib.common import ArgumentParser, Error, parse_json, run_script
 from lib.corpus import not_regular, text_files
-from lib.keys import GPT2_NAMES, Key, flags
-from lib.tokenizer import get_tokenizer
-from lib.weights import load_pretrained
+from lib.files import locked_out_dir
+from lib.options import GPT2_NAMES, Option, flags
+from lib.weights import get_tokenizer, load_pretrained
 
 FLAGS = {
-    "source": Key(None, "a .jsonl file, or a folder of them (default: the word tasks)"),
-    "tokenizer_from": Key(
+    "source": Option(None, "a .jsonl file, or a folder of them (default: the word tasks)"),
+    "tokenizer_from": Option(
         "out-shakespeare-char-cpu",
         f"the checkpoint to fine-tune (its folder), or {', '.join(GPT2_NAMES)}: GPT-2's BPE",
     ),
-    "out_dir": Key(HERE, "where to write"),
-    "block_size": Key(0, "the longest conversation, less one (0: the model's block_size)", ge=0),
-    "val_fraction": Key(0.1, "the share of conversations for val", gt=0, lt=1),
-    "examples": Key(6000, "word tasks to generate, without --source", ge=1),
-    "seed": Key(1337, "the word tasks' random seed"),
+    "out_dir": Option(HERE, "where to write"),
+    "block_size": Option(0, "the longest conversation, less one (0: the model's block_size)", ge=0),
+    "val_fraction": Option(0.1, "the share of conversations for val", gt=0, lt=1),
+    "examples": Option(6000, "word tasks to generate, without --source", ge=1),
+    "seed": Option(1337, "the word tasks' random seed"),
 }
 
 
@@ -201,7 +201,7 @@ def main():
                 "--val_fraction"
             )
     dtype = prepare.token_dtype(tokenizer.vocab_size)
-    with prepare.locked_out_dir(args.out_dir):
+    with locked_out_dir(args.out_dir, prepare.held_by_a_prepare):
         prepare.unpublish(args.out_dir)
         for split, rows in splits.items():
             write_split(args.out_dir, split, rows, dtype)

@@ -21,19 +21,19 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.bpe_tokenizer import BPETokenizer
+from lib.bpe import BPETokenizer
 from lib.common import ArgumentParser, Error, run_script
-from lib.keys import Key, flags
+from lib.options import Option, flags
 
 HUB_NAME = "Skylion007/openwebtext"
 tok = None  # the tokenizer, made once per process (map's workers make their own)
 FLAGS = {
-    "source": Key(
+    "source": Option(
         None, f"local text instead of {HUB_NAME}: a folder of .txt files or a .jsonl/.parquet"
     ),
-    "out_dir": Key(HERE, "where to write"),
-    "num_proc": Key(min(8, os.cpu_count() or 1), "processes for download and tokenizing", ge=1),
-    "val_fraction": Key(0.0005, "share of documents for val", gt=0, lt=1),
+    "out_dir": Option(HERE, "where to write"),
+    "num_proc": Option(min(8, os.cpu_count() or 1), "processes for download and tokenizing", ge=1),
+    "val_fraction": Option(0.0005, "share of documents for val", gt=0, lt=1),
 }
 
 

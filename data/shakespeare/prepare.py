@@ -12,7 +12,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
-from lib.bpe_tokenizer import BPETokenizer
+from lib.bpe import BPETokenizer
 from lib.common import run_script
 from lib.prepare import prepare_text
 

@@ -27,12 +27,11 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
 from lib import prepare
-from lib.bpe import save_ranks, train_bpe
-from lib.bpe_tokenizer import BPETokenizer, TrainedBPE
+from lib.bpe import BPETokenizer, TrainedBPE, save_ranks, train_bpe
 from lib.common import ArgumentParser, Error, run_script
 from lib.corpus import PIECE, Corpus
-from lib.files import atomic_path
-from lib.keys import Key, flags
+from lib.files import atomic_path, locked_out_dir
+from lib.options import Option, flags
 from lib.tokenizer import CharTokenizer
 
 # ids a token file holds: a vocabulary past it has nowhere to go
@@ -45,21 +44,23 @@ BATCH = 1 << 20
 # there (each is all spaces, or holds one at most, first), so the pieces encode as the whole does
 CUT = re.compile(r"(?<=\S)[ \n]")
 FLAGS = {
-    "split": Key("train", "the --dataset split to read"),
-    "column": Key(None, 'the text column (default: "text", or the only one)'),
-    "tokenizer": Key(
+    "split": Option("train", "the --dataset split to read"),
+    "column": Option(None, 'the text column (default: "text", or the only one)'),
+    "tokenizer": Option(
         "bpe",
         "the text's characters, GPT-2's BPE, or a BPE trained here",
         choices=("char", "gpt2", "bpe"),
     ),
-    "vocab_size": Key(4096, "a trained BPE's tokens: the 256 bytes, merges, <|endoftext|>", ge=257),
-    "val_fraction": Key(0.1, "the share of documents for val", gt=0, lt=1),
-    "block_size": Key(
+    "vocab_size": Option(
+        4096, "a trained BPE's tokens: the 256 bytes, merges, <|endoftext|>", ge=257
+    ),
+    "val_fraction": Option(0.1, "the share of documents for val", gt=0, lt=1),
+    "block_size": Option(
         128,
         "each split must hold more tokens than this: the block you train with, config/text.py's",
         ge=1,
     ),
-    "out_dir": Key(HERE, "where to write"),
+    "out_dir": Option(HERE, "where to write"),
 }
 # a val tail starts at the start of its line (else its word) when that is this close to the cut
 LINE = 1000
@@ -188,7 +189,7 @@ def main(argv=None):
     corpus = Corpus(args)
     tok = make_tokenizer(args, corpus)
     tails = False
-    with prepare.locked_out_dir(args.out_dir):
+    with locked_out_dir(args.out_dir, prepare.held_by_a_prepare):
         # the token files take their names as this block ends, unless it fails
         with ExitStack() as files:
             dtype = prepare.token_dtype(tok.vocab_size)

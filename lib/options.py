@@ -1,4 +1,4 @@
-"""Values and their ranges in one place, a Key each: train.py's settings, the models' configs,
+"""Values and their ranges in one place, an Option each: train.py's settings, the models' configs,
 decoding.Options, the JSON files read, the scripts' flags (flags())."""
 
 import argparse
@@ -10,7 +10,7 @@ from lib.common import Error
 
 # init_from's names of OpenAI's GPT-2 weights on the Hugging Face hub
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-# the bounds a Key may have, by pydantic's names: (how a message says it, the test)
+# the bounds an Option may have, by pydantic's names: (how a message says it, the test)
 BOUNDS = {
     "ge": (">=", operator.ge),
     "gt": (">", operator.gt),
@@ -20,7 +20,7 @@ BOUNDS = {
 
 
 @dataclass
-class Key:
+class Option:
     """One value's rule: its default (which fixes its type), help, bounds (ge <= value, gt <
     value, le >= value, lt > value) or choices."""
 
@@ -60,11 +60,11 @@ class Key:
 
 
 # every script's --device
-DEVICE_KEY = Key("auto", "cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
+DEVICE_OPTION = Option("auto", "cpu, cuda, cuda:1, mps, ...; auto: cuda, then mps, then cpu")
 
 
 def flags(parser, keys):
-    """An argparse flag --name for each Key of keys, as the scripts declare theirs: a False
+    """An argparse flag --name for each Option of keys, as the scripts declare theirs: a False
     default makes a switch; any other parses as its default's type (str for None), within its
     bounds and choices, the default shown in its help (unless None or empty)."""
     for name, key in keys.items():
@@ -102,12 +102,12 @@ def flag_type(key):
 
 
 def setting(default, help, ge=None, gt=None, le=None, lt=None, choices=None):
-    """A dataclass field that is also a Key: its default, and its help and range in its
+    """A dataclass field that is also an Option: its default, and its help and range in its
     metadata (the models' configs, decoding.Options)."""
     limits = dict(help=help, ge=ge, gt=gt, le=le, lt=lt, choices=choices)
     return field(default=default, metadata=limits)
 
 
-def keys_of(cls):
-    """A Key for each field of a dataclass that is a setting()."""
-    return {f.name: Key(f.default, **f.metadata) for f in fields(cls) if f.metadata}
+def options_of(cls):
+    """An Option for each field of a dataclass that is a setting()."""
+    return {f.name: Option(f.default, **f.metadata) for f in fields(cls) if f.metadata}

@@ -1,30 +1,30 @@
-"""The keys of the JSON files read, a Key each: a checkpoint's config.json (whose shapes must fit
-the weights' first), a tokenizer spec; lib/batches.py checks a dataset's meta.json with them,
-lib/gpt2.py a Hugging Face GPT-2 config.json."""
+"""A checkpoint's card, config.json, checked: its keys, an Option each (the shapes first, which
+must fit the weights), and a tokenizer spec's; lib/data.py checks a dataset's meta.json with
+them, lib/gpt2.py a Hugging Face GPT-2 config.json."""
 
 import os
 from contextlib import contextmanager
 from dataclasses import fields
 
 from lib.common import Error
-from lib.keys import Key
+from lib.options import Option
 from model import ARCHITECTURES
 
 # a tokenizer spec's keys besides its type: a tiktoken encoding by name, or a trained one in a
 # file; "lowercase" and "eot" are optional
 TOKENIZERS = {
-    "char": {"chars": Key(""), "eot": Key(False)},
-    "bpe": {"encoding": Key(""), "lowercase": Key(False)},
-    "trained": {"file": Key(""), "sha256": Key("")},
+    "char": {"chars": Option(""), "eot": Option(False)},
+    "bpe": {"encoding": Option(""), "lowercase": Option(False)},
+    "trained": {"file": Option(""), "sha256": Option("")},
 }
 # a checkpoint's config.json; a classifier's also holds its label names and max_length
 CARD = {
-    "architecture": Key("GPT", choices=tuple(ARCHITECTURES)),
-    "model": Key({}),
-    "weights_id": Key(""),
-    "tokenizer": Key({}),
-    "label_names": Key([]),
-    "max_length": Key(1, ge=1),
+    "architecture": Option("GPT", choices=tuple(ARCHITECTURES)),
+    "model": Option({}),
+    "weights_id": Option(""),
+    "tokenizer": Option({}),
+    "label_names": Option([]),
+    "max_length": Option(1, ge=1),
 }
 # the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
 # KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
@@ -44,7 +44,7 @@ def checking(data, path, fix):
 
 
 def check_keys(mapping, table, optional=(), where=""):
-    """Each key of table in mapping, as its Key says; a key in optional may be absent or null."""
+    """Each key of table in mapping, as its Option says; a key in optional may be absent or null."""
     for key, rule in table.items():
         value = mapping.get(key)
         if value is None and key not in optional:
@@ -57,8 +57,8 @@ def check_tokenizer(spec):
     """A tokenizer spec (TOKENIZERS); None: no tokenizer to check."""
     if spec is None:
         return
-    check_keys({"tokenizer": spec}, {"tokenizer": Key({})})
-    check_keys(spec, {"type": Key("char", choices=("char", "bpe"))}, where="tokenizer.")
+    check_keys({"tokenizer": spec}, {"tokenizer": Option({})})
+    check_keys(spec, {"type": Option("char", choices=("char", "bpe"))}, where="tokenizer.")
     # as get_tokenizer reads it: a char one by its characters, whatever else it holds
     form = "trained" if spec["type"] == "bpe" and "file" in spec else spec["type"]
     check_keys(spec, TOKENIZERS[form], ("lowercase", "eot"), where="tokenizer.")
@@ -74,14 +74,14 @@ def check_card(info, path, shapes):
         # a null field is an absent one: the config's default
         model = {key: value for key, value in info["model"].items() if value is not None}
         config_cls = ARCHITECTURES[info["architecture"]][1]
-        rules = {f.name: Key(f.default, **f.metadata) for f in fields(config_cls)}
-        rules["vocab_size"] = Key(1, ge=1)
+        rules = {f.name: Option(f.default, **f.metadata) for f in fields(config_cls)}
+        rules["vocab_size"] = Option(1, ge=1)
         check_keys(model, rules, optional=rules.keys() - {"vocab_size"}, where="model.")
         check_tokenizer(info.get("tokenizer"))
         check_shapes(shapes, {key: (f"model.{key}", value) for key, value in model.items()})
         config = config_cls(**{key: model[key] for key in rules if key in model})
         if config.rope:
-            Key(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
+            Option(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
         names = info.get("label_names")
         check_label_names(names)
         if names is not None and len(names) != getattr(config, "n_classes", len(names)):
