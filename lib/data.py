@@ -330,7 +330,7 @@ def load_data(cfg):
         if subprocess.run([sys.executable, prepare]).returncode:
             raise Error(
                 f"{command} failed (message above); offline, prepare from local files: "
-                f"{command} --source DIR"
+                f"{command} --source PATH (its --help says which)"
             )
     train_data = load_split(path, "train", cfg.block_size)
     # a trained tokenizer's file, checked now: each model save copies it
