@@ -13,6 +13,7 @@ import shlex
 import pytest
 from conftest import ROOT
 
+import rl
 import train
 from bench.readme import PAGES, page_blocks
 from export import GGUF_LAYOUT
@@ -83,8 +84,9 @@ class Parsed(BaseException):
 def accepted_flags(script):
     """The --flags script takes: train.py's keys, or the options of the parser it builds when run
     (caught as it parses)."""
-    if script == "train.py":
-        return {f"--{name}" for name in train.KEYS} | {"--help", "--print_config"}
+    if script in ("train.py", "rl.py"):  # config.parse's keys
+        keys = train.KEYS if script == "train.py" else rl.KEYS
+        return {f"--{name}" for name in keys} | {"--help", "--print_config"}
 
     def capture(parser, *args, **kwargs):
         raise Parsed(parser)
