@@ -97,11 +97,19 @@ def test_the_advantage_and_the_masked_loss_by_hand():
     _, loss = rl.PolicyLoss(Fixed(), kl=0.0)(None, targets, advantage, scale=1 / 3)
     by_hand = -(0.5 * (math.log(3 / 4) + math.log(1 / 4)) - 2.0 * math.log(1 / 2)) / 3
     assert loss.item() == pytest.approx(by_hand)
+    # KL's k3 estimate: e^g - g - 1 of each reply token's gap g, the reference's log p less ours
+    logp = rl.token_logprobs(Fixed()(None)[0], targets)
+    reference = logp + torch.tensor([[0.5, 0.0, 0.0], [0.0, -1.0, 3.0]])  # padding's gap unread
+    _, with_kl = rl.PolicyLoss(Fixed(), kl=0.1)(None, targets, advantage, 1 / 3, reference)
+    k3 = (math.exp(0.5) - 1.5) + (math.exp(-1.0) + 1.0 - 1)
+    assert with_kl.item() == pytest.approx(by_hand + 0.1 * k3 / 3)
 
 
-def test_a_reward_equal_for_every_reply_changes_nothing(setup, tmp_path):
+@pytest.mark.parametrize("kl", [0.0, 0.1])
+def test_a_reward_equal_for_every_reply_changes_nothing(setup, tmp_path, kl):
+    """No advantage, and no gap to the start for the KL penalty to close: a zero gradient."""
     start, _, _ = setup
-    model, _ = rl.main(argv(setup, tmp_path, "same", "--max_iters=3"))
+    model, _ = rl.main(argv(setup, tmp_path, "same", "--max_iters=3", f"--kl={kl}"))
     source, _, _ = load_gpt(start, "cpu")
     for (name, p), q in zip(source.state_dict().items(), model.state_dict().values()):
         assert torch.equal(p, q), name
