@@ -9,8 +9,12 @@ from lib.files import atomic_path
 from lib.records import read_metrics
 
 # the metrics drawn beside the loss, each in a panel of its own: a classifier's accuracy, and a
-# language model's bits per byte, which compares runs of different tokenizers
-PANELS = {"val/accuracy": "validation accuracy", "val/bpb": "validation bits per byte"}
+# language model's bits per byte, which compares runs of different tokenizers; rl.py's reward
+PANELS = {
+    "val/accuracy": "validation accuracy",
+    "val/bpb": "validation bits per byte",
+    "val/reward": "validation reward (greedy replies)",
+}
 
 
 def plot_runs(out_dirs, path, x="step"):
@@ -31,10 +35,11 @@ def plot_runs(out_dirs, path, x="step"):
         1, 1 + len(panels), figsize=(7 + 5 * len(panels), 4.5), squeeze=False, layout="constrained"
     )
     for i, (d, rows) in enumerate(runs.items()):
-        colour, label, xs = f"C{i % 10}", os.path.basename(os.path.abspath(d)), [r[x] for r in rows]
+        colour, label = f"C{i % 10}", os.path.basename(os.path.abspath(d))
+        losses = [r for r in rows if "val/loss" in r]  # none in an rl.py run's
         axes[0][0].plot(
-            xs,
-            [r["val/loss"] for r in rows],
+            [r[x] for r in losses],
+            [r["val/loss"] for r in losses],
             "-o",
             color=colour,
             markersize=3,
@@ -69,7 +74,7 @@ def plot_runs(out_dirs, path, x="step"):
 def evaluations(out_dir, x):
     """The records of out_dir's evaluations that hold x (step, or seconds, which a record may
     lack); a run whose evaluations all lack it is one line."""
-    rows = [r for r in read_metrics(out_dir) if "val/loss" in r]
+    rows = [r for r in read_metrics(out_dir) if {"val/loss", *PANELS} & r.keys()]
     placed = [r for r in rows if x in r]
     if rows and not placed:
         raise Error(

@@ -11,9 +11,11 @@ import torch
 from conftest import ROOT, run_distributed
 from test_robustness import cli
 
+import plot
 import rl
 from data.chat import prepare, reward
 from lib.checkpoint import save_pretrained
+from lib.plots import evaluations
 from lib.weights import load_gpt
 from model import GPT, GPTConfig
 
@@ -135,6 +137,10 @@ def test_a_run_records_its_rewards_resumes_exactly_and_saves_a_chat_checkpoint(s
     assert all(r["val/reward"] >= 1 for r in records if "val/reward" in r)
     model, tokenizer, _ = load_gpt(str(tmp_path / "whole"), "cpu")
     assert tokenizer.spec["chat"]
+    # plot.py draws val/reward in a panel of its own
+    assert [r["step"] for r in evaluations(str(tmp_path / "whole"), "step")] == [0, 2, 4]
+    plot.main([str(tmp_path / "whole"), "--out", str(tmp_path / "reward.png")])
+    assert (tmp_path / "reward.png").stat().st_size
 
 
 def test_the_word_task_checker_agrees_with_the_answers_prepare_writes():
