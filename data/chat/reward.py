@@ -1,20 +1,23 @@
 """
-Rewards for rl.py, and the word tasks' prompts. word_task checks a reply to one of
-data/chat/prepare.py's word tasks by that file's own answers; exact_match compares a reply with
-the prompt line's "answer" field.
+Rewards for rl.py, and prompts for them. word_task checks a reply to one of data/chat/prepare.py's
+word tasks by that file's own answers; exact_match compares a reply with the prompt line's "answer"
+field; letters checks a task of many right answers, which no fine-tune's data writes down: any
+word of the letters and first letter the line's fields name.
   python data/chat/reward.py          # writes data/chat/prompts.jsonl: word tasks to learn from
   python rl.py config/chat_rl.py      # learns from them, scored by word_task
-The prompts are words of another seed than the fine-tune's, less the questions of its held-out
-split (prepare.py's defaults): those stay held out of both.
+  python data/chat/reward.py --task=letters --out=data/chat/letters.jsonl
+The word tasks' prompts are words of another seed than the fine-tune's, less the questions of its
+held-out split (prepare.py's defaults): those stay held out of both.
 """
 
 import json
 import os
+import string
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for lib/
-from data.chat.prepare import FLAGS, TASKS, word_tasks
+from data.chat.prepare import FLAGS, SYSTEM, TASKS, word_tasks
 from lib import prepare
 from lib.common import ArgumentParser, run_script
 from lib.keys import Key, flags
@@ -35,6 +38,28 @@ def exact_match(example, reply):
     return float(reply == example["answer"])
 
 
+# the letters task: "Word of five letters: k" (any such word), in words the characters of
+# Shakespeare's text spell
+NUMBERS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+LETTERS = "Word of {} letters: {}"
+
+
+def letters(example, reply):
+    """1.0 if reply is a word of lower-case letters a to z, of the line's "letters" and starting
+    with its "first", else 0.0."""
+    right = len(reply) == example["letters"] and reply[:1] == example["first"]
+    return float(right and set(reply) <= set(string.ascii_lowercase))
+
+
+def letters_tasks():
+    """Each letters task once, and once under the word tasks' system prompt."""
+    for word, n in NUMBERS.items():
+        for first in string.ascii_lowercase:
+            ask = [{"role": "user", "content": LETTERS.format(word, first)}]
+            for system in ([], [{"role": "system", "content": SYSTEM}]):
+                yield json.dumps({"messages": system + ask, "letters": n, "first": first})
+
+
 def held_out_questions():
     """The questions of the fine-tune's val split, as prepare.py makes it by default."""
     held = set()
@@ -51,20 +76,29 @@ def main():
         p,
         {
             "out": Key(os.path.join(HERE, "prompts.jsonl"), "the prompts file to write"),
+            "task": Key(
+                "word",
+                "word: the word tasks; letters: the letters task",
+                choices=("word", "letters"),
+            ),
             "examples": Key(3000, "word tasks to generate", ge=1),
             "seed": Key(2026, "their random seed"),
         },
     )
     args = p.parse_args()
-    held = held_out_questions()
-    written = 0
+    lines = list(letters_tasks() if args.task == "letters" else word_prompts(args))
     with open(args.out, "w") as f:
-        for _, line in word_tasks(args.examples, args.seed):
-            messages = json.loads(line)["messages"][:-1]  # the answer is the model's to give
-            if messages[-1]["content"] not in held:
-                f.write(json.dumps({"messages": messages}) + "\n")
-                written += 1
-    print(f"{written:,} prompts -> {args.out}")
+        f.writelines(line + "\n" for line in lines)
+    print(f"{len(lines):,} prompts -> {args.out}")
+
+
+def word_prompts(args):
+    """The word tasks of args' seed without their answers, less the fine-tune's held-out ones."""
+    held = held_out_questions()
+    for _, line in word_tasks(args.examples, args.seed):
+        messages = json.loads(line)["messages"][:-1]  # the answer is the model's to give
+        if messages[-1]["content"] not in held:
+            yield json.dumps({"messages": messages})
 
 
 if __name__ == "__main__":
