@@ -289,7 +289,7 @@ def learn(cfg, run, guard, state, inputs, held):
                 group["lr"] = lr * group.get("lr_scale", 1.0)
         if step % cfg.eval_interval == 0 or step == cfg.max_iters:
             metrics = {METRIC[0]: rollout.evaluate(raw_model)}
-            if record is None:  # the start evaluated: its reward works, out_dir may be made
+            if bar is None:  # the start evaluated: its reward works, out_dir may be made
                 record, bar = start(cfg, run, raw_model, held, inputs, state, seconds)
             if run.master:
                 bar.write(f"step {step}: val/reward {metrics[METRIC[0]]:.4f}", file=sys.stderr)
