@@ -152,6 +152,12 @@ def test_the_word_task_checker_agrees_with_the_answers_prepare_writes():
         assert reward.word_task(example, answer + "a") == 0.0
     assert reward.exact_match({"answer": "ab"}, "ab") == 1.0
     example = {"letters": 3, "first": "k"}
+    assert [reward.letters_partial(example, r) for r in ("kit", "kite", "sit", "Kit")] == [
+        1.0,
+        0.5,
+        0.5,
+        0.0,
+    ]
     assert [reward.letters(example, r) for r in ("kit", "kite", "sit", "kIt", "k t")] == [
         1,
         0,

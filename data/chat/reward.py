@@ -2,7 +2,7 @@
 Rewards for rl.py, and prompts for them. word_task checks a reply to one of data/chat/prepare.py's
 word tasks by that file's own answers; exact_match compares a reply with the prompt line's "answer"
 field; letters checks a task of many right answers, which no fine-tune's data writes down: any
-word of the letters and first letter the line's fields name.
+word of the letters and first letter the line's fields name (letters_partial: a half for each).
   python data/chat/reward.py          # writes data/chat/prompts.jsonl: word tasks to learn from
   python rl.py config/chat_rl.py      # learns from them, scored by word_task
   python data/chat/reward.py --task=letters --out=data/chat/letters.jsonl
@@ -49,6 +49,14 @@ def letters(example, reply):
     with its "first", else 0.0."""
     right = len(reply) == example["letters"] and reply[:1] == example["first"]
     return float(right and set(reply) <= set(string.ascii_lowercase))
+
+
+def letters_partial(example, reply):
+    """letters' pass as 1.0, and half a point for each of its two parts alone (the first letter,
+    the length) in lower-case letters: a signal before any reply passes."""
+    if not set(reply) <= set(string.ascii_lowercase):
+        return 0.0
+    return (reply[:1] == example["first"]) / 2 + (len(reply) == example["letters"]) / 2
 
 
 def letters_tasks():
