@@ -31,20 +31,24 @@ def plot_runs(out_dirs, path, x="step"):
     runs = {d: evaluations(d, x) for d in out_dirs}
     # a panel beside the loss for each of these that any run records
     panels = [k for k in PANELS if any(k in r for rows in runs.values() for r in rows)]
+    # the loss's panel, unless no run records a loss (rl.py's)
+    loss = any("val/loss" in r for rows in runs.values() for r in rows)
+    width = loss + len(panels)
     fig, axes = plt.subplots(
-        1, 1 + len(panels), figsize=(7 + 5 * len(panels), 4.5), squeeze=False, layout="constrained"
+        1, width, figsize=(2 + 5 * width, 4.5), squeeze=False, layout="constrained"
     )
     for i, (d, rows) in enumerate(runs.items()):
         colour, label = f"C{i % 10}", os.path.basename(os.path.abspath(d))
-        losses = [r for r in rows if "val/loss" in r]  # none in an rl.py run's
-        axes[0][0].plot(
-            [r[x] for r in losses],
-            [r["val/loss"] for r in losses],
-            "-o",
-            color=colour,
-            markersize=3,
-            label=f"{label} val",
-        )
+        losses = [r for r in rows if "val/loss" in r]
+        if losses:
+            axes[0][0].plot(
+                [r[x] for r in losses],
+                [r["val/loss"] for r in losses],
+                "-o",
+                color=colour,
+                markersize=3,
+                label=f"{label} val",
+            )
         # an evaluation may have no training loss beside it (one before the first step)
         trained = [r for r in rows if "train/loss" in r]
         if trained:  # a legend names only the runs drawn in its panel
@@ -55,14 +59,15 @@ def plot_runs(out_dirs, path, x="step"):
                 color=colour,
                 label=f"{label} train",
             )
-        for ax, key in zip(axes[0][1:], panels):
+        for ax, key in zip(axes[0][loss:], panels):
             # a language model has no accuracy, a classifier no bits per byte
             recorded = [r for r in rows if key in r]
             if recorded:
                 ys = [r[key] for r in recorded]
                 ax.plot([r[x] for r in recorded], ys, "-o", color=colour, markersize=3, label=label)
-    axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
-    for ax, key in zip(axes[0][1:], panels):
+    if loss:
+        axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
+    for ax, key in zip(axes[0][loss:], panels):
         ax.set(xlabel=x, ylabel=PANELS[key], title=PANELS[key])
     for ax in axes[0]:
         ax.grid(alpha=0.3)
