@@ -279,7 +279,8 @@ def learn(cfg, run, guard, state, inputs, held):
         checkpoint.save_state(cfg.out_dir, raw_model, optimizers, train_step.scaler, progress, run)
 
     while True:
-        if guard.stop_now():
+        # a signal before the start's evaluation stops the run after it: nothing saved before
+        if bar is not None and guard.stop_now():
             bar.close()
             with guard.stopping(step, cfg.out_dir):
                 save()
