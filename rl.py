@@ -68,7 +68,7 @@ SHARED = (
     "grad_clip",
 )
 KEYS = dict(
-    out_dir=Key("out-chat-rl", "where the checkpoints and metrics.jsonl go"),
+    out_dir=Key("out-rl", "where the checkpoints and metrics.jsonl go"),
     init_from=Key("out-chat", "the chat checkpoint to start from (its folder), or resume"),
     prompts=Key("", "a .jsonl file of prompts (or a folder of them), one conversation a line"),
     reward=Key("", "PATH.py:NAME, a function NAME(example: dict, reply: str) -> float"),
