@@ -49,8 +49,12 @@ def default_name(out_dirs, x):
 
 # ---------------------- the drawing, which classify.py and bench/ share: matplotlib into files
 # the metrics drawn beside the loss, each in a panel of its own: a classifier's accuracy, and a
-# language model's bits per byte, which compares runs of different tokenizers
-PANELS = {"val/accuracy": "validation accuracy", "val/bpb": "validation bits per byte"}
+# language model's bits per byte, which compares runs of different tokenizers; rl.py's reward
+PANELS = {
+    "val/accuracy": "validation accuracy",
+    "val/bpb": "validation bits per byte",
+    "val/reward": "validation reward (greedy replies)",
+}
 
 
 def plot_runs(out_dirs, path, x="step"):
@@ -67,19 +71,24 @@ def plot_runs(out_dirs, path, x="step"):
     runs = {d: evaluations(d, x) for d in out_dirs}
     # a panel beside the loss for each of these that any run records
     panels = [k for k in PANELS if any(k in r for rows in runs.values() for r in rows)]
+    # the loss's panel, unless no run records a loss (rl.py's)
+    loss = any("val/loss" in r for rows in runs.values() for r in rows)
+    width = loss + len(panels)
     fig, axes = plt.subplots(
-        1, 1 + len(panels), figsize=(7 + 5 * len(panels), 4.5), squeeze=False, layout="constrained"
+        1, width, figsize=(2 + 5 * width, 4.5), squeeze=False, layout="constrained"
     )
     for i, (d, rows) in enumerate(runs.items()):
-        colour, label, xs = f"C{i % 10}", os.path.basename(os.path.abspath(d)), [r[x] for r in rows]
-        axes[0][0].plot(
-            xs,
-            [r["val/loss"] for r in rows],
-            "-o",
-            color=colour,
-            markersize=3,
-            label=f"{label} val",
-        )
+        colour, label = f"C{i % 10}", os.path.basename(os.path.abspath(d))
+        losses = [r for r in rows if "val/loss" in r]
+        if losses:
+            axes[0][0].plot(
+                [r[x] for r in losses],
+                [r["val/loss"] for r in losses],
+                "-o",
+                color=colour,
+                markersize=3,
+                label=f"{label} val",
+            )
         # an evaluation may have no training loss beside it (one before the first step)
         trained = [r for r in rows if "train/loss" in r]
         if trained:  # a legend names only the runs drawn in its panel
@@ -90,14 +99,15 @@ def plot_runs(out_dirs, path, x="step"):
                 color=colour,
                 label=f"{label} train",
             )
-        for ax, key in zip(axes[0][1:], panels):
+        for ax, key in zip(axes[0][loss:], panels):
             # a language model has no accuracy, a classifier no bits per byte
             recorded = [r for r in rows if key in r]
             if recorded:
                 ys = [r[key] for r in recorded]
                 ax.plot([r[x] for r in recorded], ys, "-o", color=colour, markersize=3, label=label)
-    axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
-    for ax, key in zip(axes[0][1:], panels):
+    if loss:
+        axes[0][0].set(xlabel=x, ylabel="loss (evaluation batches)", title="loss")
+    for ax, key in zip(axes[0][loss:], panels):
         ax.set(xlabel=x, ylabel=PANELS[key], title=PANELS[key])
     for ax in axes[0]:
         ax.grid(alpha=0.3)
@@ -109,7 +119,7 @@ def plot_runs(out_dirs, path, x="step"):
 def evaluations(out_dir, x):
     """The records of out_dir's evaluations that hold x (step, or seconds, which a record may
     lack); a run whose evaluations all lack it is one line."""
-    rows = [r for r in read_metrics(out_dir) if "val/loss" in r]
+    rows = [r for r in read_metrics(out_dir) if {"val/loss", *PANELS} & r.keys()]
     placed = [r for r in rows if x in r]
     if rows and not placed:
         raise Error(

@@ -13,6 +13,7 @@ import shlex
 import pytest
 from conftest import ROOT
 
+import rl
 import train
 from bench.readme import PAGES, page_blocks
 from export import GGUF_LAYOUT
@@ -83,8 +84,9 @@ class Parsed(BaseException):
 def accepted_flags(script):
     """The --flags script takes: train.py's keys, or the options of the parser it builds when run
     (caught as it parses)."""
-    if script == "train.py":
-        return {f"--{name}" for name in train.OPTIONS} | {"--help", "--print_config"}
+    if script in ("train.py", "rl.py"):  # settings.parse's options
+        options = train.OPTIONS if script == "train.py" else rl.OPTIONS
+        return {f"--{name}" for name in options} | {"--help", "--print_config"}
 
     def capture(parser, *args, **kwargs):
         raise Parsed(parser)

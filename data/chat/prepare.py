@@ -76,20 +76,20 @@ def word_tasks(n, seed):
         yield "generated", json.dumps({"messages": messages})
 
 
-def jsonl_lines(source):
+def jsonl_lines(source, flag="--source"):
     """(where, line) of each non-blank line of the .jsonl file source, or of the folder's
-    (what is not a regular file skipped with a warning)."""
+    (what is not a regular file skipped with a warning); flag: the option that named it."""
     if os.path.isdir(source):
         paths = text_files(source, (".jsonl",))
         if not paths:
-            raise Error(f"--source {source}: no .jsonl file in the folder")
+            raise Error(f"{flag} {source}: no .jsonl file in the folder")
     elif os.path.isfile(source):
         paths = [source]
     elif os.path.exists(source):  # a named pipe or a device would be read for ever
         kind = not_regular(source)
-        raise Error(f"--source {source}: not a regular file ({kind}); pass a .jsonl file")
+        raise Error(f"{flag} {source}: not a regular file ({kind}); pass a .jsonl file")
     else:
-        raise Error(f"--source {source}: no such file or folder; pass a .jsonl file")
+        raise Error(f"{flag} {source}: no such file or folder; pass a .jsonl file")
     for path in paths:
         try:
             with open(path, encoding="utf-8-sig") as f:

@@ -1,0 +1,490 @@
+"""
+Learn from a checker: reinforcement learning on a reward that a program computes, after a chat
+fine-tune. Each step samples a group of replies to each prompt (engine.py), scores each reply by
+the reward, and raises the log-probability of the replies that beat their group's mean, lowering
+the others' (GRPO's advantage, nanochat's chat_rl.py: the loss on the replies' tokens alone, a
+mean over them). The result is an ordinary chat checkpoint: the best val/reward, the mean reward
+of greedy replies to the held-out prompts.
+  python rl.py config/chat_rl.py                    the word tasks, from out-chat
+  python rl.py --init_from=out-chat --prompts=FILE.jsonl --reward=check.py:score
+  python rl.py --out_dir=out-chat-rl --init_from=resume
+--prompts: one {"messages": [...]} a line, ending in a user turn; its other fields go to the
+reward, a Python function NAME(example: dict, reply: str) -> float in the file --reward names.
+"""
+
+import importlib.util
+import math
+import numbers
+import os
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict
+from functools import partial
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import train
+from data.chat.prepare import jsonl_lines
+from decoding import NextToken, Options, make_rules
+from engine import Engine
+from lib import checkpoint, prepare
+from lib.chat import check_messages
+from lib.common import Error, parse_json, run_script
+from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
+from lib.options import Option, options_of
+from lib.settings import OPTIONS as TRAIN_OPTIONS
+from lib.settings import parse
+from lib.tokenizer import end_tokens
+from lib.weights import load_gpt
+from optim import configure_optimizers
+
+# train.py's keys that mean the same here
+SHARED = (
+    "overwrite_out_dir",
+    "seed",
+    "device",
+    "dtype",
+    "eval_interval",
+    "log_interval",
+    "always_save_checkpoint",
+    "wandb_log",
+    "wandb_project",
+    "wandb_run_name",
+    "gradient_accumulation_steps",
+    "optimizer",
+    "learning_rate",
+    "min_lr",
+    "warmup_iters",
+    "lr_decay_iters",
+    "decay_lr",
+    "max_iters",
+    "beta1",
+    "beta2",
+    "grad_clip",
+)
+OPTIONS = dict(
+    out_dir=Option("out-rl", "where the checkpoints and metrics.jsonl go"),
+    init_from=Option("out-chat", "the chat checkpoint to start from (its folder), or resume"),
+    prompts=Option("", "a .jsonl file of prompts (or a folder of them), one conversation a line"),
+    reward=Option("", "PATH.py:NAME, a function NAME(example: dict, reply: str) -> float"),
+    val_fraction=Option(
+        0.1, "the prompts held out for evaluation (a hash of each line)", gt=0, lt=1
+    ),
+    batch_size=Option(8, "prompts per micro-step per process", ge=1),
+    group_size=Option(8, "replies sampled per prompt, each scored against its group", ge=2),
+    max_new_tokens=Option(16, "the longest reply, in tokens", ge=1),
+    std_advantage=Option(False, "divide each advantage by its group's reward spread (GRPO's)"),
+    kl=Option(0.0, "weight of a KL penalty to the starting model (0: none, no copy kept)", ge=0),
+    # the replies' draws: sample.py's options, at their off values (the model's own distribution)
+    **options_of(Options),
+    # no decay by default: without a reward's signal the weights stay as they are
+    weight_decay=Option(0.0, "decoupled weight decay of matrices and embeddings", ge=0),
+    **{name: TRAIN_OPTIONS[name] for name in SHARED},
+)
+METRIC = ("val/reward", "max")
+
+
+def main(argv):
+    """The settings, the inputs checked, then the run."""
+    cfg, given = parse(argv, OPTIONS, __doc__)
+    resuming = cfg.init_from == "resume"
+    with started(cfg.device) as run, ExitStack() as held:
+
+        def open_run():
+            """(state or None, settings, inputs); nothing written before the inputs pass."""
+            state, settings = None, cfg
+            if resuming:
+                if run.master:
+                    held.enter_context(checkpoint.run_out_dir(cfg.out_dir, True, False))
+                state, settings = checkpoint.resume(cfg, given, OPTIONS)
+            return state, settings, Inputs(settings)
+
+        state, cfg, inputs = agreed(run, open_run)
+        run = run.resolved(cfg.dtype, "ddp")
+        with StepGuard(run) as guard, checkpoint.what_survives(cfg.out_dir):
+            return learn(cfg, run, guard, state, inputs, held)
+
+
+class Inputs:
+    """The start (a chat model and its tokenizer), the prompts split in two, the reward."""
+
+    def __init__(self, cfg):
+        if not cfg.prompts or not cfg.reward:
+            raise Error("name --prompts=FILE.jsonl and --reward=PATH.py:NAME (config/chat_rl.py)")
+        self.model, self.tokenizer, _ = load_gpt(cfg.init_from, "cpu")
+        if not self.tokenizer.spec.get("chat"):
+            raise Error(
+                f"init_from={cfg.init_from}: not a chat model; fine-tune it on conversations "
+                "first (config/chat.py)"
+            )
+        self.reward = load_reward(cfg.reward)
+        self.train, self.val = read_prompts(cfg, self.tokenizer, self.model.config.block_size)
+
+
+def load_reward(spec):
+    """The function that spec (PATH.py:NAME) names."""
+    path, colon, name = spec.rpartition(":")
+    if not colon or not path or not name:
+        raise Error(f"--reward={spec}: write PATH.py:NAME (a function in that file)")
+    if not os.path.isfile(path):
+        raise Error(f"--reward={spec}: no file {path}; name the Python file that holds the reward")
+    module_spec = importlib.util.spec_from_file_location("reward", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        raise Error(f"{path}: importing it raised {type(e).__name__}: {e}; fix the file") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise Error(f"{path}: no function {name!r} in it; define {name}(example, reply) -> float")
+    return function
+
+
+class Prompt:
+    """One line of --prompts: where it is, its fields (for the reward) and its tokens."""
+
+    def __init__(self, where, example, ids):
+        self.where, self.example, self.ids = where, example, ids
+
+
+def read_prompts(cfg, tokenizer, block_size):
+    """(train, val) Prompts of cfg.prompts; a bad line is an Error naming it."""
+    splits = ([], [])
+    for where, line in jsonl_lines(cfg.prompts, "--prompts"):
+        example = prompt_line(where, line)
+        ids, _ = tokenizer.render(example["messages"], reply=True)
+        if len(ids) + cfg.max_new_tokens > block_size:
+            raise Error(
+                f"{where}: {len(ids)} tokens and a reply of max_new_tokens={cfg.max_new_tokens} "
+                f"pass the model's block_size {block_size}: shorten the prompt, or lower "
+                "--max_new_tokens"
+            )
+        splits[prepare.in_val(line.strip(), cfg.val_fraction)].append(Prompt(where, example, ids))
+    for name, split in zip(("train", "held-out"), splits):
+        if not split:
+            raise Error(
+                f"--prompts {cfg.prompts}: no {name} prompts ({len(splits[0])} train, "
+                f"{len(splits[1])} held out): give more prompts, or another --val_fraction"
+            )
+    return splits
+
+
+def prompt_line(where, line):
+    """The object of one line: messages that end in a user turn."""
+    try:
+        example = parse_json(line)
+        if not isinstance(example, dict) or "messages" not in example:
+            raise Error('not an object with a "messages" list')
+        check_messages(example["messages"])
+    except Error as e:
+        raise Error(f"{where}: {e}; fix or delete that line") from None
+    last = example["messages"][-1]["role"]
+    if last != "user":
+        raise Error(
+            f"{where}: the conversation ends in a{'n' * (last == 'assistant')} {last} turn: a "
+            "prompt ends in a user turn, whose reply the model writes; cut the turns after it"
+        )
+    return example
+
+
+def score(reward, prompt, reply):
+    """reward(example, reply) as a float, or an Error naming the prompt's line."""
+    try:
+        value = reward(prompt.example, reply)
+    except Exception as e:
+        raise Error(
+            f"{prompt.where}: the reward raised {type(e).__name__}: {e} (reply {reply!r:.60}); "
+            "fix the reward function"
+        ) from None
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise Error(
+            f"{prompt.where}: the reward returned {value!r:.40} (reply {reply!r:.60}), not a "
+            "finite number; make the reward return a float"
+        )
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------- the algorithm
+
+
+def advantages(rewards, std=False):
+    """rewards [prompts, group] -> each less its group's mean (over its group's spread, std)."""
+    centred = rewards - rewards.mean(1, keepdim=True)
+    if std:
+        centred = centred / (rewards.std(1, keepdim=True, correction=0) + 1e-6)
+    return centred
+
+
+class PolicyLoss(nn.Module):
+    """The model, and the policy gradient's loss of replies as the loop's step takes it."""
+
+    def __init__(self, model, kl):
+        super().__init__()
+        self.model = model
+        self.kl = kl
+
+    def forward(self, idx, targets, advantage, scale, reference=None):
+        """-sum(advantage x log p(reply token)) over the replies' tokens (targets >= 0), times
+        scale (1 / the step's reply tokens), and kl x the k3 estimate of KL to the reference's
+        log-probabilities."""
+        logits, _ = self.model(idx)
+        logp = token_logprobs(logits, targets)
+        reply = targets >= 0
+        loss = -(advantage[:, None] * logp).sum()
+        if self.kl:
+            gap = (reference - logp).masked_fill(~reply, 0)
+            loss = loss + self.kl * (gap.exp() - gap - 1).sum()
+        return None, loss * scale
+
+
+def token_logprobs(logits, targets):
+    """[B, T]: log p of each target token (0 where targets is -1)."""
+    flat = logits.float().transpose(1, 2)
+    return -F.cross_entropy(flat, targets, ignore_index=-1, reduction="none")
+
+
+# -------------------------------------------------------------------------------------- the run
+
+
+def learn(cfg, run, guard, state, inputs, held):
+    """The model, the optimizer, then the loop -> (the model, the last evaluation's metrics)."""
+    raw_model = inputs.model.train()
+    if state is not None:
+        raw_model.load_weights(state["model"])
+    reference = None
+    if cfg.kl:  # the start, frozen
+        reference, _, _ = load_gpt(cfg.init_from, run.device)
+    model = parallel(PolicyLoss(raw_model, cfg.kl), run, False)
+    optimizers = configure_optimizers(
+        raw_model,
+        cfg.weight_decay,
+        cfg.learning_rate,
+        (cfg.beta1, cfg.beta2),
+        run.device_type,
+        cfg.optimizer,
+    )
+    train_step = TrainStep(model, raw_model, optimizers, run, cfg.grad_clip)
+    step, best, seconds = checkpoint.restore(state, optimizers, train_step.scaler)
+    first_step, best_step, metrics = step, None, {}
+    rollout = Rollout(cfg, run, inputs, train_step.ctx)
+    record = bar = None
+
+    def save():
+        seconds = record.seconds() if run.master else None
+        progress = dict(step=step, best=best, seconds=seconds, config=asdict(cfg))
+        progress["tokenizer"] = inputs.tokenizer.spec
+        checkpoint.save_state(cfg.out_dir, raw_model, optimizers, train_step.scaler, progress, run)
+
+    while True:
+        # a signal before the start's evaluation stops the run after it: nothing saved before
+        if bar is not None and guard.stop_now():
+            bar.close()
+            with guard.stopping(step, cfg.out_dir):
+                save()
+        lr = train.get_lr(step, cfg)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
+        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+            metrics = {METRIC[0]: rollout.evaluate(raw_model)}
+            if bar is None:  # the start evaluated: its reward works, out_dir may be made
+                record, bar = start(cfg, run, raw_model, held, inputs, state, seconds)
+            if run.master:
+                bar.write(f"step {step}: val/reward {metrics[METRIC[0]]:.4f}", file=sys.stderr)
+                record.log(step, **metrics, lr=lr)
+            if train.improves(metrics[METRIC[0]], best, METRIC[1]):
+                best, best_step = metrics[METRIC[0]], step
+                save_model(raw_model, cfg, run, inputs, {"step": step, **metrics})
+            if step > first_step and (best_step == step or cfg.always_save_checkpoint):
+                save()
+        if step >= cfg.max_iters:
+            break
+        batches, logged = rollout.batches(raw_model, step, reference)
+        loss_sum, norm = train_step.gradients(batches)
+        loss_value, norm_value = guard.gather(loss_sum, norm)
+        train.check_finite(loss_value, norm_value, step, train_step.scaler, cfg.out_dir)
+        train_step.update()
+        step += 1
+        bar.update(1)
+        if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
+            logged.update({"train/step_loss": loss_value, "lr": lr, "grad_norm": norm_value})
+            bar.set_postfix_str(
+                f"reward {logged['train/reward']:.3f}, {logged['rollout tok/s']:,.0f} tok/s"
+            )
+            record.log(step, **logged)
+    bar.close()
+    if run.master:
+        done = (first_step, step, record.seconds() - seconds)
+        train.finish(cfg.out_dir, record, (METRIC[0], best, best_step), done, metrics)
+    return raw_model, metrics
+
+
+def start(cfg, run, model, held, inputs, state, seconds):
+    """out_dir locked (a new run's), the records and the progress bar started."""
+    if state is None:
+        lock = partial(checkpoint.locked_out_dir, cfg.out_dir, False, cfg.overwrite_out_dir)
+        agreed(run, partial(enter_master, run, held, lock))
+    prompts = cfg.batch_size * cfg.gradient_accumulation_steps
+    what = (
+        f"{cfg.max_iters:,} steps of {prompts} prompts x {cfg.group_size} replies, from "
+        f"{len(inputs.train):,} train prompts; {len(inputs.val):,} held out"
+    )
+    resumed_step = None if state is None else state["step"]
+    record, _, bar = train.start_records(cfg, run, model, seconds, resumed_step, what)
+    return record, bar
+
+
+def enter_master(run, held, opened):
+    """Rank 0 enters the context manager that opened() makes."""
+    if run.master:
+        held.enter_context(opened())
+
+
+def save_model(model, cfg, run, inputs, scores):
+    """An ordinary chat checkpoint: model.safetensors + config.json."""
+    card = dict(
+        task="lm",
+        init_from=cfg.init_from,
+        prompts=cfg.prompts,
+        reward=cfg.reward,
+        tokenizer=inputs.tokenizer.spec,
+        command=["python"] + sys.argv,
+    )
+    checkpoint.save_model(model, cfg.out_dir, run, cfg.init_from, **card, metrics=scores)
+
+
+class Rollout:
+    """The replies of a step's prompts, their rewards and the micro-batches they make; and the
+    greedy replies of an evaluation."""
+
+    def __init__(self, cfg, run, inputs, ctx):
+        self.cfg, self.run, self.inputs, self.ctx = cfg, run, inputs, ctx
+        self.options = Options(**{name: getattr(cfg, name) for name in options_of(Options)})
+
+    def replies(self, model, prompts, rules, ends):
+        """The Rows of each prompt's request, one a rule of rules(j) for prompt j."""
+        requests = []
+        model.eval()
+        with self.ctx:
+            engine = Engine(model, min(sum(len(rules(j)) for j in range(len(prompts))), 256))
+            for j, prompt in enumerate(prompts):
+                requests.append(engine.submit(prompt.ids, rules(j), self.cfg.max_new_tokens, ends))
+            while engine.busy():
+                engine.step()
+        model.train()
+        return [request.rows for request in requests]
+
+    def evaluate(self, model):
+        """The mean reward of greedy replies to the held-out prompts, shared out over the ranks."""
+        prompts = self.inputs.val[self.run.rank :: self.run.world_size]
+        greedy = [NextToken(Options(), greedy=True)]
+        ends = end_tokens(self.inputs.tokenizer)  # as sample.py ends a reply
+        rows = self.replies(model, prompts, partial(always, greedy), ends)
+        texts = [self.inputs.tokenizer.decode(row[0].generated) for row in rows]
+        rewards = agreed(self.run, partial(self.scores, prompts, [[t] for t in texts]))
+        sums = torch.tensor([float(rewards.sum()), len(prompts)], dtype=torch.float64)
+        if self.run.distributed:
+            dist.all_reduce(sums)
+        return (sums[0] / sums[1]).item()
+
+    def scores(self, prompts, replies):
+        """[prompts, replies] rewards of each prompt's replies (texts)."""
+        reward = self.inputs.reward
+        return torch.tensor(
+            [[score(reward, p, r) for r in texts] for p, texts in zip(prompts, replies)],
+            dtype=torch.float64,
+        ).reshape(len(prompts), -1)
+
+    def batches(self, model, step, reference):
+        """This rank's micro-batches of the step's replies -> (the batches, the step's records)."""
+        cfg, run = self.cfg, self.run
+        n = cfg.batch_size * cfg.gradient_accumulation_steps
+        # the step's prompts from (seed, step); each prompt's draws from (seed, step, its place)
+        chosen = np.random.default_rng([cfg.seed, step]).integers(0, len(self.inputs.train), n)
+        share = n // run.world_size
+        places = range(run.rank * share, (run.rank + 1) * share)
+        prompts = [self.inputs.train[chosen[j]] for j in places]
+        t0 = time.perf_counter()
+        rows = self.replies(model, prompts, partial(self.rules, step, places), {self.end})
+        seconds = time.perf_counter() - t0
+        tokenizer = self.inputs.tokenizer
+        texts = [[tokenizer.decode(row.generated) for row in group] for group in rows]
+        rewards = agreed(run, partial(self.scores, prompts, texts))
+        advantage = advantages(rewards, cfg.std_advantage).float()
+        sequences = [
+            [(row.tokens + [self.end] * row.ended, row.prompt_length) for row in group]
+            for group in rows
+        ]
+        generated = sum(len(row.generated) for group in rows for row in group)
+        learnt = sum(len(s) - p for group in sequences for s, p in group)
+        # the step's sums over the ranks: rewards, their squares, replies, tokens learnt and drawn
+        sums = torch.tensor(
+            [rewards.sum(), (rewards**2).sum(), rewards.numel(), learnt, generated],
+            dtype=torch.float64,
+        )
+        if run.distributed:
+            dist.all_reduce(sums)
+        total, squares, count, learnt, generated = sums.tolist()
+        micro_steps = cfg.gradient_accumulation_steps // run.world_size
+        # each micro-batch's loss over the step's tokens, undoing the step's mean over micro-steps
+        # and DDP's over ranks: the gradient is the step's sum over every reply token, / them
+        scale = micro_steps * run.world_size / learnt
+        batches = []
+        for i in range(0, share, cfg.batch_size):
+            part = [s for group in sequences[i : i + cfg.batch_size] for s in group]
+            weights = advantage[i : i + cfg.batch_size].reshape(-1)
+            batches.append(self.batch(part, weights, scale, reference))
+        mean = total / count
+        logged = {
+            "train/reward": mean,
+            "train/reward_std": math.sqrt(max(0.0, squares / count - mean**2)),
+            "train/reply_tokens": generated / count,
+            "rollout tok/s": generated / seconds,
+        }
+        return batches, logged
+
+    @property
+    def end(self):
+        return self.inputs.tokenizer.end_token
+
+    def rules(self, step, places, j):
+        """The group's draws of the prompt at place j of the step."""
+        seed = int(np.random.default_rng([self.cfg.seed, step, places[j]]).integers(2**62))
+        vocab = self.inputs.tokenizer.vocab_size
+        return make_rules(self.options, False, seed, self.cfg.group_size, vocab)
+
+    def batch(self, sequences, weights, scale, reference):
+        """The micro-batch of sequences [(tokens, prompt length)], padded, the targets the reply's
+        tokens alone."""
+        width = max(len(s) for s, _ in sequences) - 1
+        idx = torch.zeros(len(sequences), width, dtype=torch.long)
+        targets = torch.full_like(idx, -1)
+        for row, (tokens, start) in enumerate(sequences):
+            ids = torch.tensor(tokens)
+            idx[row, : len(ids) - 1] = ids[:-1]
+            targets[row, start - 1 : len(ids) - 1] = ids[start:]
+        device = self.run.device
+        batch = dict(idx=idx.to(device), targets=targets.to(device), scale=scale)
+        batch["advantage"] = weights.to(device)
+        if reference is not None:
+            with torch.no_grad(), self.ctx:
+                logits, _ = reference(batch["idx"])
+                batch["reference"] = token_logprobs(logits, batch["targets"])
+        return batch
+
+
+def always(rules, j):
+    return rules
+
+
+def script():
+    main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    run_script(script, "rl.py")
