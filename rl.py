@@ -327,7 +327,7 @@ def learn(cfg, run, guard, state, inputs, held):
 def start(cfg, run, model, held, inputs, state, seconds):
     """out_dir locked (a new run's), the records and the progress bar started."""
     if state is None:
-        lock = partial(checkpoint.locked_out_dir, cfg.out_dir, False, cfg.overwrite_out_dir)
+        lock = partial(checkpoint.run_out_dir, cfg.out_dir, False, cfg.overwrite_out_dir)
         agreed(run, partial(enter_master, run, held, lock))
     prompts = cfg.batch_size * cfg.gradient_accumulation_steps
     what = (
