@@ -38,6 +38,10 @@ def make_model(cfg, meta, state, given):
         raise Error(
             f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
         )
+    if cfg.lora_rank:  # adapters on a frozen start
+        from lib.lora import adapted_model
+
+        return adapted_model(cfg, meta, state, given)
     shape = {"vocab_size": vocab_size}
     body = None
     if state is None and cfg.init_from != "scratch":  # a fine-tune

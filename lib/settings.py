@@ -103,7 +103,17 @@ KEYS = dict(
     beta1=Key(0.9, "Adam's first-moment decay", ge=0, lt=1),
     beta2=Key(0.95, "Adam's second-moment decay", ge=0, lt=1),
     grad_clip=Key(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
+    # LoRA adapters (lib/lora.py) on a fine-tune's frozen start
+    lora_rank=Key(0, "the adapters' rank; 0: no adapters, every weight trains", ge=0),
+    lora_alpha=Key(16.0, "the adapters' output is scaled by lora_alpha / lora_rank", gt=0),
+    lora_dropout=Key(0.0, "dropout on the adapters' input", ge=0, lt=1),
+    lora_targets=Key(
+        "attn.qkv",
+        "the Linears of each block that take adapters, comma-separated: "
+        "attn.qkv, attn.proj, mlp.fc, mlp.proj",
+    ),
 )
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
 
 def check_rules(cfg, resuming):
@@ -138,6 +148,10 @@ def check_rules(cfg, resuming):
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
+    if any(getattr(cfg, k) != KEYS[k].default for k in LORA_KEYS):
+        from lib.lora import check_keys
+
+        check_keys(cfg, {k: KEYS[k].default for k in LORA_KEYS})
     first_rank = int(os.environ.get("RANK", 0)) == 0
     if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(

@@ -27,6 +27,10 @@ def from_checkpoint(out_dir, device="cpu", info=None):
                 f"train one with train.py first"
             )
         info = read_json(path, "checkpoint config")
+    if isinstance(info, dict) and "adapter" in info:  # LoRA's: merged into its base
+        from lib.lora import merged
+
+        return merged(out_dir, device, info)
     weights = os.path.join(out_dir, "model.safetensors")
     check_regular(weights)
     metadata, shapes = read_header(weights)
