@@ -101,6 +101,7 @@ OPTIONS = (
     "lib.chat",  # a chat model's tokenizer
     "lib.conversations",  # a chat fine-tune's data
     "lib.talk",  # sample.py --chat, --messages
+    "lib.lora",  # lora_rank > 0, or an adapter checkpoint
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys

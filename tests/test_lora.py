@@ -25,6 +25,10 @@ from optim import configure_optimizers
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
 
 CHARS = "abcde :"
+# TINY's schedule on base's shape
+SCHEDULE = [
+    a for a in TINY if a.split("=")[0] not in ("--n_layer", "--n_head", "--n_embd", "--block_size")
+]
 LORA = ["--lora_rank=4", "--lora_targets=attn.qkv,mlp.proj", "--lora_alpha=8"]
 
 
@@ -67,8 +71,7 @@ def chats(base, tmp_path_factory):
 def tune(chats, base, out_dir, *extra):
     """train.py: LoRA on base over chats, TINY's schedule -> (model, last metrics)."""
     argv = [f"--dataset={chats}", f"--init_from={base}", f"--out_dir={out_dir}"]
-    keys = [a for a in TINY if not a.startswith("--block_size")]
-    return train.main(keys + LORA + argv + ["--eval_interval=3", *extra])
+    return train.main(SCHEDULE + LORA + argv + ["--eval_interval=3", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def greedy(model, n=100):
 
 def test_step_0_is_the_base_and_only_the_adapters_train(base, chats):
     cfg, _ = train.config.parse(
-        TINY + LORA + [f"--dataset={chats}", f"--init_from={base}"], train.KEYS, ""
+        SCHEDULE + LORA + [f"--dataset={chats}", f"--init_from={base}"], train.KEYS, ""
     )
     meta = json.load(open(os.path.join(chats, "meta.json")))
     cfg, model = make_model(cfg, meta, None, set())
@@ -160,7 +163,7 @@ def test_exports_and_peft_decode_as_the_adapter(base, tuned, tmp_path):
 def broken(tmp_path, chats, base, *argv):
     """train.py's one line for argv over TINY, LoRA on base."""
     code, _, err = cli(
-        "train.py", *TINY, f"--dataset={chats}", f"--out_dir={tmp_path / 'out'}", *argv
+        "train.py", *SCHEDULE, f"--dataset={chats}", f"--out_dir={tmp_path / 'out'}", *argv
     )
     assert code == 2, err
     return err.strip().splitlines()
@@ -177,7 +180,7 @@ def broken(tmp_path, chats, base, *argv):
     ],
 )
 def test_bad_lora_keys_are_one_line(base, chats, tmp_path, argv, says):
-    start = [] if "--init_from=scratch" in argv else [f"--init_from={base}", "--block_size=16"]
+    start = [] if "--init_from=scratch" in argv else [f"--init_from={base}"]
     (line,) = broken(tmp_path, chats, base, *start, *argv)
     assert line.startswith("train.py: error: ") and says in line
 
@@ -202,9 +205,8 @@ def test_a_changed_or_missing_base_is_one_line(base, chats, tmp_path):
 def test_a_lora_fine_tune_under_ddp_equals_one_process(base, chats, tmp_path):
     """Two ranks, a micro-step each, against one process taking both: the adapters equal bit
     for bit."""
-    keys = [a for a in TINY if not a.startswith("--block_size")]
     argv = (
-        keys
+        SCHEDULE
         + LORA
         + [
             f"--dataset={chats}",
