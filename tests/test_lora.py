@@ -150,12 +150,15 @@ def test_exports_and_peft_decode_as_the_adapter(base, tuned, tmp_path):
     export(out_dir, str(tmp_path / "merged"))
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "merged").eval()
     start = torch.zeros(1, 1, dtype=torch.long)
-    options = dict(max_new_tokens=100, min_new_tokens=100, do_sample=False, pad_token_id=0)
+    # no end tokens (the export's are the chat markers): 100 tokens whatever they are
+    options = dict(max_new_tokens=100, do_sample=False, pad_token_id=0)
+    hf.generation_config.eos_token_id = None
     assert hf.generate(start, **options)[0, 1:].tolist() == ours
     peft = pytest.importorskip("peft", reason="peft is a test extra: pip install -e .[test]")
     export(base, str(tmp_path / "base"))
     export(out_dir, peft_dir=str(tmp_path / "peft"))
     plain = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "base")
+    plain.generation_config.eos_token_id = None
     adapted = peft.PeftModel.from_pretrained(plain, tmp_path / "peft").eval()
     assert adapted.generate(input_ids=start, **options)[0, 1:].tolist() == ours
 
