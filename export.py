@@ -226,10 +226,17 @@ def staged(hf_dir):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def export(out_dir, hf_dir=None, overwrite=False, gguf_path=None, gguf_dtype="float16"):
-    """Writes the Hugging Face folder hf_dir, the GGUF file gguf_path, or both; every refusal
-    comes before the first write."""
+def export(
+    out_dir, hf_dir=None, overwrite=False, gguf_path=None, gguf_dtype="float16", peft_dir=None
+):
+    """Writes the Hugging Face folder hf_dir, the GGUF file gguf_path, or both (an adapter's
+    merged into its base), and an adapter's PEFT folder peft_dir; every refusal comes before the
+    first write."""
     model, info = from_checkpoint(out_dir)
+    if peft_dir is not None:
+        if "adapter" not in info:
+            raise Error(f"--peft_dir: {out_dir} holds no LoRA adapter (train with --lora_rank)")
+        from lib.lora import write_peft
     config_path = os.path.join(out_dir, "config.json")
     tokenizer = get_tokenizer(info.get("tokenizer"), config_path, model.config.vocab_size)
     if info["architecture"] != "GPT":
@@ -276,6 +283,8 @@ def export(out_dir, hf_dir=None, overwrite=False, gguf_path=None, gguf_dtype="fl
             f"{os.path.getsize(gguf_path) / 1e6:.1f} MB; tokenizer: {tokenizer.name}",
             file=sys.stderr,
         )
+    if peft_dir is not None:
+        write_peft(out_dir, info, peft_dir)
 
 
 def check_layout(out_dir, config, layout, where, fix):
@@ -430,6 +439,7 @@ FLAGS = dict(
         "the GGUF file's weight matrices; q8_0: llama.cpp's int8, the smallest",
         choices=GGUF_DTYPES,
     ),
+    peft_dir=Option(None, "a LoRA checkpoint's PEFT adapter folder, for its base's export"),
     overwrite=Option(
         False,
         "replace or remove files in --hf_dir that no earlier export wrote, or replace the "
@@ -443,9 +453,9 @@ def main(argv=None):
     parser.add_argument("--out_dir", required=True, help="a GPT checkpoint written by train.py")
     flags(parser, FLAGS)
     args = parser.parse_args(argv)
-    if args.hf_dir is None and args.gguf is None:
-        parser.error("pass --hf_dir, --gguf or both: where to write the model")
-    export(args.out_dir, args.hf_dir, args.overwrite, args.gguf, args.gguf_dtype)
+    if args.hf_dir is None and args.gguf is None and args.peft_dir is None:
+        parser.error("pass --hf_dir, --gguf, --peft_dir or more: where to write the model")
+    export(args.out_dir, args.hf_dir, args.overwrite, args.gguf, args.gguf_dtype, args.peft_dir)
 
 
 if __name__ == "__main__":

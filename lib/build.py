@@ -46,6 +46,8 @@ def make_model(cfg, meta, state, given):
         raise Error(
             f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
         )
+    if cfg.lora_rank:  # adapters on a frozen start
+        return adapted_model(cfg, meta, state, given)
     shape = {"vocab_size": vocab_size}
     body = None
     if state is None and cfg.init_from != "scratch":  # a fine-tune
@@ -70,7 +72,7 @@ def pretrained_body(cfg, vocab_size, given):
     its context cut to cfg.block_size, its token table grown to vocab_size (a chat fine-tune's
     tokens). given: the keys the command set, refused where they differ from the start's."""
     # imported here: a plain run reads no pretrained model, nor its tokenizer
-    from lib.weights import load_pretrained
+    from lib.weights import grown, load_pretrained
 
     source, info = load_pretrained(cfg.init_from)
     if info["architecture"] != "GPT":
@@ -98,18 +100,6 @@ def pretrained_body(cfg, vocab_size, given):
     shape["vocab_size"] = max(config.vocab_size, vocab_size)
     torch.manual_seed(cfg.seed)  # the new rows' draws
     return grown(source.state_dict(), shape["vocab_size"]), shape
-
-
-def grown(state, rows):
-    """state with its token table grown to rows, each new row drawn from the old rows'
-    mean and spread (as Hugging Face's resize_token_embeddings draws them)."""
-    table = state["wte.weight"]
-    if rows == len(table):
-        return state
-    print(f"the token table grows from {len(table)} to {rows} rows", file=sys.stderr)
-    mean, std = table.mean(0), table.std(0)
-    new = torch.normal(mean.expand(rows - len(table), -1), std)
-    return {**state, "wte.weight": torch.cat([table, new])}
 
 
 def check_data_tokenizer(cfg, meta=None):
@@ -155,3 +145,34 @@ def described(spec):
     if "file" in spec:
         return f"a BPE trained on its data (sha256 {spec['sha256'][:12]}...)"
     return f"tiktoken's {spec['encoding']}"
+
+
+def adapted_model(cfg, meta, state, given):
+    """(cfg with the start's shape, the start with adapters on its targets, every other weight
+    frozen); state: a resumed run's, whose adapters are loaded."""
+    from lib.lora import KEYS, adapt, check_base, load_adapters, named_base
+
+    if state is None:
+        check_data_tokenizer(cfg, meta)
+        base, sha256 = named_base(cfg.init_from)
+    else:  # the base the run began from, as it was then
+        base, sha256 = state["adapter"]["base"], state["adapter"]["sha256"]
+        check_base(state["adapter"], os.path.join(cfg.out_dir, "trainer_state.pt"))
+    body, shape = pretrained_body(replace(cfg, init_from=base), meta["vocab_size"], given)
+    cfg = replace(cfg, **shape)
+    with torch.device("meta"):
+        model = new_model(asdict(cfg), meta)
+    model.load_body(body)
+    adapter = dict(base=base, sha256=sha256, seed=cfg.seed)
+    adapter.update({k[len("lora_") :]: getattr(cfg, k) for k in KEYS})
+    adapt(model, adapter)
+    if state is not None:
+        load_adapters(model, state["model"])
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(
+            f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} trainable "
+            f"parameters, the base's {model.num_params(False):,} frozen",
+            file=sys.stderr,
+        )
+    return cfg, model

@@ -217,6 +217,10 @@ def save_state(out_dir, model, optimizers, scaler, progress, run):
         "scaler": scaler.state_dict(),
         **progress,
     }
+    if hasattr(model, "adapter"):  # the adapters alone, and the base they adapt
+        from lib.lora import adapter_state
+
+        state["model"], state["adapter"] = adapter_state(model_state), model.adapter
     with atomic_path(os.path.join(out_dir, "trainer_state.pt")) as tmp:
         torch.save(state, tmp)
 
@@ -247,6 +251,7 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
         "architecture": type(model).__name__,
         "model": asdict(model.config),
         **extra,
+        **({"adapter": model.adapter} if hasattr(model, "adapter") else {}),
         "weights_id": token,
     }
     tokenizer_file = (card.get("tokenizer") or {}).get("file")

@@ -1,6 +1,7 @@
 """What the scripts share: errors, the command line, devices and dtypes, reading JSON."""
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -168,3 +169,9 @@ def parse_json(text):
         raise Error(f"an integer of more than {digits:,} digits") from None
     except RecursionError:  # arrays or objects nested past the recursion limit
         raise Error("arrays or objects nested too deep to read") from None
+
+
+def did_you_mean(value, choices):
+    """ " (did you mean X?)" for the closest of choices, or nothing."""
+    close = difflib.get_close_matches(value, choices, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""

@@ -3,7 +3,6 @@ set them), the rules the keys must satisfy together, and the reading of config f
 include() and --key=value overrides (parse)."""
 
 import ast
-import difflib
 import os
 import sys
 import traceback
@@ -13,7 +12,7 @@ from types import ModuleType
 import torch
 
 from lib.build import model_config
-from lib.common import Error
+from lib.common import Error, did_you_mean
 from lib.distributed import rank, world_size
 from lib.options import GPT2_NAMES, Option, options_of
 from model import EncoderConfig
@@ -108,7 +107,17 @@ OPTIONS = dict(
     beta1=Option(0.9, "Adam's first-moment decay", ge=0, lt=1),
     beta2=Option(0.95, "Adam's second-moment decay", ge=0, lt=1),
     grad_clip=Option(1.0, "clip the gradient's global norm to this; 0 turns clipping off", ge=0),
+    # LoRA adapters (lib/lora.py) on a fine-tune's frozen start
+    lora_rank=Option(0, "the adapters' rank; 0: no adapters, every weight trains", ge=0),
+    lora_alpha=Option(16.0, "the adapters' output is scaled by lora_alpha / lora_rank", gt=0),
+    lora_dropout=Option(0.0, "dropout on the adapters' input", ge=0, lt=1),
+    lora_targets=Option(
+        "attn.qkv",
+        "the Linears of each block that take adapters, comma-separated: "
+        "attn.qkv, attn.proj, mlp.fc, mlp.proj",
+    ),
 )
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 
 
 def check_rules(cfg, resuming):
@@ -143,6 +152,10 @@ def check_rules(cfg, resuming):
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
+    if any(getattr(cfg, k) != OPTIONS[k].default for k in LORA_KEYS):
+        from lib.lora import check_keys
+
+        check_keys(cfg, {k: OPTIONS[k].default for k in LORA_KEYS})
     first_rank = rank() == 0
     if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(
@@ -196,12 +209,6 @@ def parse(argv, keys, doc):
     values = {name: key.default for name, key in keys.items()} | given
     typed = [(name, type(key.default)) for name, key in keys.items()]
     return make_dataclass("Settings", typed, frozen=True)(**values), set(given)
-
-
-def did_you_mean(value, choices):
-    """ " (did you mean X?)" for the closest of choices, or nothing."""
-    close = difflib.get_close_matches(value, choices, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def literal(text):

@@ -3,7 +3,10 @@ lib/checkpoint.save_pretrained writes); GPT-2's in the Hugging Face layout throu
 the tokenizer a checkpoint's or a dataset's spec names (get_tokenizer), picked here so that no
 tokenizer module imports the module that picks it."""
 
+import io
 import os
+import sys
+from contextlib import redirect_stderr
 
 import torch
 from safetensors import safe_open
@@ -29,6 +32,8 @@ def from_checkpoint(out_dir, device="cpu", info=None):
                 f"train one with train.py first"
             )
         info = read_json(path, "checkpoint config")
+    if isinstance(info, dict) and "adapter" in info:  # LoRA's: merged into its base
+        return merged(out_dir, device, info)
     weights = os.path.join(out_dir, "model.safetensors")
     check_regular(weights)
     metadata, shapes = read_header(weights)
@@ -132,3 +137,35 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
             f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
         )
     return tokenizer
+
+
+def grown(state, rows):
+    """state with its token table grown to rows, each new row drawn from the old rows'
+    mean and spread (as Hugging Face's resize_token_embeddings draws them)."""
+    table = state["wte.weight"]
+    if rows == len(table):
+        return state
+    print(f"the token table grows from {len(table)} to {rows} rows", file=sys.stderr)
+    mean, std = table.mean(0), table.std(0)
+    new = torch.normal(mean.expand(rows - len(table), -1), std)
+    return {**state, "wte.weight": torch.cat([table, new])}
+
+
+def merged(out_dir, device, info):
+    """(the base with the adapters in out_dir merged into its weights, in eval mode; the card)."""
+    from lib.lora import check_base, merge
+    from model import GPT, GPTConfig
+
+    adapter = info["adapter"]
+    path = os.path.join(out_dir, "config.json")
+    check_base(adapter, path)
+    source, _ = load_pretrained(adapter["base"])
+    config = GPTConfig(**info["model"])
+    torch.manual_seed(adapter["seed"])  # the fine-tune's new token rows, drawn again
+    with redirect_stderr(io.StringIO()):
+        state = grown(source.state_dict(), config.vocab_size)
+    with torch.device("meta"):
+        model = GPT(config)
+    model.load_body(state)
+    merge(model, load_file(os.path.join(out_dir, "model.safetensors")), adapter)
+    return model.to(device).eval(), info

@@ -97,6 +97,7 @@ OPTIONS = (
     "lib.bpe",  # a byte-pair encoding
     "tiktoken",
     "lib.chat",  # a chat model's tokenizer
+    "lib.lora",  # lora_rank > 0, or an adapter checkpoint
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys

@@ -1,0 +1,215 @@
+"""LoRA adapters (Hu et al., 2021): a fine-tune that freezes its start, the base, and trains a
+low-rank pair A [r, in], B [out, r] beside each target Linear; the checkpoint holds the pairs
+alone and names its base by path and the sha256 of its weights file. Imported only when
+lora_rank > 0, or to load such a checkpoint (merged into the base's weights: the base's speed)."""
+
+import hashlib
+import math
+import os
+import sys
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lib.common import Error, did_you_mean
+from lib.files import write_json
+
+# each block's Linears an adapter may target, by our name: GPT-2's (PEFT's) name
+TARGETS = {
+    "attn.qkv": "attn.c_attn",
+    "attn.proj": "attn.c_proj",
+    "mlp.fc": "mlp.c_fc",
+    "mlp.proj": "mlp.c_proj",
+}
+KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+
+
+class LoRALinear(nn.Module):
+    """base(x) + dropout(x) A^T B^T alpha / r: B starts at zero, so the start is the base's."""
+
+    def __init__(self, base, rank, alpha, dropout):
+        super().__init__()
+        self.base = base
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as PEFT draws A
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        low = self.dropout(x) @ self.lora_A.t()
+        return self.base(x) + (low @ self.lora_B.t()) * self.scale
+
+
+def targets(cfg):
+    """lora_targets as a list of TARGETS' names; one line for a name not among them."""
+    names = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    for name in names or [cfg.lora_targets]:
+        if name not in TARGETS:
+            hint = did_you_mean(name, TARGETS)
+            raise Error(
+                f"lora_targets={cfg.lora_targets!r}: {name!r} is not a block's Linear; "
+                f"name some of {', '.join(TARGETS)}, comma-separated{hint}"
+            )
+    return names
+
+
+def check_keys(cfg, defaults):
+    """train.py's rules for the lora keys (defaults: their default values)."""
+    given = [f"{k}={getattr(cfg, k)!r}" for k in KEYS[1:] if getattr(cfg, k) != defaults[k]]
+    if not cfg.lora_rank:
+        raise Error(
+            f"{', '.join(given)} but lora_rank=0 (no adapters): pass --lora_rank=8 (or more) "
+            "to train adapters, or drop the lora keys"
+        )
+    if cfg.init_from == "scratch":
+        raise Error(
+            f"lora_rank={cfg.lora_rank} adapts a pretrained model, and init_from=scratch: pass "
+            "--init_from a checkpoint folder or a GPT-2 name"
+        )
+    if cfg.strategy == "fsdp":
+        raise Error("lora_rank > 0 trains under strategy=ddp: drop strategy=fsdp")
+    targets(cfg)
+
+
+def weights_file(base):
+    """The file of base's weights: a folder's model.safetensors, or GPT-2's in the hub cache."""
+    if os.path.isdir(base):
+        return os.path.join(base, "model.safetensors")
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(f"openai-community/{base}", "model.safetensors")
+    return cached if isinstance(cached, str) else None
+
+
+def digest(path):
+    """The sha256 of the file at path."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def named_base(init_from):
+    """(the base's path as saved, its weights' sha256) of init_from."""
+    base = os.path.abspath(init_from) if os.path.isdir(init_from) else init_from
+    path = weights_file(base)
+    return base, digest(path) if path else None
+
+
+def check_base(adapter, where):
+    """One line if the base an adapter names is missing or changed since it was trained."""
+    base, saved = adapter["base"], adapter["sha256"]
+    path = weights_file(base)
+    if path is None or not os.path.isfile(path):
+        raise Error(
+            f"{where}: its base {base} is missing (no {path or 'model.safetensors'}): put the "
+            "base back there, or train the adapter again"
+        )
+    if saved is not None and digest(path) != saved:
+        raise Error(
+            f"{where}: its base {path} changed since the adapter was trained (sha256 "
+            f"{saved[:12]}... then): restore that base, or train the adapter again"
+        )
+
+
+def adapt(model, adapter):
+    """model's weights frozen and its target Linears wrapped in LoRALinear; its state_dict then
+    holds the adapters alone, and model.adapter says what they are."""
+    width = model.config.n_embd
+    if adapter["rank"] > width:
+        raise Error(
+            f"lora_rank={adapter['rank']} is above the targets' width {width} (n_embd): pass "
+            f"{width} or less (a rank that high is a full fine-tune: drop lora_rank)"
+        )
+    model.requires_grad_(False)
+    for block in model.blocks:
+        for name in targets_of(adapter):
+            parent, child = name.split(".")
+            owner = getattr(block, parent)
+            linear = getattr(owner, child)
+            wrapped = LoRALinear(linear, adapter["rank"], adapter["alpha"], adapter["dropout"])
+            setattr(owner, child, wrapped)
+    model.adapter = adapter
+    model.register_state_dict_post_hook(only_adapters)
+    return model
+
+
+def targets_of(adapter):
+    """The target names an adapter's record lists."""
+    return [t.strip() for t in adapter["targets"].split(",") if t.strip()]
+
+
+def only_adapters(module, state, prefix, local_metadata):
+    """A state_dict hook: the adapters' tensors alone (the base is the base's file)."""
+    for name in list(state):
+        if ".lora_" not in name:
+            del state[name]
+
+
+def load_adapters(model, tensors):
+    """Copies tensors (the adapters' state) into model's adapters; one line if they do not fit."""
+    own = dict(model.named_parameters())
+    wanted = {name for name in own if ".lora_" in name}
+    if set(tensors) != wanted or any(own[k].shape != v.shape for k, v in tensors.items()):
+        raise Error("the saved adapters do not fit the model: resume with the run's lora keys")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            own[name].copy_(tensor)
+
+
+def adapter_state(state):
+    """The adapters' tensors of a trainer state's model entry, the base's left out."""
+    return {name: tensor for name, tensor in state.items() if ".lora_" in name}
+
+
+@torch.no_grad()
+def merge(model, tensors, adapter):
+    """W += B A alpha / r for each target Linear of model, from the adapters' tensors."""
+    scale = adapter["alpha"] / adapter["rank"]
+    for i, block in enumerate(model.blocks):
+        for name in targets_of(adapter):
+            a = tensors[f"blocks.{i}.{name}.lora_A"]
+            b = tensors[f"blocks.{i}.{name}.lora_B"]
+            parent, child = name.split(".")
+            getattr(getattr(block, parent), child).weight += (b @ a) * scale
+
+
+def write_peft(out_dir, info, peft_dir):
+    """A PEFT adapter folder for GPT2LMHeadModel on the base's export: adapter_config.json and
+    adapter_model.safetensors under PEFT's names (lora_A [r, in], lora_B [out, r] on Conv1D too)."""
+    adapter = info["adapter"]
+    tensors = load_file(os.path.join(out_dir, "model.safetensors"))
+    base_rows = None
+    if os.path.isdir(adapter["base"]):
+        with safe_open(weights_file(adapter["base"]), "pt") as f:
+            names = set(f.keys())
+            table = "wte.weight" if "wte.weight" in names else "transformer.wte.weight"
+            base_rows = f.get_slice(table).get_shape()[0] if table in names else None
+    if base_rows is not None and base_rows != info["model"]["vocab_size"]:
+        raise Error(
+            f"{out_dir}: the fine-tune grew the base's token table ({base_rows} to "
+            f"{info['model']['vocab_size']} rows), which a PEFT adapter cannot: export the "
+            "merged model with --hf_dir"
+        )
+    peft = {}
+    for name, tensor in tensors.items():
+        block, i, parent, child, ab = name.split(".")
+        hf = TARGETS[f"{parent}.{child}"]
+        peft[f"base_model.model.transformer.h.{i}.{hf}.{ab}.weight"] = tensor.contiguous()
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": adapter["base"],
+        "r": adapter["rank"],
+        "lora_alpha": adapter["alpha"],
+        "lora_dropout": adapter["dropout"],
+        "target_modules": [TARGETS[t] for t in targets_of(adapter)],
+        "fan_in_fan_out": True,  # GPT-2's Conv1D holds [in, out]
+        "bias": "none",
+        "inference_mode": True,
+    }
+    os.makedirs(peft_dir, exist_ok=True)
+    save_file(peft, os.path.join(peft_dir, "adapter_model.safetensors"), {"format": "pt"})
+    write_json(os.path.join(peft_dir, "adapter_config.json"), config)
+    print(f"wrote {peft_dir}: a PEFT LoRA adapter of rank {adapter['rank']}", file=sys.stderr)
