@@ -13,7 +13,7 @@ from functools import partial
 import decoding
 from engine import COMPILE_KEY, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.formats import WEIGHTS_KEY, for_decoding, resolve_weights
+from lib.formats import WEIGHTS_KEY, for_decoding
 from lib.keys import DEVICE_KEY, GPT2_NAMES, Key, flags, keys_of
 from lib.text import SEPARATOR, continuation, stopped_short
 from lib.tokenizer import end_tokens
@@ -131,7 +131,7 @@ def main(argv=None):
         args.init_from or args.out_dir, device, hub=bool(args.init_from)
     )
     model = for_decoding(model, device, args.weights)
-    log(f"{what}; {device}, {resolve_weights(args.weights, device)} weights")
+    log(f"{what}; {device}, {model.weights_format} weights")
     t0 = time.perf_counter()
     try:
         engine = Engine(model, args.num_samples, not args.no_cache, args.compile)

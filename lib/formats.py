@@ -1,19 +1,19 @@
 """The formats a GPT's weights decode in: float32, bfloat16, int8 (weight-only, as gpt-fast's:
-lib/int8.py)."""
+lib/int8.py), int8_dynamic (int8 x int8, as llama.cpp's Q8_0: lib/int8.py)."""
 
 import torch
 import torch.nn as nn
 
-from lib.common import native_bf16
+from lib.common import Error, native_bf16
 from lib.keys import Key
 
-WEIGHTS = ("auto", "float32", "bfloat16", "int8")
+WEIGHTS = ("auto", "float32", "bfloat16", "int8", "int8_dynamic")
 # the scripts' --weights and --device (sample.py, serve.py, classify.py, bench/)
 WEIGHTS_KEY = Key(
     "auto",
-    "the format a GPT's weights decode in: auto is bfloat16 where the device multiplies it "
-    "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), int8 on other "
-    "CPUs, float32 on other GPUs",
+    "the format a GPT's weights decode in: auto on a CPU is the fastest here, timed on the model "
+    "at its first use and remembered (lib/autotune.py); on a GPU bfloat16 where it multiplies it "
+    "natively (compute capability 8.0+), else float32",
     choices=WEIGHTS,
 )
 
@@ -21,7 +21,12 @@ WEIGHTS_KEY = Key(
 def for_decoding(model, device, weights="auto"):
     """The model in eval mode on device, its weights stored once, in one format."""
     model = model.to(device).eval()
+    if weights == "auto" and torch.device(device).type == "cpu":
+        from lib.autotune import decoding_weights
+
+        weights = decoding_weights(model, WEIGHTS[1:])
     weights = resolve_weights(weights, device)
+    model.weights_format = weights  # for the scripts' lines
     if weights == "bfloat16":
         head = model.lm_head.weight.detach().float()
         model.to(torch.bfloat16)
@@ -31,14 +36,20 @@ def for_decoding(model, device, weights="auto"):
         from lib.int8 import Int8Linear
 
         replace_linears(model, Int8Linear)
+    elif weights == "int8_dynamic":
+        from lib.int8 import DynamicInt8Linear
+
+        replace_linears(model, DynamicInt8Linear)
     elif torch.device(device).type == "cpu" and onednn_multiplies(weights):
         replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
     return model
 
 
 def resolve_weights(weights, device):
-    """auto: bfloat16 where native_bf16, as dtype=auto; on other CPUs int8, whose products read
-    a quarter of float32's bytes; float32 elsewhere."""
+    """auto without a model to time (for_decoding times one on a CPU): bfloat16 where native_bf16;
+    on other CPUs int8, whose products read a quarter of float32's bytes; float32 elsewhere."""
+    if weights == "int8_dynamic" and torch.device(device).type != "cpu":
+        raise Error("weights=int8_dynamic multiplies on a CPU only: use int8 or bfloat16 here")
     if weights != "auto":
         return weights
     if native_bf16(device):
