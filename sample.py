@@ -176,8 +176,9 @@ def print_samples(engine, request, tokenizer, args):
     try:
         while not request.done:
             for row in engine.step():  # the rows that took a token
-                i = rows.index(row)
-                texts[i], ready[i], _ = continuation(tokenizer, row, stops)
+                if stops or args.stream:  # else decoded once, at the end
+                    i = rows.index(row)
+                    texts[i], ready[i], _ = continuation(tokenizer, row, stops)
             steps += 1
             if args.stream:
                 out = texts[0] if rows[0].done else ready[0]
@@ -185,6 +186,7 @@ def print_samples(engine, request, tokenizer, args):
                 shown = max(shown, len(out))
     except KeyboardInterrupt:  # Ctrl-C: print what was generated
         interrupted = True
+    texts = [continuation(tokenizer, row, stops)[0] for row in rows]
     seconds = time.perf_counter() - t0
     if args.stream:
         print(texts[0][shown:], flush=True)
