@@ -213,7 +213,9 @@ def sample_run(root, args):
         raise Error(f"{' '.join(command)} failed: {result.stderr[-500:]}")
     found = re.search(r"([\d.]+) tokens/s", result.stderr)
     run = dict(tokens_s=float(found.group(1)))
-    run["weights"] = re.search(r", (\w+) weights", result.stderr).group(1)  # what auto took
+    weights = re.search(r", (\w+) weights", result.stderr)  # what auto took; older: none
+    if weights:
+        run["weights"] = weights.group(1)
     compiled = re.search(r"compiled the one-token step in ([\d.]+) s", result.stderr)
     if compiled:
         run["compile_s"] = float(compiled.group(1))
