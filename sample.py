@@ -13,7 +13,7 @@ from functools import partial
 import decoding
 from engine import COMPILE_OPTION, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
-from lib.formats import WEIGHTS_OPTION, for_decoding, resolve_weights
+from lib.formats import WEIGHTS_OPTION, for_decoding
 from lib.options import DEVICE_OPTION, GPT2_NAMES, Option, flags, options_of
 from lib.tokenizer import SEPARATOR, continuation, end_tokens, stopped_short
 from lib.weights import load_gpt
@@ -130,7 +130,7 @@ def main(argv=None):
         args.init_from or args.out_dir, device, hub=bool(args.init_from)
     )
     model = for_decoding(model, device, args.weights)
-    log(f"{what}; {device}, {resolve_weights(args.weights, device)} weights")
+    log(f"{what}; {device}, {model.weights_format} weights")
     t0 = time.perf_counter()
     try:
         engine = Engine(model, args.num_samples, not args.no_cache, args.compile)
@@ -175,8 +175,9 @@ def print_samples(engine, request, tokenizer, args):
     try:
         while not request.done:
             for row in engine.step():  # the rows that took a token
-                i = rows.index(row)
-                texts[i], ready[i], _ = continuation(tokenizer, row, stops)
+                if stops or args.stream:  # else decoded once, at the end
+                    i = rows.index(row)
+                    texts[i], ready[i], _ = continuation(tokenizer, row, stops)
             steps += 1
             if args.stream:
                 out = texts[0] if rows[0].done else ready[0]
@@ -184,6 +185,7 @@ def print_samples(engine, request, tokenizer, args):
                 shown = max(shown, len(out))
     except KeyboardInterrupt:  # Ctrl-C: print what was generated
         interrupted = True
+    texts = [continuation(tokenizer, row, stops)[0] for row in rows]
     seconds = time.perf_counter() - t0
     if args.stream:
         print(texts[0][shown:], flush=True)

@@ -11,7 +11,7 @@ import math
 import sys
 import time
 from contextlib import ExitStack, nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 from tqdm import tqdm
@@ -72,6 +72,11 @@ def train(cfg, run, guard, state, given):
         train_data, val_data = load_data(cfg)
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
     model = parallel(raw_model, run, cfg.activation_checkpointing)
+    if cfg.dtype == "auto" and run.device_type == "cpu" and not run.distributed:
+        from lib.autotune import training_dtype  # the faster of float32 and bfloat16 here
+
+        batch = train_data.batch(train_data.rows(cfg.seed, 0, cfg.batch_size))
+        run = replace(run, dtype=training_dtype(raw_model, batch))
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
     if cfg.compile:
         model = torch.compile(model)

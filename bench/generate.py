@@ -5,8 +5,8 @@ Generation speed, side by side in one run, on one device:
      row's float32 products four ways against a sum over 256 MB, in one thread and in all;
   1. the memory bandwidth (the best of a few sums over 256 MB) and the GPT-2 124M shape (random
      weights saved as a Hugging Face folder), batch 1, 200 greedy tokens: sample.py with
-     --weights float32, bfloat16 and int8, each with and without --compile (its defaults are the
-     format auto resolves to here, "defaults" in the results), against the bound bandwidth /
+     --weights auto ("defaults"), float32, bfloat16, int8 and int8_dynamic, each with and
+     without --compile, against the bound bandwidth /
      bytes read per token, and Hugging Face's generate on the same weights in float32 and
      bfloat16; 1b. the engine there from position 900, float32 and bfloat16 weights, the
      latter with a float32 cache (the engine's on a CPU) and a bfloat16 one; 1c. where a
@@ -15,7 +15,7 @@ Generation speed, side by side in one run, on one device:
      --old, the sample.py of another checkout (a commit before) on the same checkpoint;
   3. the engine at batch 1, 8 and 32 on that shape, in the default format, eager and compiled:
      time to first token and tokens/s;
-  4. with --val_model, bfloat16's and int8's change in validation loss on a trained checkpoint.
+  4. with --val_model, each format's change in validation loss on a trained checkpoint.
   python bench/generate.py --old /tmp/old --val_model out-shakespeare-char --json gen.json
   python bench/generate.py --old /tmp/old --sections shakespeare --turns 5    section 2 alone
 Run from anywhere; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE offline.
@@ -50,7 +50,6 @@ from lib.formats import (  # noqa: E402
     for_decoding,
     onednn_linear,
     onednn_multiplies,
-    resolve_weights,
 )
 from lib.gpt2 import from_pretrained  # noqa: E402
 from lib.options import Option, flags  # noqa: E402
@@ -58,15 +57,18 @@ from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 PROMPT = "The meaning of life is"
-# sample.py's modes: (name, --weights, --compile); its defaults are the mode of
-# resolve_weights("auto", "cpu"), without --compile
+# sample.py's modes: (name, --weights, --compile); defaults: --weights=auto, the format timed
+# fastest here (lib/autotune.py)
 MODES = [
+    ("defaults", "auto", False),
     ("float32", "float32", False),
     ("float32_compiled", "float32", True),
     ("bfloat16", "bfloat16", False),
     ("bfloat16_compiled", "bfloat16", True),
     ("int8", "int8", False),
     ("int8_compiled", "int8", True),
+    ("int8_dynamic", "int8_dynamic", False),
+    ("int8_dynamic_compiled", "int8_dynamic", True),
 ]
 SHAKESPEARE = dict(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
 GPT2 = dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True)
@@ -193,6 +195,9 @@ def bytes_per_token(model, context):
     table = model.wte.weight
     if getattr(model.lm_head, "weight", None) is table:  # tied: the head multiplies wte
         total += table.numel() * table.element_size()
+    for module in model.modules():  # int8_dynamic's weights: packed, in no buffer
+        if hasattr(module, "packed") and hasattr(module, "in_features"):
+            total += module.in_features * module.out_features
     config = model.config
     itemsize = cache_dtype(table).itemsize
     total += 2 * config.n_layer * context * config.n_embd * itemsize
@@ -208,6 +213,9 @@ def sample_run(root, args):
         raise Error(f"{' '.join(command)} failed: {result.stderr[-500:]}")
     found = re.search(r"([\d.]+) tokens/s", result.stderr)
     run = dict(tokens_s=float(found.group(1)))
+    weights = re.search(r", (\w+) weights", result.stderr)  # what auto took; older: none
+    if weights:
+        run["weights"] = weights.group(1)
     compiled = re.search(r"compiled the one-token step in ([\d.]+) s", result.stderr)
     if compiled:
         run["compile_s"] = float(compiled.group(1))
@@ -401,10 +409,10 @@ def validation_loss(path, weights, windows=40):
 
 
 def format_losses(path):
-    """Section 4: validation loss with float32, bfloat16 and int8 weights."""
+    """Section 4: validation loss with float32, bfloat16, int8 and int8_dynamic weights."""
     exact = validation_loss(path, "float32")
     results = dict(float32=exact)
-    for weights in ("bfloat16", "int8"):
+    for weights in ("bfloat16", "int8", "int8_dynamic"):
         loss = validation_loss(path, weights)
         results[weights] = dict(loss=loss, change=loss / exact - 1)
     return results
@@ -419,7 +427,7 @@ def main(argv=None):
     if args.val_model and not os.path.isfile(os.path.join(args.val_model, "config.json")):
         p.error(f"--val_model {args.val_model}: no checkpoint there (config.json)")
     scale = 10 if args.quick else 1
-    results = dict(machine=machine("cpu"), defaults=resolve_weights("auto", "cpu"))
+    results = dict(machine=machine("cpu"))
     wanted = args.sections.split(",")
     if "products" in wanted:
         results["products"] = products()

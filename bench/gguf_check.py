@@ -6,7 +6,8 @@ or GPT-2's own from a Hugging Face folder with --init_from), in one run:
      where two differ first, each side's margin of its pick there;
   2. speed: batch 1, --new_tokens greedy tokens, --threads threads: llama.cpp on the float16 and
      Q8_0 files (their weights as stored: load_llama) against our engine with sample.py's
-     default weights and with int8 compiled, the runs interleaved, the best of --rounds each.
+     default weights, int8 compiled and int8_dynamic, the runs interleaved, the best of --rounds
+     each.
   python bench/gguf_check.py --json gguf.json
 Needs llama-cpp-python and the gguf package; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE
 offline.
@@ -32,7 +33,7 @@ from export import export  # noqa: E402
 from lib.bpe import BPETokenizer  # noqa: E402
 from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, run_script  # noqa: E402
-from lib.formats import for_decoding, resolve_weights  # noqa: E402
+from lib.formats import for_decoding  # noqa: E402
 from lib.gpt2 import from_pretrained  # noqa: E402
 from lib.options import Option, flags  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
@@ -157,10 +158,10 @@ def speed_section(out_dir, files, prompt, n, vocab_size, threads, rounds):
     for dtype in ("float16", "q8_0"):
         llama = load_llama(files[dtype], threads)
         runs[f"llama.cpp {dtype}"] = partial(llama_greedy, llama, prompt, n)
-    for weights, compile in (("auto", False), ("int8", True)):
+    for weights, compile in (("auto", False), ("int8", True), ("int8_dynamic", False)):
         model = for_decoding(from_checkpoint(out_dir)[0], "cpu", weights)
         engine = Engine(model, 1, compile=compile)
-        name = f"ours {resolve_weights(weights, 'cpu')}{' compiled' if compile else ''}"
+        name = f"ours {model.weights_format}{' compiled' if compile else ''}"
         if weights == "auto":
             name += " (defaults)"
         runs[name] = partial(our_greedy, engine, prompt, n, vocab_size)

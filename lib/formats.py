@@ -1,19 +1,22 @@
-"""The formats a GPT's weights decode in: float32, bfloat16, oneDNN's packed layout, and int8
-(weight-only, as gpt-fast's, a scale per output channel)."""
+"""The formats a GPT's weights decode in: float32, bfloat16, oneDNN's packed layout, int8
+(weight-only, as gpt-fast's, a scale per output channel) and int8_dynamic (int8 x int8, as
+llama.cpp's Q8_0)."""
+
+import warnings
 
 import torch
 import torch.nn as nn
 
-from lib.common import native_bf16
+from lib.common import Error, native_bf16
 from lib.options import Option
 
-WEIGHTS = ("auto", "float32", "bfloat16", "int8")
+WEIGHTS = ("auto", "float32", "bfloat16", "int8", "int8_dynamic")
 # the scripts' --weights and --device (sample.py, serve.py, classify.py, bench/)
 WEIGHTS_OPTION = Option(
     "auto",
-    "the format a GPT's weights decode in: auto is bfloat16 where the device multiplies it "
-    "natively (GPUs of compute capability 8.0+, CPUs with AVX-512 BF16 or AMX), int8 on other "
-    "CPUs, float32 on other GPUs",
+    "the format a GPT's weights decode in: auto on a CPU is the fastest here, timed on the model "
+    "at its first use and remembered (lib/autotune.py); on a GPU bfloat16 where it multiplies it "
+    "natively (compute capability 8.0+), else float32",
     choices=WEIGHTS,
 )
 
@@ -21,7 +24,12 @@ WEIGHTS_OPTION = Option(
 def for_decoding(model, device, weights="auto"):
     """The model in eval mode on device, its weights stored once, in one format."""
     model = model.to(device).eval()
+    if weights == "auto" and torch.device(device).type == "cpu":
+        from lib.autotune import decoding_weights
+
+        weights = decoding_weights(model, WEIGHTS[1:], for_decoding)
     weights = resolve_weights(weights, device)
+    model.weights_format = weights  # for the scripts' lines
     if weights == "bfloat16":
         head = model.lm_head.weight.detach().float()
         model.to(torch.bfloat16)
@@ -29,14 +37,18 @@ def for_decoding(model, device, weights="auto"):
         model.lm_head.weight = nn.Parameter(head, requires_grad=False)
     if weights == "int8":
         replace_linears(model, Int8Linear)
+    elif weights == "int8_dynamic":
+        replace_linears(model, DynamicInt8Linear)
     elif torch.device(device).type == "cpu" and onednn_multiplies(weights):
         replace_linears(model, PackedLinear)  # with bfloat16, its float32 head
     return model
 
 
 def resolve_weights(weights, device):
-    """auto: bfloat16 where native_bf16, as dtype=auto; on other CPUs int8, whose products read
-    a quarter of float32's bytes; float32 elsewhere."""
+    """auto without a model to time (for_decoding times one on a CPU): bfloat16 where native_bf16;
+    on other CPUs int8, whose products read a quarter of float32's bytes; float32 elsewhere."""
+    if weights == "int8_dynamic" and torch.device(device).type != "cpu":
+        raise Error("weights=int8_dynamic multiplies on a CPU only: use int8 or bfloat16 here")
     if weights != "auto":
         return weights
     if native_bf16(device):
@@ -118,3 +130,26 @@ class Int8Linear(nn.Module):
         y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)
         y = y.view(*x.shape[:-1], y.size(-1)).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+
+class DynamicInt8Linear(nn.Module):
+    """A Linear with int8 weights, a float scale per output channel, whose inputs are quantized to
+    8 bits at each call (one scale over the call's rows): int8 x int8 products (VNNI where the CPU
+    has it), as llama.cpp's Q8_0. weights=int8_dynamic."""
+
+    def __init__(self, linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127
+        zeros = torch.zeros(len(scales), dtype=torch.long)
+        with warnings.catch_warnings():  # torch deprecates quantized tensors; its kernel takes one
+            warnings.filterwarnings("ignore", "torch.quantize_per_tensor")
+            quantized = torch.quantize_per_channel(weight, scales.double(), zeros, 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        # fbgemm's (or oneDNN's) packed form for this CPU; opaque, in no state_dict
+        self.packed = torch.ops.quantized.linear_prepack(quantized, bias)
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x):
+        # 7-bit inputs (reduce_range): products of 8-bit ones overflow AVX2's 16-bit sums
+        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, True).to(x.dtype)

@@ -47,8 +47,9 @@ OPTIONS = dict(
     ),
     dtype=Option(
         "auto",
-        "autocast dtype; auto: bfloat16 where the hardware has it, float16 on older GPUs, "
-        "else float32",
+        "autocast dtype; auto: on a CPU the faster of float32 and bfloat16 for this model, timed "
+        "at the start and remembered (lib/autotune.py); bfloat16 on GPUs that have it, else "
+        "float16",
         choices=("auto", "float32", "bfloat16", "float16"),
     ),
     compile=Option(False, "torch.compile the model: a slower start, faster steps on GPUs"),

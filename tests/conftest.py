@@ -48,6 +48,15 @@ TINY = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def autotune_cache(tmp_path_factory):
+    """auto's timings (lib/autotune.py) go to a file of the test run, never the user's cache;
+    the scripts the tests start inherit it."""
+    path = tmp_path_factory.mktemp("autotune") / "autotune.json"
+    os.environ["GPT_STARTER_AUTOTUNE"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny tensors in one thread, as the script processes compared against run (OMP_NUM_THREADS=1):

@@ -560,6 +560,29 @@ def test_the_dtype_asked_for_is_saved_and_resolved_on_each_start(lm_dir, tmp_pat
     assert state(tmp_path)["config"]["dtype"] == "auto" and state(tmp_path)["step"] == 3
 
 
+def measured_bfloat16(what, shape, measure, options):
+    return "bfloat16"
+
+
+def never_measured(*args):
+    raise AssertionError("measured, for a dtype the command named")
+
+
+def test_dtype_auto_on_a_cpu_trains_in_the_dtype_measured_fastest(
+    lm_dir, tmp_path, monkeypatch, capsys
+):
+    """The choice of lib/autotune.py, not the CPU's flags; an explicit dtype is never timed."""
+    from lib import autotune
+
+    monkeypatch.setattr(autotune, "choose", measured_bfloat16)
+    run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1", "--dtype=auto"])
+    assert "on cpu, bfloat16" in capsys.readouterr().err
+    monkeypatch.setattr(autotune, "choose", never_measured)
+    for dtype in ("float32", "bfloat16"):
+        run([f"--dataset={lm_dir}", f"--out_dir={tmp_path}", "--max_iters=1", f"--dtype={dtype}"])
+        assert f"on cpu, {dtype}" in capsys.readouterr().err
+
+
 def test_a_stop_signal_saves_before_a_due_evaluation(lm_dir, tmp_path, monkeypatch):
     """SIGTERM during step 3's batch: the run saves at step 4 and exits without evaluating step 4
     first (torchrun and SLURM kill a job soon after SIGTERM); the resumed run evaluates step 4 when
