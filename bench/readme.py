@@ -10,6 +10,7 @@ Each ```bash block's lines, joined at a trailing backslash and cut at `&&`, run 
 bash in the clone, changed only so:
 - a line's `# offline: FLAGS` comment: FLAGS appended, the form the page gives for offline;
 - train.py: --max_iters=ITERS --eval_iters=2 --eval_interval=ITERS appended, a run of seconds;
+  rl.py: --max_iters=ITERS --eval_interval=ITERS;
 - serve.py: started, waited on until it answers, stopped at the end of its page or at the
   page's next serve.py; port 8000 is taken by another free one throughout the page if something
   else holds it;
@@ -100,6 +101,8 @@ def commands(line, iters):
         why = next((why for pattern, why in SKIP if re.search(pattern, run)), None)
         if " train.py" in run and why is None:
             run += f" --max_iters={iters} --eval_iters=2 --eval_interval={iters}"
+        if " rl.py" in run and why is None:
+            run += f" --max_iters={iters} --eval_interval={iters}"
         made.append((shown, run, why))
     return made
 
