@@ -30,12 +30,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
-from lib.build import grown
 from lib.common import ArgumentParser, run_script
 from lib.data import load_split
 from lib.options import Option, flags
 from lib.tokenizer import end_tokens
-from lib.weights import get_tokenizer, load_pretrained
+from lib.weights import get_tokenizer, grown, load_pretrained
 from model import GPT
 
 FLAGS = {

@@ -382,7 +382,7 @@ def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path):
         ("tokenizer", "config.json: no tokenizer this project knows"),
         ("weights", "is not a readable checkpoint of this project"),
         ("name", r"--gguf .*m.bin: name the file \*.gguf"),
-        ("none", "pass --hf_dir, --gguf or both"),
+        ("none", "pass --hf_dir, --gguf, --peft_dir or more"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, capsys, damage, message):

@@ -195,6 +195,8 @@ def files(tmp_path_factory):
 # (script, arguments ({d} is the files folder), words the last line must hold)
 BAD_INPUTS = [
     ("train.py", ["--n_layers=4"], "unknown key 'n_layers'"),
+    ("rl.py", ["--group_size=1"], "group_size=1: must be >= 2"),
+    ("rl.py", ["--init_from=out-chat"], "name --prompts=FILE.jsonl and --reward=PATH.py:NAME"),
     ("train.py", ["--n_layer"], "write --n_layer=VALUE"),
     ("train.py", ["--compile=yes"], "compile='yes': must be bool"),
     ("train.py", ["--batch_size=0"], "batch_size=0: must be >= 1"),
@@ -402,7 +404,7 @@ BAD_INPUTS = [
         "rope=True has no place in GPT-2's layout",
     ),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/a_file"], "is a file"),
-    ("export.py", ["--out_dir={d}/gpt"], "pass --hf_dir, --gguf or both"),
+    ("export.py", ["--out_dir={d}/gpt"], "pass --hf_dir, --gguf, --peft_dir or more"),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/gpt"], "is the checkpoint being exported"),
     ("export.py", ["--out_dir={d}/gpt", "--hf_dir={d}/clf"], "holds files no export wrote there"),
     ("export.py", ["--out_dir={d}/gpt", "--gguf={d}/gpt.bin"], "name the file *.gguf"),
