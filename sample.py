@@ -129,6 +129,12 @@ def main(argv=None):
     model, tokenizer, what = load_gpt(
         args.init_from or args.out_dir, device, hub=bool(args.init_from)
     )
+    talking = args.chat or args.messages
+    if not talking:  # before any measuring: a prompt the model cannot read is one line
+        try:
+            prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
+        except Error as e:  # a character the char model never saw
+            raise Error(f"--start: {e}") from None
     model = for_decoding(model, device, args.weights)
     log(f"{what}; {device}, {model.weights_format} weights")
     t0 = time.perf_counter()
@@ -141,14 +147,10 @@ def main(argv=None):
     )
     if args.compile:
         log(f"compiled the one-token step in {time.perf_counter() - t0:.1f} s")
-    if args.chat or args.messages:
+    if talking:
         from lib.chat import talk
 
         return talk(engine, tokenizer, rules, args)
-    try:
-        prompt = tokenizer.encode(args.start) if args.start else [tokenizer.start_token]
-    except Error as e:  # a character the char model never saw
-        raise Error(f"--start: {e}") from None
     block_size = model.config.block_size
     if len(prompt) > block_size:
         log(f"the prompt has {len(prompt)} tokens; the model sees only the last {block_size}")

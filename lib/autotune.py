@@ -18,7 +18,11 @@ ENV = "GPT_STARTER_AUTOTUNE"  # the cache file's path, for tests and shared mach
 TOKENS = 4e10  # a timed training pass multiplies about this many weight-flops
 STEPS = 4  # one-token steps a decode's timing takes
 CPUINFO = "/proc/cpuinfo"
-log = partial(print, file=sys.stderr)  # as the scripts' own lines
+
+
+def log(line):
+    """A line on stderr, as the scripts' own (the stderr of the moment, not of the import)."""
+    print(line, file=sys.stderr)
 
 
 def cache_path():
