@@ -35,13 +35,12 @@ from engine import Engine
 from lib import checkpoint, prepare
 from lib.chat import check_messages
 from lib.common import Error, parse_json, run_script
-from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
+from lib.distributed import StepGuard, agreed, parallel, started
 from lib.options import Option, options_of
 from lib.settings import OPTIONS as TRAIN_OPTIONS
 from lib.settings import parse
 from lib.tokenizer import end_tokens
 from lib.weights import load_gpt
-from optim import configure_optimizers
 
 # train.py's keys that mean the same here
 SHARED = (
@@ -260,15 +259,7 @@ def learn(cfg, run, guard, state, inputs, held):
     if cfg.kl:  # the start, frozen
         reference, _, _ = load_gpt(cfg.init_from, run.device)
     model = parallel(PolicyLoss(raw_model, cfg.kl), run, False)
-    optimizers = configure_optimizers(
-        raw_model,
-        cfg.weight_decay,
-        cfg.learning_rate,
-        (cfg.beta1, cfg.beta2),
-        run.device_type,
-        cfg.optimizer,
-    )
-    train_step = TrainStep(model, raw_model, optimizers, run, cfg.grad_clip)
+    optimizers, train_step = train.stepping(model, raw_model, cfg, run)
     step, best, seconds = checkpoint.restore(state, optimizers, train_step.scaler)
     first_step, best_step, metrics = step, None, {}
     rollout = Rollout(cfg, run, inputs, train_step.ctx)

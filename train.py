@@ -80,15 +80,7 @@ def train(cfg, run, guard, state, given):
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass
     if cfg.compile:
         model = torch.compile(model)
-    optimizers = configure_optimizers(
-        raw_model,
-        cfg.weight_decay,
-        cfg.learning_rate,
-        (cfg.beta1, cfg.beta2),
-        run.device_type,
-        cfg.optimizer,
-    )
-    train_step = TrainStep(model, raw_model, optimizers, run, cfg.grad_clip)
+    optimizers, train_step = stepping(model, raw_model, cfg, run)
     step, best, seconds = checkpoint.restore(
         state, optimizers, train_step.scaler, raw_model if run.sharded else None
     )
@@ -166,6 +158,17 @@ def train(cfg, run, guard, state, given):
 
 
 # ---------------------------------------------------------------------- the pieces, in order used
+def stepping(model, raw_model, cfg, run):
+    """(the optimizers of cfg's recipe over raw_model, the TrainStep that drives them)."""
+    optimizers = configure_optimizers(
+        raw_model,
+        cfg.weight_decay,
+        cfg.learning_rate,
+        (cfg.beta1, cfg.beta2),
+        run.device_type,
+        cfg.optimizer,
+    )
+    return optimizers, TrainStep(model, raw_model, optimizers, run, cfg.grad_clip)
 
 
 def start_records(cfg, run, model, seconds, resumed_step, epochs):
