@@ -24,7 +24,9 @@ COMPILE_OPTION = Option(
 class Row:
     """One sequence: its tokens (prompt, then generated), rule and cache slot."""
 
-    def __init__(self, prompt, rule, max_new_tokens, block_size, end_tokens=()):
+    def __init__(
+        self, prompt, rule, max_new_tokens, block_size, end_tokens=(), logprobs=None, client=None
+    ):
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
         self.rule = rule
@@ -36,6 +38,12 @@ class Row:
         self.slot = None
         self.done = False
         self.error = None  # why its decoding stopped short (decoding's Error), or None
+        self.bug = False  # whether the error is a failure of the server's step, not of its options
+        self.client = client  # who asks (any hashable): the server's requests take turns by it
+        # logprobs None: no scores; else each taken token's log-probability and its top logprobs
+        self.logprobs = logprobs
+        self.token_logprobs = []  # [n generated]
+        self.top_logprobs = []  # [n generated][logprobs] of (token, log-probability)
 
     @property
     def generated(self):
@@ -49,8 +57,11 @@ class Row:
 class Request:
     """The rows of one prompt, submitted together and prefilled once."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, echo=False):
         self.rows = rows
+        self.echo = echo  # whether the prefill scores the prompt
+        self.prompt_logprobs = None  # with echo: [len(prompt)], None first (nothing before it)
+        self.prompt_top_logprobs = None  # with echo: the top alternatives at each
 
     @property
     def done(self):
@@ -62,10 +73,12 @@ class Request:
 
 
 class Engine:
-    """Continuous batching over a KVCache of `rows` slots."""
+    """Continuous batching over a KVCache of `rows` slots; each token's log-probability among the
+    tokenizer's vocab_size tokens where asked (a model's vocabulary may be padded past it)."""
 
-    def __init__(self, model, rows, use_cache=True, compile=False):
+    def __init__(self, model, rows, use_cache=True, compile=False, vocab_size=None):
         self.model = model
+        self.vocab_size = vocab_size or model.config.vocab_size
         self.block_size = model.config.block_size
         self.use_cache = use_cache  # False: each row's whole window every step, for comparison
         self.device = model.wte.weight.device
@@ -90,21 +103,28 @@ class Engine:
         if compile:  # before any request is timed (gpt-fast's decode)
             self.warm_up(rows)
 
-    def submit(self, prompt, rules, max_new_tokens, end_tokens=()):
+    def submit(
+        self, prompt, rules, max_new_tokens, end_tokens=(), logprobs=None, echo=False, client=None
+    ):
         """A Request of a row per rule, decoded from the next step on; a row that draws one of
-        end_tokens (lib/chat.py's end_tokens: the special ones) ends there, without it."""
-        request = self.make_request(prompt, rules, max_new_tokens, end_tokens)
-        self.waiting.append(request)
-        return request
-
-    def make_request(self, prompt, rules, max_new_tokens, end_tokens=()):
+        end_tokens (lib/tokenizer.py's end_tokens: the special ones) ends there, without it.
+        logprobs: each token's log-probability and its top that many; echo: the prompt scored
+        too (it must fit in block_size); client: who asks."""
         if not prompt:
             raise Error("the prompt is empty: give at least one token (a start token)")
         slots = len(self.cache.lengths)
         if len(rules) > slots:
             raise Error(f"{len(rules)} rows asked of an engine of {slots}")
+        if echo and len(prompt) > self.block_size:
+            raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         size = None if self.model.endless else self.block_size
-        return Request([Row(prompt, rule, max_new_tokens, size, end_tokens) for rule in rules])
+        rows = []
+        for rule in rules:
+            rows.append(Row(prompt, rule, max_new_tokens, size, end_tokens, logprobs, client))
+        request = Request(rows, echo)
+        # queued only once whole: a server's thread steps while requests come in
+        self.waiting.append(request)
+        return request
 
     def warm_up(self, rows):
         """Compiles the one-token step by throwaway requests of one row and of all."""
@@ -159,9 +179,16 @@ class Engine:
         return self.waiting[0]
 
     def prompt_logits(self, request, row):
-        """The logits [1, vocab] after the request's prompt, prefilled into row (a hook: the
-        server's echo scores the prompt here)."""
-        return self.prefill(row)
+        """The logits [1, vocab] after the request's prompt, prefilled into row; with echo, each
+        prompt token's log-probability given the ones before it and the top alternatives at each."""
+        if not request.echo:
+            return self.prefill(row)
+        logits = self.prefill(row, len(row.tokens))  # (T, vocab): every position's
+        within = logits[:-1, : self.vocab_size]
+        chosen, alternatives = log_probabilities(within, row.tokens[1:], row.logprobs or 0)
+        request.prompt_logprobs = [None, *chosen]
+        request.prompt_top_logprobs = [None, *alternatives]
+        return logits[-1:]
 
     def prefill(self, row, keep=1):
         """The row's window through the model, into its slot afresh -> its last keep logits. A
@@ -242,8 +269,15 @@ class Engine:
         return took
 
     def score(self, row, logits, token):
-        """A hook before row takes token, whose readers then see both (the server's logprobs,
-        serving/completions.py)."""
+        """The log-probability of the token row takes (and the top alternatives), before its
+        readers see the token."""
+        if row.logprobs is None:
+            return
+        within = logits[None, : self.vocab_size]  # (1, vocab_size)
+        chosen, top = log_probabilities(within, [token], row.logprobs)
+        row.token_logprobs += chosen
+        if row.logprobs:
+            row.top_logprobs += top
 
     def release(self):
         for row in [row for row in self.active if row.done]:
@@ -254,3 +288,14 @@ class Engine:
 def cache_dtype(weight):
     """The KV cache's dtype: float32 on a CPU, whose bfloat16 attention is slower."""
     return torch.float32 if weight.device.type == "cpu" else weight.dtype
+
+
+def log_probabilities(logits, tokens, top):
+    """Each of tokens' log-probability under logits [len(tokens), vocab] (the model's, before any
+    decoding option), and each position's top alternatives as [(token, log-probability)]."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(tokens, device=logits.device)
+    chosen = logprobs.gather(1, ids[:, None])[:, 0]
+    values, top_ids = logprobs.topk(top, dim=-1)  # [len(tokens), top]
+    pairs = zip(top_ids.tolist(), values.tolist())
+    return chosen.tolist(), [list(zip(*pair)) for pair in pairs]

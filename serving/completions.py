@@ -12,8 +12,6 @@ import torch
 from fastapi.responses import JSONResponse
 
 import decoding
-from engine import Engine
-from lib.common import Error
 from lib.tokenizer import continuation, end_tokens
 from serving.protocol import error_response, option_named
 from serving.transport import RequestError
@@ -324,60 +322,3 @@ class Traced(decoding.NextToken):
             entry["stages"].append(stage)
         self.trace.append(entry)
         return token
-
-
-class ScoringEngine(Engine):
-    """The engine with each token's log-probability (logprobs) among the tokenizer's vocab_size
-    tokens (a model's vocabulary may be padded past it) and the prompt scored (echo)."""
-
-    def __init__(self, model, rows, vocab_size=None, compile=False):
-        super().__init__(model, rows, compile=compile)
-        self.vocab_size = vocab_size or model.config.vocab_size
-
-    def make_request(self, prompt, rules, max_new_tokens, end_tokens=(), logprobs=None, echo=False):
-        """Engine.make_request, with each token's log-probability (logprobs: the top that many
-        too) and the prompt scored (echo: it must fit in block_size)."""
-        request = super().make_request(prompt, rules, max_new_tokens, end_tokens)
-        if echo and len(prompt) > self.block_size:
-            raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
-        request.echo = echo
-        request.prompt_logprobs = None
-        request.prompt_top_logprobs = None
-        for row in request.rows:
-            row.logprobs = logprobs
-            row.token_logprobs = []
-            row.top_logprobs = []
-        return request
-
-    def prompt_logits(self, request, row):
-        """With echo, the prefill scores the prompt too: each token's log-probability given the
-        ones before it (None for the first, which has none) and the top alternatives at each."""
-        if not request.echo:
-            return super().prompt_logits(request, row)
-        logits = self.prefill(row, len(row.tokens))  # every position's logits
-        within = logits[:-1, : self.vocab_size]
-        chosen, alternatives = log_probabilities(within, row.tokens[1:], row.logprobs or 0)
-        request.prompt_logprobs = [None, *chosen]
-        request.prompt_top_logprobs = [None, *alternatives]
-        return logits[-1:]
-
-    def score(self, row, logits, token):
-        """The log-probability of the token row takes (and the top alternatives), before the
-        token is seen."""
-        if row.logprobs is not None:
-            within = logits[None, : self.vocab_size]
-            chosen, top = log_probabilities(within, [token], row.logprobs)
-            row.token_logprobs += chosen
-            if row.logprobs:
-                row.top_logprobs += top
-
-
-def log_probabilities(logits, tokens, top):
-    """Each of tokens' log-probability under logits [len(tokens), vocab] (the model's, before any
-    decoding option), and each position's top alternatives as [(token, log-probability)]."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    ids = torch.tensor(tokens, device=logits.device)
-    chosen = logprobs.gather(1, ids[:, None])[:, 0]
-    values, top_ids = logprobs.topk(top, dim=-1)  # [len(tokens), top]
-    pairs = zip(top_ids.tolist(), values.tolist())
-    return chosen.tolist(), [list(zip(*pair)) for pair in pairs]

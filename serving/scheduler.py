@@ -11,19 +11,18 @@ from collections import Counter
 
 import torch
 
+from engine import Engine
 from model import varying_lengths
-from serving.completions import ScoringEngine
 
 MAX_ROWS = 32  # a GPT's KV cache rows: the most choices decoding at once (more wait their turn)
 
 
-class ServingEngine(ScoringEngine):
-    """The engine with what the API adds: log-probabilities and the prompt scored (ScoringEngine's),
-    waiting requests taking turns by client, each step's prefill timed apart, and a failure that
-    ends the request it came from only."""
+class ServingEngine(Engine):
+    """The engine with what the server adds: waiting requests taking turns by client, each step's
+    prefill timed apart, and a failure that ends the request it came from only."""
 
     def __init__(self, model, rows, vocab_size=None, compile=False):
-        super().__init__(model, rows, vocab_size, compile)
+        super().__init__(model, rows, compile=compile, vocab_size=vocab_size)
         self.admitting = None  # the request whose prompt this step prefills now
         self.prefill_seconds = 0.0  # this step's time in prefills
         self.prefilled = 0  # this step's prompt tokens prefilled
@@ -59,18 +58,6 @@ class ServingEngine(ScoringEngine):
             for slot in slots:
                 self.cache.reset(slot)
         return took
-
-    def submit(
-        self, prompt, rules, max_new_tokens, end_tokens=(), logprobs=None, echo=False, client=None
-    ):
-        """ScoringEngine's request (logprobs, echo), and who asks (client, any hashable)."""
-        request = self.make_request(prompt, rules, max_new_tokens, end_tokens, logprobs, echo)
-        for row in request.rows:
-            row.bug = False  # whether its error is the engine's failure, not its options'
-            row.client = client
-        # queued only once whole: the decoder thread steps while requests come in
-        self.waiting.append(request)
-        return request
 
     def next_waiting(self):
         """The first request of the client with the fewest rows decoding: one client's many
@@ -118,7 +105,7 @@ class Decoder:
         threading.Thread(target=self.run, daemon=True, name="decoder").start()
 
     def submit(self, prompt, rules, max_new_tokens, *options):
-        """engine.submit's request (its options: ServingEngine.submit's), the thread woken."""
+        """engine.submit's request (its options: Engine.submit's), the thread woken."""
         with self.work:
             request = self.engine.submit(prompt, rules, max_new_tokens, *options)
             self.work.notify()

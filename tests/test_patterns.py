@@ -11,7 +11,7 @@ import torch
 from conftest import generate
 
 from decoding import NextToken, Options
-from engine import Engine
+from engine import Engine, Row
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.weights import from_checkpoint
@@ -261,7 +261,7 @@ def test_a_prompt_past_block_size_is_read_whole_by_a_rolling_cache():
     model = endless_model(window=6, global_tokens=2)
     prompt = torch.randint(1, 50, (48,), generator=torch.Generator().manual_seed(1)).tolist()
     engine = Engine(model, rows=1)
-    row = engine.make_request(prompt, [greedy()], 1).rows[0]
+    row = Row(prompt, greedy(), 1, None)  # an endless model: no window
     row.slot = 0
     with torch.no_grad():
         whole = model(torch.tensor([prompt]))[0][0]

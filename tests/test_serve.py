@@ -23,6 +23,7 @@ from conftest import ROOT, eot_checkpoint
 
 import classify
 import decoding
+import engine as engine_module
 import sample
 from lib.checkpoint import save_pretrained
 from lib.tokenizer import EOT
@@ -1097,14 +1098,14 @@ def test_a_failure_inside_the_engine_ends_its_own_request_and_gives_back_its_slo
     before = free_slots(playground)
     alongside = {"prompt": "ab", "max_tokens": 60, "seed": 3, "n": 2}
     alone = post(server, "/v1/completions", alongside)["choices"]
-    real = completions.log_probabilities
+    real = engine_module.log_probabilities
 
     def failing(logits, tokens, top):
         if top == 7:
             raise RuntimeError("selected index k out of range")
         return real(logits, tokens, top)
 
-    monkeypatch.setattr(completions, "log_probabilities", failing)
+    monkeypatch.setattr(engine_module, "log_probabilities", failing)
     with ThreadPoolExecutor(2) as pool:
         beside = pool.submit(request, address, "POST", "/v1/completions", alongside)
         time.sleep(0.05)
