@@ -6,11 +6,15 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 import torch
+from conftest import TINY
 
 from bench import speed
 from bench.attention import ATTENTION_PATHS, LoopAttention, attention_flops, bench_attention
 from bench.core_tokens import tokens
+from lib.prepare import save_array, write_meta
 
 
 def test_loop_reference_matches_fused_and_explicit_paths():
@@ -87,6 +91,39 @@ def walk_tables(out):
         else:
             rows[name] = count
     return tables
+
+
+# what only a classifier's, a chat fine-tune's or a fine-tune's run reads
+OTHER_TASKS = {
+    "ClassificationData",
+    "ConversationData",
+    "Rows",
+    "pad_batch",
+    "pretrained_body",
+    "check_data_tokenizer",
+    "kept_pattern",
+    "check_card",
+}
+
+
+@pytest.mark.slow  # a training run in a subprocess
+def test_a_plain_training_runs_walk_holds_no_other_tasks_code(tmp_path):
+    """The files that a language model's run from scratch imports (its walk) define none of
+    the classifier's rows, the conversations, a fine-tune's start or a checkpoint card's check."""
+    for split in ("train", "val"):
+        save_array(str(tmp_path / f"{split}.bin"), np.arange(200, dtype=np.uint16) % 3)
+    splits = {"train": 200, "val": 200}
+    chars = {"type": "char", "chars": "abc"}
+    write_meta(tmp_path, task="lm", tokenizer=chars, vocab_size=3, dtype="uint16", splits=splits)
+    run = ["train.py", f"--dataset={tmp_path}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1"]
+    command = [sys.executable, "bench/core_tokens.py", "--", sys.executable, *run, *TINY]
+    out = subprocess.run(command, cwd=speed.ROOT, capture_output=True, text=True, check=True)
+    defined = set()
+    for name in walk_tables(out.stdout)[0]:
+        with open(os.path.join(speed.ROOT, name)) as f:
+            tree = ast.parse(f.read())
+        defined |= {getattr(node, "name", None) for node in tree.body}
+    assert defined & OTHER_TASKS == set()
 
 
 # the modules of options a plain run does not take, each imported only where its option is chosen

@@ -22,10 +22,9 @@ from test_train import torchrun
 import train
 from decoding import NextToken, Options
 from engine import Engine
-from lib.chat import SPECIAL_TOKENS, ChatTokenizer, fitted
+from lib.chat import SPECIAL_TOKENS, ChatTokenizer, ConversationData, fitted
 from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.data import ConversationData
 from lib.tokenizer import CharTokenizer, end_tokens
 from lib.weights import get_tokenizer, load_pretrained
 from model import GPT, GPTConfig
