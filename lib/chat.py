@@ -3,10 +3,13 @@ no text encodes to), which tokens a fine-tune learns (the assistant's) and the b
 from, and sample.py's conversations: --messages answers one read from a file, --chat talks in
 the terminal."""
 
+import functools
+import re
 import sys
 
 import numpy as np
 import torch
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lib.common import Error, read_json
 from lib.data import LMData, check, load_array
@@ -17,14 +20,19 @@ ROLES = ("system", "user", "assistant")
 END = "<|end|>"  # ends every turn; a reply ends where the model draws it
 # each role's marker, then the end of a turn: their ids in this order
 SPECIAL_TOKENS = tuple(f"<|{role}|>" for role in ROLES) + (END,)
-# the template in transformers' form (tokenizer_config.json's chat_template): a
-# marker, the content and END for each message; a reply starts at the marker
+# the template in transformers' form (tokenizer_config.json's chat_template), which
+# render() runs too: a marker, the content and END for each message; a reply starts
+# at the marker
 TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
+# message i's content in a rendering: a slot, its text encoded apart
+SLOT = "\0{}\0"
+# a rendering's pieces: the chat tokens, the slots, and the template's text
+PIECES = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + r"|\0\d+\0)")
 
 
 class ChatTokenizer:
@@ -47,19 +55,35 @@ class ChatTokenizer:
         return "".join(text for text, _ in pieces(self, ids))
 
     def render(self, messages, reply=False):
-        """(ids, learn) of messages in the template; learn[i]: whether a fine-tune learns
-        token i (an assistant's content and its END); reply: end with the assistant's
-        marker, the prompt of an answer."""
+        """(ids, learn) of messages in TEMPLATE, rendered as transformers renders it;
+        learn[i]: whether a fine-tune learns token i (an assistant's content and the END
+        after it); reply: end with the prompt of an answer, the assistant's marker."""
+        slots = [{**m, "content": SLOT.format(i)} for i, m in enumerate(messages)]
+        text = compiled(TEMPLATE).render(messages=slots, add_generation_prompt=reply)
         ids, learn = [], []
-        for message in messages:
-            content = self.encode(message["content"])
-            ids += [self.ids[f"<|{message['role']}|>"], *content, self.end_token]
-            answer = message["role"] == "assistant"
-            learn += [False] + [answer] * (len(content) + 1)
-        if reply:
-            ids.append(self.ids["<|assistant|>"])
-            learn.append(False)
+        answer = False  # whether the last content was an assistant's
+        for piece in PIECES.split(text):
+            if piece in self.ids:
+                ids.append(self.ids[piece])
+                learn.append(answer and piece == END)
+            elif piece.startswith("\0"):
+                message = messages[int(piece[1:-1])]
+                answer = message["role"] == "assistant"
+                content = self.encode(message["content"])
+                ids += content
+                learn += [answer] * len(content)
+            elif piece:  # the template's own text
+                text = self.encode(piece)
+                ids += text
+                learn += [False] * len(text)
         return ids, learn
+
+
+@functools.cache
+def compiled(template):
+    """A chat template compiled as transformers compiles it (apply_chat_template)."""
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return environment.from_string(template)
 
 
 class ConversationData(Rows):
