@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from safetensors.torch import save_file
 
-from lib.bpe import RANKS_FILE, BPETokenizer, bytes_to_unicode, merges, save_ranks
+from lib.bpe import RANKS_FILE, BPETokenizer, bpe_files, save_ranks
 from lib.common import ArgumentParser, Error, read_json, run_script
 from lib.files import WriteError, atomic_path, fsync, temporary, write_json, writing
 from lib.gpt2 import HF_GELU
@@ -72,29 +72,6 @@ def hf_state_dict(model, conv1d=True):
             outputs = state[name].shape[-1 if conv1d else 0]  # Conv1D's [in, out]
             state.setdefault(bias, torch.zeros(outputs))
     return state
-
-
-def bpe_files(encoding):
-    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding's
-    ranks (its special tokens aside), written in GPT-2's byte-to-character map: Hugging Face's
-    byte-pair encoding of these merges gives tiktoken's ids."""
-    ranks = encoding._mergeable_ranks  # token bytes -> rank = id
-    char = bytes_to_unicode()
-
-    def text(token):
-        return "".join(char[b] for b in token)
-
-    pairs = merges(ranks)
-    lost = [token for token, pair in pairs.items() if len(token) > 1 and pair is None]
-    if lost:
-        raise Error(
-            f"the tokenizer's token {lost[0]!r} is made by no merge of lower ranks, which Hugging "
-            "Face's merges.txt cannot express: train on data that data/text/prepare.py made (it "
-            "drops such tokens), or use this checkpoint with this project's scripts"
-        )
-    merged = [(rank, pairs[token]) for token, rank in ranks.items() if len(token) > 1]
-    lines = [f"{text(left)} {text(right)}" for _, (left, right) in sorted(merged)]
-    return {text(token): rank for token, rank in ranks.items()}, lines
 
 
 def model_card(info, config, tokenizer):
@@ -377,9 +354,9 @@ def write_hf(hf_dir, model, info, tokenizer, bpe):
 
 
 def write_tokenizer(folder, tokenizer, bpe, block_size):
-    """The tokenizer's files for AutoTokenizer -> what they are. bpe: bpe_files()' (vocab,
-    merges) of a BPE, None for characters. A chat model's carry its template, and end a reply
-    at the end of a turn."""
+    """The tokenizer's files for AutoTokenizer -> what they are. bpe: lib/bpe.py's bpe_files()
+    (vocab, merges) of a BPE, None for characters. A chat model's carry its template, and end a
+    reply at the end of a turn."""
     settings = {"model_max_length": block_size}
     if tokenizer.eot_token is not None:
         settings |= {"bos_token": EOT, "eos_token": EOT}

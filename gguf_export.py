@@ -20,7 +20,7 @@ DTYPES = {
 def write_gguf(path, state, config, tokenizer, bpe, dtype, name):
     """Writes path whole or not at all. state: export.hf_state_dict's tensors (GPT-2's names,
     biases everywhere, Linear's [out, in]), renamed by llama.cpp's own table; bpe:
-    export.bpe_files' (vocab, merges), None for characters."""
+    lib/bpe.py's bpe_files' (vocab, merges), None for characters."""
     file_type, matrices = DTYPES[dtype]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, config.n_layer)
     with atomic_path(path) as tmp:

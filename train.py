@@ -17,12 +17,11 @@ import torch
 from tqdm import tqdm
 
 from lib import checkpoint
-from lib.build import check_data_tokenizer, make_model
 from lib.common import Error, run_script
-from lib.data import epochs_line, load_data, to_device
+from lib.data import epochs_line, to_device
 from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
 from lib.records import RunRecord, Speed, peak_flops, start_wandb
-from lib.settings import OPTIONS, check_rules, parse
+from lib.settings import OPTIONS, check_rules, load_data, make_model, parse
 from optim import configure_optimizers
 
 
@@ -30,13 +29,18 @@ def main(argv):
     """The settings, this process's place in the run, then the run."""
     settings, user_keys = parse(argv, OPTIONS, __doc__)
     resuming = settings.init_from == "resume"
+    fine_tune = settings.init_from not in ("scratch", "resume")
+    if fine_tune:
+        from lib import finetune
+
+        settings = finetune.kept_pattern(settings, user_keys, OPTIONS)
     if not resuming:  # a resumed run is checked once its saved settings are in
-        settings = checkpoint.kept_pattern(settings, user_keys, OPTIONS)
         check_rules(settings, resuming)
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
         return None, {}
-    check_data_tokenizer(settings)  # before out_dir is touched
+    if fine_tune:
+        finetune.check_data_tokenizer(settings)  # before out_dir is touched
     with started(settings.device, settings.deterministic) as run, ExitStack() as held:
 
         def open_run():

@@ -15,9 +15,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from classify import calibration_error
-from lib.classifier import load
+from lib.classifier import load, pad_batch
 from lib.common import ArgumentParser, Error, run_script
-from lib.data import pad_batch
 from lib.prepare import read_labelled
 
 

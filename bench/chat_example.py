@@ -31,8 +31,8 @@ sys.path.insert(0, ROOT)
 from decoding import NextToken, Options
 from engine import Engine
 from lib.common import ArgumentParser, run_script
-from lib.data import load_split
 from lib.options import Option, flags
+from lib.settings import load_split
 from lib.tokenizer import end_tokens
 from lib.weights import get_tokenizer, grown, load_pretrained
 from model import GPT

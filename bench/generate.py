@@ -44,7 +44,6 @@ from decoding import NextToken, Options  # noqa: E402
 from engine import Engine, cache_dtype  # noqa: E402
 from lib.checkpoint import save_pretrained  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
-from lib.data import load_split  # noqa: E402
 from lib.formats import (  # noqa: E402
     PackedLinear,
     for_decoding,
@@ -53,6 +52,7 @@ from lib.formats import (  # noqa: E402
 )
 from lib.gpt2 import from_pretrained  # noqa: E402
 from lib.options import Option, flags  # noqa: E402
+from lib.settings import load_split  # noqa: E402
 from lib.weights import from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 

@@ -206,3 +206,26 @@ def bytes_to_unicode():
     ]
     extra = iter(range(256, 512))
     return {b: chr(b if b in printable else next(extra)) for b in range(256)}
+
+
+def bpe_files(encoding):
+    """(vocab {token string: id}, merges ["a b", ...] in rank order) of a tiktoken encoding's
+    ranks (its special tokens aside), written in GPT-2's byte-to-character map: Hugging Face's
+    byte-pair encoding of these merges gives tiktoken's ids."""
+    ranks = encoding._mergeable_ranks  # token bytes -> rank = id
+    char = bytes_to_unicode()
+
+    def text(token):
+        return "".join(char[b] for b in token)
+
+    pairs = merges(ranks)
+    lost = [token for token, pair in pairs.items() if len(token) > 1 and pair is None]
+    if lost:
+        raise Error(
+            f"the tokenizer's token {lost[0]!r} is made by no merge of lower ranks, which Hugging "
+            "Face's merges.txt cannot express: train on data that data/text/prepare.py made (it "
+            "drops such tokens), or use this checkpoint with this project's scripts"
+        )
+    merged = [(rank, pairs[token]) for token, rank in ranks.items() if len(token) > 1]
+    lines = [f"{text(left)} {text(right)}" for _, (left, right) in sorted(merged)]
+    return {text(token): rank for token, rank in ranks.items()}, lines

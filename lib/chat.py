@@ -1,24 +1,38 @@
 """Conversations: the one chat template, its special tokens (ids after the tokenizer's own, which
-no text encodes to), which tokens a fine-tune learns (the assistant's), and sample.py's
-conversations: --messages answers one read from a file, --chat talks in the terminal."""
+no text encodes to), which tokens a fine-tune learns (the assistant's) and the batches it learns
+from, and sample.py's conversations: --messages answers one read from a file, --chat talks in
+the terminal."""
 
+import functools
+import re
 import sys
 
+import numpy as np
+import torch
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from lib.common import Error, read_json
+from lib.data import LMData, check, load_array
+from lib.prepare import Rows
 from lib.tokenizer import SEPARATOR, continuation, end_tokens, pieces, stopped_short
 
 ROLES = ("system", "user", "assistant")
 END = "<|end|>"  # ends every turn; a reply ends where the model draws it
 # each role's marker, then the end of a turn: their ids in this order
 SPECIAL_TOKENS = tuple(f"<|{role}|>" for role in ROLES) + (END,)
-# the template in transformers' form (tokenizer_config.json's chat_template): a
-# marker, the content and END for each message; a reply starts at the marker
+# the template in transformers' form (tokenizer_config.json's chat_template), which
+# render() runs too: a marker, the content and END for each message; a reply starts
+# at the marker
 TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
+# message i's content in a rendering: a slot, its text encoded apart
+SLOT = "\0{}\0"
+# a rendering's pieces: the chat tokens, the slots, and the template's text
+PIECES = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + r"|\0\d+\0)")
 
 
 class ChatTokenizer:
@@ -41,19 +55,77 @@ class ChatTokenizer:
         return "".join(text for text, _ in pieces(self, ids))
 
     def render(self, messages, reply=False):
-        """(ids, learn) of messages in the template; learn[i]: whether a fine-tune learns
-        token i (an assistant's content and its END); reply: end with the assistant's
-        marker, the prompt of an answer."""
+        """(ids, learn) of messages in TEMPLATE, rendered as transformers renders it;
+        learn[i]: whether a fine-tune learns token i (an assistant's content and the END
+        after it); reply: end with the prompt of an answer, the assistant's marker."""
+        slots = [{**m, "content": SLOT.format(i)} for i, m in enumerate(messages)]
+        text = compiled(TEMPLATE).render(messages=slots, add_generation_prompt=reply)
         ids, learn = [], []
-        for message in messages:
-            content = self.encode(message["content"])
-            ids += [self.ids[f"<|{message['role']}|>"], *content, self.end_token]
-            answer = message["role"] == "assistant"
-            learn += [False] + [answer] * (len(content) + 1)
-        if reply:
-            ids.append(self.ids["<|assistant|>"])
-            learn.append(False)
+        answer = False  # whether the last content was an assistant's
+        for piece in PIECES.split(text):
+            if piece in self.ids:
+                ids.append(self.ids[piece])
+                learn.append(answer and piece == END)
+            elif piece.startswith("\0"):
+                message = messages[int(piece[1:-1])]
+                answer = message["role"] == "assistant"
+                content = self.encode(message["content"])
+                ids += content
+                learn += [answer] * len(content)
+            elif piece:  # the template's own text
+                text = self.encode(piece)
+                ids += text
+                learn += [False] * len(text)
         return ids, learn
+
+
+@functools.cache
+def compiled(template):
+    """A chat template compiled as transformers compiles it (apply_chat_template)."""
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return environment.from_string(template)
+
+
+class ConversationData(Rows):
+    """Conversations: as inputs, each one's tokens but its last; as targets, the next
+    token where the mask marks it, else -1 (cross_entropy's ignore_index)."""
+
+    best = ("val/loss", "min")
+    labelled = False
+    unit = "tok"  # the speed counts tokens, padding included
+    task = "lm"
+    tokens_per_byte = None
+
+    def __init__(self, path, n, block_size, meta):
+        """path: the split's files, less their extensions; n: its conversations."""
+        super().__init__(path, n, meta)
+        self.learn = load_array(path + ".mask.bin", "uint8")
+        check(
+            len(self.learn) == len(self.tokens),
+            path + ".mask.bin",
+            f"{len(self.learn):,} marks for {len(self.tokens):,} tokens",
+        )
+        longest = int(np.diff(self.offsets).max())
+        if longest > block_size + 1:
+            raise Error(
+                f"{path}.bin holds a conversation of {longest} tokens, past block_size + 1 = "
+                f"{block_size + 1}: train with block_size={longest - 1}, or prepare with "
+                f"--block_size={block_size}"
+            )
+
+    def batch(self, rows):
+        spans = [(self.offsets[i], self.offsets[i + 1]) for i in rows]
+        width = max(end - start for start, end in spans) - 1
+        idx = torch.zeros(len(rows), width, dtype=torch.long)
+        targets = torch.full_like(idx, -1)
+        for row, (start, end) in enumerate(spans):
+            ids = torch.from_numpy(self.tokens[start:end].astype(np.int64))
+            learn = torch.from_numpy(self.learn[start + 1 : end].astype(bool))
+            idx[row, : end - start - 1] = ids[:-1]
+            targets[row, : end - start - 1] = ids[1:].where(learn, -1)
+        return {"idx": idx, "targets": targets}
+
+    count = staticmethod(LMData.count)  # tokens
 
 
 def with_chat(tokenizer, chat, where):

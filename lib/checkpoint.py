@@ -14,10 +14,10 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from lib.card import CARD_FIX, checking
 from lib.common import Error, check_regular, read_json
-from lib.distributed import rank, under_torchrun
+from lib.distributed import under_torchrun
 from lib.files import TEMPORARY, WriteError, atomic_path, fsync, locked_out_dir
+from lib.options import CARD_FIX, checking
 
 # the settings a checkpoint's weights hold to: their shapes, what the optimizer states fit, and
 # the function they compute (rope, qk_norm and gelu have no tensors of their own)
@@ -155,38 +155,6 @@ def resume(settings, user_keys, keys):
     except Error as e:
         raise Error(f"{path}: its {e}: give that key a value on this command") from None
     return state, replace(settings, **kept)
-
-
-def kept_pattern(settings, user_keys, keys):
-    """A fine-tune's settings: init_from's pattern where the command names none, as its weights
-    learnt to read; one line says what the run takes."""
-    path = os.path.join(settings.init_from, "config.json")
-    if settings.init_from in ("scratch", "resume") or not os.path.isfile(path):
-        return settings  # no card of ours: GPT-2's weights, which have no pattern
-    card = read_json(path, "checkpoint config")
-    source = card.get("model") if isinstance(card, dict) else None
-    if not isinstance(source, dict):  # a Hugging Face config
-        return settings
-    saved = {k: source[k] for k in PATTERN if k in source}
-    try:  # a damaged card's
-        kept = {k: keys[k].check(k, v) for k, v in saved.items() if k not in user_keys}
-    except Error as e:
-        raise Error(f"{path}: its {e}: give that key a value on this command") from None
-    settings = replace(settings, **kept)
-    named = [
-        f"{k}={getattr(settings, k)!r} (its {saved[k]!r})"
-        for k in PATTERN
-        if k in user_keys and k in saved and saved[k] != getattr(settings, k)
-    ]
-    if rank() == 0 and (any(kept.values()) or named):
-        pattern = ", ".join(f"{k}={getattr(settings, k)!r}" for k in PATTERN)
-        line = f"init_from={settings.init_from}: the pattern {pattern}"
-        if named:
-            line += f"; the command names {', '.join(named)}"
-        else:
-            line += ", its own (name another on the command to change it)"
-        print(line, file=sys.stderr)
-    return settings
 
 
 def check_tokenizer_kept(state, out_dir, meta, data_dir):

@@ -1,18 +1,80 @@
-"""A trained classifier at work: loaded from its checkpoint folder, its class probabilities for
-token rows batched by length, and one text's attention maps. classify.py and the playground both
-run these, so the two give the same numbers."""
+"""The classifier's rows and the classifier at work: its labelled rows, as train.py reads them;
+loaded from its checkpoint folder, its class probabilities for token rows batched by length, and
+one text's attention maps. classify.py and the playground both run these, so the two give the
+same numbers."""
 
 import os
 import sys
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib.card import CARD_FIX, checking
 from lib.common import Error
-from lib.data import pad_batch
-from lib.options import Option
-from lib.weights import from_checkpoint, get_tokenizer
+from lib.data import META_FIX, check, load_array
+from lib.options import CARD_FIX, Option, check_keys, checking
+from lib.prepare import Rows
+from lib.weights import check_label_names, from_checkpoint, get_tokenizer
+
+# a classifier's meta.json holds these besides a dataset's keys (lib/data.py's META)
+META = {"label_names": Option([]), "max_length": Option(1, ge=1)}
+
+
+class ClassificationData(Rows):
+    """Labelled rows, read in epochs; a batch is padded to its own longest row."""
+
+    best = ("val/accuracy", "max")
+    labelled = True
+    unit = "ex"  # the speed counts examples
+    task = "classify"
+
+    def __init__(self, path, n, block_size, meta):
+        """path: the split's files, less their extensions; n: its rows, as meta.json says."""
+        with checking(meta, os.path.join(os.path.dirname(path), "meta.json"), META_FIX):
+            pad = Option(0, ge=0, lt=meta["vocab_size"])
+            check_keys(meta, {**META, "pad_token_id": pad})
+            check_label_names(meta["label_names"])
+        super().__init__(path, n, meta)
+        self.block_size = block_size
+        labels_path = path + ".labels.npy"
+        labels = load_array(labels_path)
+        check(
+            labels.ndim == 1 and np.issubdtype(labels.dtype, np.integer),
+            labels_path,
+            f"{labels.dtype} labels of shape {labels.shape}, not one integer per row",
+        )
+        check(len(labels) == n, labels_path, f"{len(labels):,} labels for {n:,} rows")
+        check(
+            0 <= labels.min() and labels.max() < len(meta["label_names"]),
+            labels_path,
+            f"labels outside 0..{len(meta['label_names']) - 1}",
+        )
+        self.labels = labels
+
+    def batch(self, rows):
+        seqs = [self.tokens[self.offsets[i] : self.offsets[i + 1]][: self.block_size] for i in rows]
+        idx, attention_mask = pad_batch(seqs, self.meta["pad_token_id"])
+        return {
+            "idx": idx,
+            "attention_mask": attention_mask,
+            "labels": torch.from_numpy(self.labels[rows]),
+        }
+
+    @staticmethod
+    def count(batch):
+        """What the throughput counts: examples."""
+        return len(batch["idx"])
+
+
+def pad_batch(rows, pad_token_id):
+    """Token id lists -> (idx [B, width], attention_mask [B, width]: 1 real, 0 padding)."""
+    width = max(1, max(len(r) for r in rows))
+    idx = np.full((len(rows), width), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros_like(idx)
+    for i, r in enumerate(rows):
+        idx[i, : len(r)] = r
+        attention_mask[i, : len(r)] = 1
+    return torch.from_numpy(idx), torch.from_numpy(attention_mask)
 
 
 def load(out_dir, device, info=None):

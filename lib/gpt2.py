@@ -1,14 +1,20 @@
 """GPT-2's weights in the Hugging Face layout, from a folder or the hub, read into a GPT; its
-config.json checked as a checkpoint's is (lib/card.py)."""
+config.json checked as a checkpoint's is (lib/options.py)."""
 
 import os
 
 import torch
 from safetensors.torch import load_file
 
-from lib.card import check_keys, check_shapes, check_tokenizer, checking
 from lib.common import Error, check_regular, read_json
-from lib.options import GPT2_NAMES, Option
+from lib.options import (
+    GPT2_NAMES,
+    Option,
+    check_keys,
+    check_shapes,
+    check_tokenizer,
+    checking,
+)
 from model import GPT, GPTConfig
 
 # the names of GPT-2's modules in the Hugging Face layout -> ours

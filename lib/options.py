@@ -1,9 +1,14 @@
 """Values and their ranges in one place, an Option each: train.py's settings, the models' configs,
-decoding.Options, the JSON files read, the scripts' flags (flags())."""
+decoding.Options, the scripts' flags (flags()), and the JSON files read, checked key by key
+(lib/weights.py checks a checkpoint's card, config.json, with them; lib/data.py a dataset's
+meta.json; lib/gpt2.py a Hugging Face GPT-2 config.json): a tokenizer spec, and the shapes the
+weights' tensors fix."""
 
 import argparse
 import math
 import operator
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 
 from lib.common import Error
@@ -111,3 +116,79 @@ def setting(default, help, ge=None, gt=None, le=None, lt=None, choices=None):
 def options_of(cls):
     """An Option for each field of a dataclass that is a setting()."""
     return {f.name: Option(f.default, **f.metadata) for f in fields(cls) if f.metadata}
+
+
+# ------------------------------------------------------------ the JSON files read
+# a tokenizer spec's keys besides its type: a tiktoken encoding by name, or a trained one in a
+# file; "lowercase" and "eot" are optional
+TOKENIZERS = {
+    "char": {"chars": Option(""), "eot": Option(False)},
+    "bpe": {"encoding": Option(""), "lowercase": Option(False)},
+    "trained": {"file": Option(""), "sha256": Option("")},
+}
+CARD_FIX = "not a checkpoint config.json that train.py wrote, or damaged"
+
+
+@contextmanager
+def checking(data, path, fix):
+    """The checks of one file, data its JSON: each failure inside is the Error `path: what; fix`."""
+    try:
+        if not isinstance(data, dict):
+            raise Error(f"the file holds {type(data).__name__} {data!r:.40}, not a JSON object")
+        yield
+    except Error as e:
+        raise Error(f"{path}: {e}; {fix}") from None
+
+
+def check_keys(mapping, table, optional=(), where=""):
+    """Each key of table in mapping, as its Option says; a key in optional may be absent or null."""
+    for key, rule in table.items():
+        value = mapping.get(key)
+        if value is None and key not in optional:
+            raise Error(f"no {where + key!r} key")
+        if value is not None:
+            rule.check(where + key, value)
+
+
+def check_tokenizer(spec):
+    """A tokenizer spec (TOKENIZERS); None: no tokenizer to check."""
+    if spec is None:
+        return
+    check_keys({"tokenizer": spec}, {"tokenizer": Option({})})
+    check_keys(spec, {"type": Option("char", choices=("char", "bpe"))}, where="tokenizer.")
+    # as get_tokenizer reads it: a char one by its characters, whatever else it holds
+    form = "trained" if spec["type"] == "bpe" and "file" in spec else spec["type"]
+    check_keys(spec, TOKENIZERS[form], ("lowercase", "eot"), where="tokenizer.")
+    if form == "trained" and os.path.basename(spec["file"]) != spec["file"]:
+        raise Error(f"'tokenizer.file' {spec['file']!r:.40} is not a file name")
+
+
+def check_shapes(shapes, given):
+    """given: {config key: (its name in the file, its value)}, each as the weights' shapes say."""
+    for key, found in weights_shape(shapes).items():
+        name, value = given.get(key, (key, found))
+        if value != found:
+            raise Error(f"{name!r} is {value!r:.40}, the weights' shapes say {found!r:.40}")
+
+
+def weights_shape(shapes):
+    """The config values that the tensors' names and shapes fix: {key: value}."""
+    table = shapes.get("wte.weight", shapes.get("lm_head.weight"))
+    if table is None or len(table) != 2:
+        return {}
+    blocks = {name.split(".")[1] for name in shapes if name.startswith("blocks.")}
+    found = {
+        "vocab_size": table[0],
+        "n_embd": table[1],
+        "n_layer": len(blocks),
+        "bias": "ln_f.bias" in shapes,
+        "rope": "wpe.weight" not in shapes,
+    }
+    if "wpe.weight" in shapes:
+        found["block_size"] = shapes["wpe.weight"][0]
+    if "head.weight" in shapes:
+        found["n_classes"] = shapes["head.weight"][0]
+        found["bow_head"] = "bow.weight" in shapes
+        if "bow.weight" in shapes:
+            found["bow_buckets"] = shapes["bow.weight"][0] - table[0]
+    return found

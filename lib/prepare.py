@@ -6,9 +6,11 @@ parquet, jsonl), and writing a prepared dataset, meta.json last, in the formats 
              starts (n + 1 entries); {split}.labels.npy, one class id per row
   meta.json: task, tokenizer, vocab_size, dtype (uint16, or uint32 past 65,536 tokens), splits
              (tokens or rows per split); classify adds label_names, max_length and pad_token_id
+Rows reads a split of rows back: the classifier's and the chat fine-tune's readers build on it.
 """
 
 import csv
+import functools
 import hashlib
 import os
 import re
@@ -18,6 +20,7 @@ import urllib.request
 import numpy as np
 
 from lib.common import ArgumentParser, Error, parse_json, read_utf8
+from lib.data import check, load_array
 from lib.files import atomic_path, locked_out_dir, write_json
 from lib.options import Option, flags
 
@@ -292,3 +295,57 @@ def write_classification_split(data_dir, split, rows, labels, dtype):
         os.path.join(data_dir, f"{split}.offsets.npy"), np.concatenate([[0], np.cumsum(lengths)])
     )
     save_array(os.path.join(data_dir, f"{split}.labels.npy"), np.asarray(labels, dtype=np.int64))
+
+
+class Rows:
+    """A split of n rows, read in epochs (a fresh permutation each): row i is
+    tokens[offsets[i]:offsets[i + 1]]. The readers of labelled rows and of
+    conversations build on it."""
+
+    def __init__(self, path, n, meta):
+        """path: the split's files, less their extensions; n: its rows, as meta.json says."""
+        self.meta = meta
+        self.folder = os.path.dirname(path)
+        if n == 0:
+            raise Error(f"{path}: the split has no rows: prepare it from more data")
+        tokens = load_array(path + ".bin", meta["dtype"])
+        offsets = load_array(path + ".offsets.npy")
+        check(
+            len(offsets) == n + 1 and offsets[0] == 0 and (np.diff(offsets) >= 0).all(),
+            path + ".offsets.npy",
+            f"not {n + 1:,} rising offsets from 0",
+        )
+        check(
+            offsets[-1] == len(tokens),
+            path + ".bin",
+            f"{len(tokens):,} tokens, the offsets say {offsets[-1]:,}",
+        )
+        check(
+            len(tokens) == 0 or int(tokens.max()) < meta["vocab_size"],
+            path + ".bin",
+            f"token ids past vocab_size {meta['vocab_size']}",
+        )
+        self.tokens, self.offsets = tokens, offsets
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def epochs(self, rows):
+        """How many times rows drawn rows read the split."""
+        return rows / len(self)
+
+    def rows(self, seed, step, n):
+        """Rows step * n ... (step + 1) * n - 1 of an endless stream of epochs, each a permutation
+        of (seed, epoch)."""
+        rows = len(self)
+        positions = range(step * n, (step + 1) * n)
+        return np.array([permutation(seed, p // rows, rows)[p % rows] for p in positions])
+
+    def eval_rows(self, n):
+        return np.arange(min(n, len(self)))  # in order, each row once
+
+
+@functools.lru_cache(maxsize=1)
+def permutation(seed, epoch, rows):
+    """The order of an epoch of rows: a function of (seed, epoch) alone (the last one kept)."""
+    return np.random.default_rng([seed, epoch]).permutation(rows)

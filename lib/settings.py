@@ -1,21 +1,23 @@
-"""train.py's settings: each key with its default, help and range (config files and --key=value
-set them), the rules the keys must satisfy together, and the reading of config files,
-include() and --key=value overrides (parse)."""
+"""train.py's settings and what they make: each key with its default, help and range (config
+files and --key=value set them), the rules the keys must satisfy together, the reading of config
+files, include() and --key=value overrides (parse); then the run's data, read by the task its
+meta.json names, and its model: from scratch, a fine-tune's start, or a resumed run's."""
 
 import ast
 import os
+import subprocess
 import sys
 import traceback
-from dataclasses import asdict, make_dataclass
+from dataclasses import asdict, fields, make_dataclass, replace
 from types import ModuleType
 
 import torch
 
-from lib.build import model_config
 from lib.common import Error, did_you_mean
-from lib.distributed import rank, world_size
+from lib.data import LMData, check, dataset_dir, read_meta
+from lib.distributed import rank, under_torchrun, world_size
 from lib.options import GPT2_NAMES, Option, options_of
-from model import EncoderConfig
+from model import ARCHITECTURES, EncoderConfig
 
 OPTIONS = dict(
     # run
@@ -248,3 +250,98 @@ def read_file(path, scope):
         for name, value in scope.items()
         if not name.startswith("_") and not callable(value) and not isinstance(value, ModuleType)
     }
+
+
+# ------------------------------------------------------------ the run's data and model
+def load_split(data_dir, split, block_size):
+    """The split's reader for the task that meta.json names, its files checked against meta.json."""
+    meta = read_meta(data_dir)
+    check(
+        split in meta["splits"],
+        os.path.join(data_dir, "meta.json"),
+        f"no {split} split ({sorted(meta['splits'])})",
+    )
+    args = (os.path.join(data_dir, split), meta["splits"][split], block_size, meta)
+    if meta["task"] == "classify":
+        from lib.classifier import ClassificationData
+
+        return ClassificationData(*args)
+    if meta["task"] == "chat":
+        from lib.chat import ConversationData
+
+        return ConversationData(*args)
+    return LMData(*args)
+
+
+def load_data(cfg):
+    """(train, val) of the dataset; one never prepared is prepared first by its prepare.py."""
+    path = dataset_dir(cfg.dataset)
+    prepare = os.path.join(path, "prepare.py")
+    command = f"python data/{cfg.dataset}/prepare.py"
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        if under_torchrun() or not os.path.isfile(prepare):
+            raise Error(f"no prepared data in {path}: run {command} first")
+        print(f"no prepared data in {path}: running {command}", file=sys.stderr)
+        if subprocess.run([sys.executable, prepare]).returncode:
+            raise Error(
+                f"{command} failed (message above); offline, prepare from local files: "
+                f"{command} --source PATH (its --help says which)"
+            )
+    train_data = load_split(path, "train", cfg.block_size)
+    # a trained tokenizer's file, checked now: each model save copies it
+    spec = train_data.meta["tokenizer"]
+    if "file" in spec:
+        from lib.weights import get_tokenizer
+
+        get_tokenizer(spec, os.path.join(path, "meta.json"))
+    val_data = load_split(path, "val", cfg.block_size)
+    if train_data.task != cfg.task:
+        raise Error(
+            f"dataset {cfg.dataset} is prepared for task={train_data.task}, but task={cfg.task}"
+        )
+    return train_data, val_data
+
+
+def model_config(task, settings):
+    """(class, config) of task lm or classify, from settings' matching keys."""
+    cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
+    kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
+    return cls, config_cls(**kwargs)
+
+
+def new_model(settings, meta):
+    """The model that settings (train.py's keys, a dict) name for a dataset of meta (its
+    vocabulary, labels and padding token), its weights drawn from the settings' seed."""
+    torch.manual_seed(settings["seed"])
+    shape = {
+        **settings,
+        "n_classes": len(meta.get("label_names", [])),
+        "pad_token_id": meta.get("pad_token_id", 0),
+    }
+    cls, config = model_config(settings["task"], shape)
+    return cls(config)
+
+
+def make_model(cfg, meta, state, given):
+    """(cfg with the model's last values, the model): seeded, a fine-tune's start with LoRA's
+    adapters if any (lib/finetune.py), or a resumed state's weights (taken over, not copied).
+    given: the keys the command set."""
+    vocab_size = cfg.vocab_size or meta["vocab_size"]
+    if meta["vocab_size"] > vocab_size:
+        raise Error(
+            f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
+        )
+    if cfg.lora_rank or state is None and cfg.init_from != "scratch":
+        from lib.finetune import adapted, pretrained_start
+
+        cfg, body, adapter = pretrained_start(cfg, meta, state, given)
+        with torch.device("meta"):
+            model = new_model(asdict(cfg), meta)
+        model.load_body(body)
+        return cfg, model if adapter is None else adapted(model, adapter, state)
+    cfg = replace(cfg, vocab_size=vocab_size)
+    if state is None:
+        return cfg, new_model(asdict(cfg), meta)
+    with torch.device("meta"):
+        model = new_model(asdict(cfg), meta)
+    return cfg, model.load_weights(state["model"])

@@ -1,24 +1,44 @@
 """Reading weights: this project's checkpoints (model.safetensors + config.json, which
-lib/checkpoint.save_pretrained writes); GPT-2's in the Hugging Face layout through lib/gpt2.py;
-the tokenizer a checkpoint's or a dataset's spec names (get_tokenizer), picked here so that no
-tokenizer module imports the module that picks it."""
+lib/checkpoint.save_pretrained writes; the card checked against the weights' shapes); GPT-2's in
+the Hugging Face layout through lib/gpt2.py; the tokenizer a checkpoint's or a dataset's spec
+names (get_tokenizer), picked here so that no tokenizer module imports the module that picks it."""
 
 import io
 import os
 import sys
 from contextlib import redirect_stderr
+from dataclasses import fields
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lib.card import check_card
 from lib.common import Error, check_regular, read_json
+from lib.options import (
+    CARD_FIX,
+    Option,
+    check_keys,
+    check_shapes,
+    check_tokenizer,
+    checking,
+)
 from lib.tokenizer import CharTokenizer
 from model import ARCHITECTURES
 
 # the tokenizer of GPT-2's weights, and of a Hugging Face folder whose config.json names none
 GPT2_TOKENIZER = {"type": "bpe", "encoding": "r50k_base"}
+# a checkpoint's config.json; a classifier's also holds its label names and max_length
+CARD = {
+    "architecture": Option("GPT", choices=tuple(ARCHITECTURES)),
+    "model": Option({}),
+    "weights_id": Option(""),
+    "tokenizer": Option({}),
+    "label_names": Option([]),
+    "max_length": Option(1, ge=1),
+}
+# the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
+# KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
+MAX_ROTARY_CONTEXT = 2**17
 
 
 def from_checkpoint(out_dir, device="cpu", info=None):
@@ -57,6 +77,43 @@ def from_checkpoint(out_dir, device="cpu", info=None):
             f"{str(e).splitlines()[0] if str(e) else ''})"
         ) from None
     return model.to(device).eval(), info
+
+
+def check_card(info, path, shapes):
+    """A checkpoint's config.json -> the model's config, its shape fitting the weights' (shapes:
+    {tensor name: shape} from their header) before a model of that shape is built."""
+    with checking(info, path, CARD_FIX):
+        check_keys(info, CARD, optional=("weights_id", "tokenizer", "label_names", "max_length"))
+        # a null field is an absent one: the config's default
+        model = {key: value for key, value in info["model"].items() if value is not None}
+        config_cls = ARCHITECTURES[info["architecture"]][1]
+        rules = {f.name: Option(f.default, **f.metadata) for f in fields(config_cls)}
+        rules["vocab_size"] = Option(1, ge=1)
+        check_keys(model, rules, optional=rules.keys() - {"vocab_size"}, where="model.")
+        check_tokenizer(info.get("tokenizer"))
+        check_shapes(shapes, {key: (f"model.{key}", value) for key, value in model.items()})
+        config = config_cls(**{key: model[key] for key in rules if key in model})
+        if config.rope:
+            Option(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
+        names = info.get("label_names")
+        check_label_names(names)
+        if names is not None and len(names) != getattr(config, "n_classes", len(names)):
+            raise Error(
+                f"'label_names' names {len(names)} classes, the model has {config.n_classes}"
+            )
+        return config
+
+
+def check_label_names(names):
+    """Label names (None: none), each a string that names one class only: a prediction's name
+    says which class it is."""
+    seen = set()
+    for name in names or []:
+        if not isinstance(name, str):
+            raise Error(f"'label_names' holds {name!r:.40}, not a string")
+        if name in seen:
+            raise Error(f"'label_names' names {name!r:.40} twice")
+        seen.add(name)
 
 
 def read_header(path):
@@ -114,8 +171,9 @@ def load_gpt(source, device, hub=False):
 
 
 def get_tokenizer(spec, where="tokenizer", vocab_size=None):
-    """The tokenizer that spec (its keys: lib/card.py's) names in the file where; a trained BPE's
-    file lies beside that file. With vocab_size, every id must index a model's embedding rows."""
+    """The tokenizer that spec (its keys: lib/options.py's TOKENIZERS) names in the file where; a
+    trained BPE's file lies beside that file. With vocab_size, every id must index a model's
+    embedding rows."""
     if spec is None:
         raise Error(
             f"{where}: no tokenizer this project knows: add a 'tokenizer' key "

@@ -6,11 +6,15 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 import torch
+from conftest import TINY
 
 from bench import speed
 from bench.attention import ATTENTION_PATHS, LoopAttention, attention_flops, bench_attention
 from bench.core_tokens import tokens
+from lib.prepare import save_array, write_meta
 
 
 def test_loop_reference_matches_fused_and_explicit_paths():
@@ -87,6 +91,39 @@ def walk_tables(out):
         else:
             rows[name] = count
     return tables
+
+
+# what only a classifier's, a chat fine-tune's or a fine-tune's run reads
+OTHER_TASKS = {
+    "ClassificationData",
+    "ConversationData",
+    "Rows",
+    "pad_batch",
+    "pretrained_body",
+    "check_data_tokenizer",
+    "kept_pattern",
+    "check_card",
+}
+
+
+@pytest.mark.slow  # a training run in a subprocess
+def test_a_plain_training_runs_walk_holds_no_other_tasks_code(tmp_path):
+    """The files that a language model's run from scratch imports (its walk) define none of
+    the classifier's rows, the conversations, a fine-tune's start or a checkpoint card's check."""
+    for split in ("train", "val"):
+        save_array(str(tmp_path / f"{split}.bin"), np.arange(200, dtype=np.uint16) % 3)
+    splits = {"train": 200, "val": 200}
+    chars = {"type": "char", "chars": "abc"}
+    write_meta(tmp_path, task="lm", tokenizer=chars, vocab_size=3, dtype="uint16", splits=splits)
+    run = ["train.py", f"--dataset={tmp_path}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1"]
+    command = [sys.executable, "bench/core_tokens.py", "--", sys.executable, *run, *TINY]
+    out = subprocess.run(command, cwd=speed.ROOT, capture_output=True, text=True, check=True)
+    defined = set()
+    for name in walk_tables(out.stdout)[0]:
+        with open(os.path.join(speed.ROOT, name)) as f:
+            tree = ast.parse(f.read())
+        defined |= {getattr(node, "name", None) for node in tree.body}
+    assert defined & OTHER_TASKS == set()
 
 
 # the modules of options a plain run does not take, each imported only where its option is chosen
@@ -167,6 +204,29 @@ def imported(tree):
         elif isinstance(node, ast.ImportFrom) and node.module:
             names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
     return names
+
+
+# no module longer than this many lines; lib/ no more than this many modules
+MAX_LINES = 450
+MAX_LIB_MODULES = 20
+# rl.py's 481 lines are past MAX_LINES: the one file this layout does not hold to it
+LONGER = {"rl.py"}
+
+
+def test_lib_holds_20_modules_and_no_file_runs_past_450_lines():
+    """The layout a reader walks: lib/ in at most MAX_LIB_MODULES modules, and no module of the
+    repository's packages and root longer than MAX_LINES lines."""
+    modules = [f for f in os.listdir(os.path.join(speed.ROOT, "lib")) if f.endswith(".py")]
+    assert len(set(modules) - {"__init__.py"}) <= MAX_LIB_MODULES
+    longer = set()
+    for folder in ("", "lib", "serving"):
+        for name in os.listdir(os.path.join(speed.ROOT, folder or ".")):
+            path = os.path.join(speed.ROOT, folder, name)
+            if name.endswith(".py"):
+                with open(path) as f:
+                    if len(f.readlines()) > MAX_LINES:
+                        longer.add(os.path.join(folder, name))
+    assert longer == LONGER
 
 
 def test_no_module_imports_itself_through_others():

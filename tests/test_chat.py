@@ -22,10 +22,10 @@ from test_train import torchrun
 import train
 from decoding import NextToken, Options
 from engine import Engine
-from lib.chat import SPECIAL_TOKENS, ChatTokenizer, fitted
+from lib import chat
+from lib.chat import SPECIAL_TOKENS, ChatTokenizer, ConversationData, fitted
 from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.data import ConversationData
 from lib.tokenizer import CharTokenizer, end_tokens
 from lib.weights import get_tokenizer, load_pretrained
 from model import GPT, GPTConfig
@@ -115,6 +115,19 @@ def test_the_docs_say_what_the_word_tasks_hold():
     assert stated in said
     assert all(f"`{ask} `" in said for ask in asks)
     assert [f"system prompt `{system}` or none" in said for system in systems] == [True]
+
+
+def test_ours_renders_the_template_the_exports_carry(monkeypatch):
+    """render() runs TEMPLATE itself: a template with a newline after each turn's end gives
+    our ids that newline too, which no fine-tune learns."""
+    newline = chat.TEMPLATE.replace("'<|end|>' }}", "'<|end|>\\n' }}")
+    monkeypatch.setattr(chat, "TEMPLATE", newline)
+    tok = ChatTokenizer(CharTokenizer("ab\n"))
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    ids, learn = tok.render(messages)
+    user, assistant, end = (tok.ids[name] for name in ("<|user|>", "<|assistant|>", "<|end|>"))
+    assert ids == [user, 0, end, 2, assistant, 1, end, 2]
+    assert learn == [False] * 5 + [True, True, False]
 
 
 def test_typed_markers_are_plain_text():

@@ -26,8 +26,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 import train
 from lib import distributed as distributed
 from lib.common import Error
-from lib.data import load_split
 from lib.distributed import Run
+from lib.settings import load_split
 from lib.weights import from_checkpoint
 from model import GPT, GPTConfig
 

@@ -15,9 +15,9 @@ from test_train import torchrun
 
 import train
 from export import export
-from lib.build import make_model
 from lib.checkpoint import save_pretrained
 from lib.common import Error
+from lib.settings import make_model
 from lib.weights import load_pretrained
 from model import GPT, GPTConfig
 from optim import configure_optimizers

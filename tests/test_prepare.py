@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED, needs_shared
 
-from lib.data import ClassificationData, load_split, read_meta
+from lib.classifier import ClassificationData
+from lib.data import read_meta
+from lib.settings import load_split
 
 SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]

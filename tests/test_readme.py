@@ -64,6 +64,20 @@ def test_the_pages_are_the_readme_and_every_docs_page():
     assert sorted(PAGES[1:]) == sorted(pages)
 
 
+def test_what_is_where_names_each_module_once():
+    """README.md's "What is where" has one row for each module of the root, lib/ and
+    serving/, and none for a module that is not there."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        table = f.read().split("## What is where")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| `([\w/]+\.py)` \|", table, re.MULTILINE)
+    modules = []
+    for folder in ("", "lib", "serving"):
+        for name in os.listdir(os.path.join(ROOT, folder or ".")):
+            if name.endswith(".py") and name != "__init__.py":
+                modules.append(os.path.join(folder, name))
+    assert sorted(rows) == sorted(modules)
+
+
 def test_requests_to_the_server_follow_serve_py_on_its_page():
     """bench/readme.py stops serve.py at the end of its page: a request before it, or on another
     page, would find no server."""

@@ -287,8 +287,7 @@ def test_the_export_encodes_as_we_do_in_auto_tokenizer(prepared, trained, tmp_pa
 @needs_shared
 def test_a_bpe_trained_on_shakespeare_encodes_as_hugging_faces_does():
     transformers = pytest.importorskip("transformers")
-    from export import bpe_files
-    from lib.bpe import train_bpe
+    from lib.bpe import bpe_files, train_bpe
 
     with open(SHAKESPEARE, encoding="utf-8") as f:
         text = f.read()

@@ -26,14 +26,14 @@ import rl
 import train
 from bench.readme import PAGES
 from lib import checkpoint, classifier
-from lib.build import RESIZED
 from lib.checkpoint import save_pretrained
 from lib.common import Error
-from lib.data import MAX_EPOCHS, epochs_line, load_split
+from lib.data import MAX_EPOCHS, epochs_line
 from lib.distributed import started
+from lib.finetune import RESIZED
 from lib.prepare import save_array, write_classification_split, write_meta
 from lib.records import flops_per_token
-from lib.settings import parse
+from lib.settings import load_split, parse
 from model import GPT, EncoderClassifier, GPTConfig
 
 DEFAULTS = {name: key.default for name, key in train.OPTIONS.items()}

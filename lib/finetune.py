@@ -1,66 +1,34 @@
-"""The model a run trains, built from its settings: from scratch, from a pretrained GPT's
-weights, or from a resumed run's state; a fine-tune's start (init_from a checkpoint folder or
-GPT-2): the pretrained GPT's body and shape, its context cut to the run's block_size, its token
-table grown for new tokens."""
+"""A fine-tune's start (init_from a checkpoint folder or GPT-2): the pretrained GPT's body and
+shape, its context cut to the run's block_size, its token table grown for new tokens; LoRA's
+adapters on it; the settings it keeps (its attention pattern), and the check that the run's data
+is tokenized as its model."""
 
 import os
 import sys
-from dataclasses import asdict, fields, replace
+from dataclasses import replace
 
 import torch
 
-from lib.card import CARD_FIX, check_tokenizer, checking
-from lib.checkpoint import SHAPE
+from lib.checkpoint import PATTERN, SHAPE
 from lib.common import Error, read_json
 from lib.data import dataset_dir, read_meta
-from lib.options import GPT2_NAMES
-from model import ARCHITECTURES
+from lib.distributed import rank
+from lib.options import CARD_FIX, GPT2_NAMES, check_tokenizer, checking
+from lib.weights import GPT2_TOKENIZER, grown, load_pretrained
 
 
-def model_config(task, settings):
-    """(class, config) of task lm or classify, from settings' matching keys."""
-    cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
-    kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
-    return cls, config_cls(**kwargs)
-
-
-def new_model(settings, meta):
-    """The model that settings (train.py's keys, a dict) name for a dataset of meta (its
-    vocabulary, labels and padding token), its weights drawn from the settings' seed."""
-    torch.manual_seed(settings["seed"])
-    shape = {
-        **settings,
-        "n_classes": len(meta.get("label_names", [])),
-        "pad_token_id": meta.get("pad_token_id", 0),
-    }
-    cls, config = model_config(settings["task"], shape)
-    return cls(config)
-
-
-def make_model(cfg, meta, state, given):
-    """(cfg with the model's last values, the model): seeded, a pretrained GPT's body and shape
-    (pretrained_body, below), or a resumed state's weights (taken over, not copied). given: the keys
-    the command set."""
-    vocab_size = cfg.vocab_size or meta["vocab_size"]
-    if meta["vocab_size"] > vocab_size:
-        raise Error(
-            f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
-        )
-    if cfg.lora_rank:  # adapters on a frozen start
-        return adapted_model(cfg, meta, state, given)
-    shape = {"vocab_size": vocab_size}
-    body = None
-    if state is None and cfg.init_from != "scratch":  # a fine-tune
-        check_data_tokenizer(cfg, meta)  # data this run's prepare.py made too
-        body, shape = pretrained_body(cfg, meta["vocab_size"], given)
-    cfg = replace(cfg, **shape)
-    if state is None and body is None:
-        return cfg, new_model(asdict(cfg), meta)
-    with torch.device("meta"):
-        model = new_model(asdict(cfg), meta)
-    if state is not None:
-        return cfg, model.load_weights(state["model"])
-    return cfg, model.load_body(body)
+def pretrained_start(cfg, meta, state, given):
+    """(cfg with the start's shape, the start's body, the adapter LoRA puts on it or None);
+    state: a resumed run's, whose adapters start from the base the run began from."""
+    if state is None:
+        check_data_tokenizer(cfg, meta)
+    base = cfg.init_from
+    adapter = None
+    if cfg.lora_rank:
+        adapter = lora_adapter(cfg, state)
+        base = adapter["base"]
+    body, shape = pretrained_body(replace(cfg, init_from=base), meta["vocab_size"], given)
+    return replace(cfg, **shape), body, adapter
 
 
 # the SHAPE keys a fine-tune may set apart from its start's: a shorter context, more tokens
@@ -71,9 +39,6 @@ def pretrained_body(cfg, vocab_size, given):
     """(the state, the shape) of a fine-tune's start, the GPT in cfg.init_from: its SHAPE keys,
     its context cut to cfg.block_size, its token table grown to vocab_size (a chat fine-tune's
     tokens). given: the keys the command set, refused where they differ from the start's."""
-    # imported here: a plain run reads no pretrained model, nor its tokenizer
-    from lib.weights import grown, load_pretrained
-
     source, info = load_pretrained(cfg.init_from)
     if info["architecture"] != "GPT":
         raise Error(
@@ -102,6 +67,38 @@ def pretrained_body(cfg, vocab_size, given):
     return grown(source.state_dict(), shape["vocab_size"]), shape
 
 
+def kept_pattern(settings, user_keys, keys):
+    """A fine-tune's settings: init_from's pattern where the command names none, as its weights
+    learnt to read; one line says what the run takes."""
+    path = os.path.join(settings.init_from, "config.json")
+    if settings.init_from in ("scratch", "resume") or not os.path.isfile(path):
+        return settings  # no card of ours: GPT-2's weights, which have no pattern
+    card = read_json(path, "checkpoint config")
+    source = card.get("model") if isinstance(card, dict) else None
+    if not isinstance(source, dict):  # a Hugging Face config
+        return settings
+    saved = {k: source[k] for k in PATTERN if k in source}
+    try:  # a damaged card's
+        kept = {k: keys[k].check(k, v) for k, v in saved.items() if k not in user_keys}
+    except Error as e:
+        raise Error(f"{path}: its {e}: give that key a value on this command") from None
+    settings = replace(settings, **kept)
+    named = [
+        f"{k}={getattr(settings, k)!r} (its {saved[k]!r})"
+        for k in PATTERN
+        if k in user_keys and k in saved and saved[k] != getattr(settings, k)
+    ]
+    if rank() == 0 and (any(kept.values()) or named):
+        pattern = ", ".join(f"{k}={getattr(settings, k)!r}" for k in PATTERN)
+        line = f"init_from={settings.init_from}: the pattern {pattern}"
+        if named:
+            line += f"; the command names {', '.join(named)}"
+        else:
+            line += ", its own (name another on the command to change it)"
+        print(line, file=sys.stderr)
+    return settings
+
+
 def check_data_tokenizer(cfg, meta=None):
     """A fine-tune's data is tokenized by its model's tokenizer (the chat tokens and lowercasing
     aside, which keep its ids): one line naming both if not. meta: the data's meta.json, read
@@ -120,8 +117,6 @@ def check_data_tokenizer(cfg, meta=None):
         return
     with checking(card, path, CARD_FIX):
         check_tokenizer(card.get("tokenizer"))
-    from lib.weights import GPT2_TOKENIZER  # a fine-tune's alone, as load_pretrained
-
     ours = {"architecture", "model"} & card.keys()  # else GPT-2's: a name or a Hugging Face folder
     model = card.get("tokenizer", None if ours else GPT2_TOKENIZER)
     if model is not None and token_ids(model) != token_ids(meta["tokenizer"]):
@@ -147,32 +142,34 @@ def described(spec):
     return f"tiktoken's {spec['encoding']}"
 
 
-def adapted_model(cfg, meta, state, given):
-    """(cfg with the start's shape, the start with adapters on its targets, every other weight
-    frozen); state: a resumed run's, whose adapters are loaded."""
-    from lib.lora import KEYS, adapt, check_base, load_adapters, named_base
+def lora_adapter(cfg, state):
+    """The adapter of cfg's lora_* keys on its base: the one init_from names, or a resumed
+    state's, as it was when the run began."""
+    from lib.lora import KEYS, check_base, named_base
 
     if state is None:
-        check_data_tokenizer(cfg, meta)
         base, sha256 = named_base(cfg.init_from)
-    else:  # the base the run began from, as it was then
+    else:
         base, sha256 = state["adapter"]["base"], state["adapter"]["sha256"]
         check_base(state["adapter"], os.path.join(cfg.out_dir, "trainer_state.pt"))
-    body, shape = pretrained_body(replace(cfg, init_from=base), meta["vocab_size"], given)
-    cfg = replace(cfg, **shape)
-    with torch.device("meta"):
-        model = new_model(asdict(cfg), meta)
-    model.load_body(body)
     adapter = dict(base=base, sha256=sha256, seed=cfg.seed)
     adapter.update({k[len("lora_") :]: getattr(cfg, k) for k in KEYS})
+    return adapter
+
+
+def adapted(model, adapter, state):
+    """The start with adapters on its targets, every other weight frozen; state: a resumed run's,
+    whose adapters are loaded."""
+    from lib.lora import adapt, load_adapters
+
     adapt(model, adapter)
     if state is not None:
         load_adapters(model, state["model"])
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if int(os.environ.get("RANK", 0)) == 0:
         print(
-            f"LoRA rank {cfg.lora_rank} on {cfg.lora_targets}: {trainable:,} trainable "
+            f"LoRA rank {adapter['rank']} on {adapter['targets']}: {trainable:,} trainable "
             f"parameters, the base's {model.num_params(False):,} frozen",
             file=sys.stderr,
         )
-    return cfg, model
+    return model
