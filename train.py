@@ -29,6 +29,7 @@ def main(argv):
     """The settings, this process's place in the run, then the run."""
     settings, user_keys = parse(argv, OPTIONS, __doc__)
     resuming = settings.init_from == "resume"
+    # init_from a model (GPT-2's or a checkpoint folder): its pattern, and its tokenizer the data's
     fine_tune = settings.init_from not in ("scratch", "resume")
     if fine_tune:
         from lib import finetune

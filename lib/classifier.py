@@ -1,4 +1,4 @@
-"""The classifier's rows and the classifier at work: its labelled rows, as train.py reads them;
+"""The classifier's labelled rows, as train.py reads them, and a trained classifier at work:
 loaded from its checkpoint folder, its class probabilities for token rows batched by length, and
 one text's attention maps. classify.py and the playground both run these, so the two give the
 same numbers."""

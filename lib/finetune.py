@@ -71,7 +71,7 @@ def kept_pattern(settings, user_keys, keys):
     """A fine-tune's settings: init_from's pattern where the command names none, as its weights
     learnt to read; one line says what the run takes."""
     path = os.path.join(settings.init_from, "config.json")
-    if settings.init_from in ("scratch", "resume") or not os.path.isfile(path):
+    if not os.path.isfile(path):
         return settings  # no card of ours: GPT-2's weights, which have no pattern
     card = read_json(path, "checkpoint config")
     source = card.get("model") if isinstance(card, dict) else None
@@ -106,7 +106,7 @@ def check_data_tokenizer(cfg, meta=None):
     folder = dataset_dir(cfg.dataset)
     if meta is None and os.path.isfile(os.path.join(folder, "meta.json")):
         meta = read_meta(folder)
-    if cfg.init_from in ("scratch", "resume") or meta is None:
+    if meta is None:
         return
     path = os.path.join(cfg.init_from, "config.json")
     if os.path.isfile(path):

@@ -331,6 +331,7 @@ def make_model(cfg, meta, state, given):
         raise Error(
             f"the model has {vocab_size} tokens, dataset {cfg.dataset} needs {meta['vocab_size']}"
         )
+    # a fine-tune's start, or LoRA's base (a resumed run's too, its adapters loaded on it)
     if cfg.lora_rank or state is None and cfg.init_from != "scratch":
         from lib.finetune import adapted, pretrained_start
 
