@@ -163,6 +163,25 @@ def test_exports_and_peft_decode_as_the_adapter(base, tuned, tmp_path):
     assert adapted.generate(input_ids=start, **options)[0, 1:].tolist() == ours
 
 
+def test_llama_cpp_decodes_the_merged_gguf_as_the_adapter(tuned, tmp_path):
+    """The merged GGUF file (float32) in llama.cpp: 100 greedy tokens, the adapter checkpoint's."""
+    pytest.importorskip("gguf", reason="the gguf package is an extra: pip install -e '.[gguf]'")
+    pytest.importorskip("llama_cpp", reason="needs llama-cpp-python (it builds llama.cpp)")
+    from bench.gguf_check import llama_greedy, load_llama
+
+    out_dir, model, _ = tuned
+    path = tmp_path / "merged.gguf"
+    export(out_dir, gguf_path=str(path), gguf_dtype="float32")
+    theirs, logits, _ = llama_greedy(load_llama(path), [0], 100)
+    ours = greedy(model.eval())
+    assert theirs == ours
+    # each step's logits too (a tiny random model's greedy tokens repeat a few ids), within
+    # what llama.cpp's float16 KV cache moves them
+    with torch.no_grad():
+        mine = model(torch.tensor([[0, *ours[:-1]]]))[0][0].numpy()
+    np.testing.assert_allclose(np.stack(logits), mine, atol=1e-3)
+
+
 def broken(tmp_path, chats, base, *argv):
     """train.py's one line for argv over TINY, LoRA on base."""
     code, _, err = cli(
