@@ -211,9 +211,9 @@ def export(
     first write."""
     model, info = from_checkpoint(out_dir)
     if peft_dir is not None:
-        if "adapter" not in info:
-            raise Error(f"--peft_dir: {out_dir} holds no LoRA adapter (train with --lora_rank)")
-        from lib.lora import write_peft
+        from lib.lora import peft_adapter, write_peft
+
+        peft = peft_adapter(out_dir, info)
     config_path = os.path.join(out_dir, "config.json")
     tokenizer = get_tokenizer(info.get("tokenizer"), config_path, model.config.vocab_size)
     if info["architecture"] != "GPT":
@@ -261,7 +261,7 @@ def export(
             file=sys.stderr,
         )
     if peft_dir is not None:
-        write_peft(out_dir, info, peft_dir)
+        write_peft(peft_dir, *peft)
 
 
 def check_layout(out_dir, config, layout, where, fix):

@@ -36,6 +36,8 @@ SHAPE = (
 )
 # the attention pattern: no tensors of its own, but what the weights learnt to read through
 PATTERN = ("window", "global_tokens", "random_links", "random_seed")
+# a LoRA run's adapters: their tensors' shapes and the function they compute
+ADAPTERS = ("lora_rank", "lora_alpha", "lora_targets")
 
 
 @contextmanager
@@ -142,7 +144,7 @@ def resume(settings, user_keys, keys):
     current = asdict(settings)
     changed = [
         f"{k}={saved[k]!r} there, {current[k]!r} here"
-        for k in SHAPE + PATTERN + ("task", "optimizer")
+        for k in SHAPE + PATTERN + ADAPTERS + ("task", "optimizer")
         if k in user_keys and saved[k] != current[k]
     ]
     if changed:

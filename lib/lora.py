@@ -9,12 +9,14 @@ import os
 import sys
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from lib import card
 from lib.common import Error, did_you_mean
 from lib.files import write_json
+from lib.options import Option
+from lib.weights import read_header
 
 # each block's Linears an adapter may target, by our name: GPT-2's (PEFT's) name
 TARGETS = {
@@ -24,6 +26,17 @@ TARGETS = {
     "mlp.proj": "mlp.c_proj",
 }
 KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+# a card's adapter entry (lib/build.py's adapted_model writes it); sha256 is null for a GPT-2
+# name the hub cache did not hold
+ADAPTER = {
+    "base": Option(""),
+    "sha256": Option(""),
+    "seed": Option(0),
+    "rank": Option(1, ge=1),
+    "alpha": Option(1.0, gt=0),
+    "dropout": Option(0.0, ge=0, lt=1),
+    "targets": Option(""),
+}
 
 
 class LoRALinear(nn.Module):
@@ -95,6 +108,17 @@ def named_base(init_from):
     base = os.path.abspath(init_from) if os.path.isdir(init_from) else init_from
     path = weights_file(base)
     return base, digest(path) if path else None
+
+
+def check_adapter_card(info, path):
+    """An adapter checkpoint's config.json -> its model's config; one line where it is damaged."""
+    config = card.check_card(info, path, {})  # its tensors are the adapters': no shape to fit
+    with card.checking(info, path, card.CARD_FIX):
+        card.check_keys(info, {"adapter": Option({})})
+        card.check_keys(info["adapter"], ADAPTER, optional=("sha256",), where="adapter.")
+        for name in targets_of(info["adapter"]):
+            Option("", choices=tuple(TARGETS)).check("adapter.targets", name)
+    return config
 
 
 def check_base(adapter, where):
@@ -175,17 +199,17 @@ def merge(model, tensors, adapter):
             getattr(getattr(block, parent), child).weight += (b @ a) * scale
 
 
-def write_peft(out_dir, info, peft_dir):
-    """A PEFT adapter folder for GPT2LMHeadModel on the base's export: adapter_config.json and
-    adapter_model.safetensors under PEFT's names (lora_A [r, in], lora_B [out, r] on Conv1D too)."""
-    adapter = info["adapter"]
+def peft_adapter(out_dir, info):
+    """(tensors, adapter_config.json) of the PEFT adapter folder for GPT2LMHeadModel on the base's
+    export: PEFT's names (lora_A [r, in], lora_B [out, r] on Conv1D too); refused before a write."""
+    adapter = info.get("adapter")
+    if adapter is None:
+        raise Error(f"--peft_dir: {out_dir} holds no LoRA adapter (train with --lora_rank)")
     tensors = load_file(os.path.join(out_dir, "model.safetensors"))
-    base_rows = None
-    if os.path.isdir(adapter["base"]):
-        with safe_open(weights_file(adapter["base"]), "pt") as f:
-            names = set(f.keys())
-            table = "wte.weight" if "wte.weight" in names else "transformer.wte.weight"
-            base_rows = f.get_slice(table).get_shape()[0] if table in names else None
+    # the base's token table: ours holds it as lm_head (tied), GPT-2's files as wte
+    _, shapes = read_header(weights_file(adapter["base"]))
+    tables = ("lm_head.weight", "wte.weight", "transformer.wte.weight")
+    base_rows = next((shapes[name][0] for name in tables if name in shapes), None)
     if base_rows is not None and base_rows != info["model"]["vocab_size"]:
         raise Error(
             f"{out_dir}: the fine-tune grew the base's token table ({base_rows} to "
@@ -209,7 +233,12 @@ def write_peft(out_dir, info, peft_dir):
         "bias": "none",
         "inference_mode": True,
     }
+    return peft, config
+
+
+def write_peft(peft_dir, tensors, config):
+    """peft_adapter()'s folder: adapter_model.safetensors and adapter_config.json."""
     os.makedirs(peft_dir, exist_ok=True)
-    save_file(peft, os.path.join(peft_dir, "adapter_model.safetensors"), {"format": "pt"})
+    save_file(tensors, os.path.join(peft_dir, "adapter_model.safetensors"), {"format": "pt"})
     write_json(os.path.join(peft_dir, "adapter_config.json"), config)
-    print(f"wrote {peft_dir}: a PEFT LoRA adapter of rank {adapter['rank']}", file=sys.stderr)
+    print(f"wrote {peft_dir}: a PEFT LoRA adapter of rank {config['r']}", file=sys.stderr)

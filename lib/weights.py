@@ -211,14 +211,14 @@ def grown(state, rows):
 
 def merged(out_dir, device, info):
     """(the base with the adapters in out_dir merged into its weights, in eval mode; the card)."""
-    from lib.lora import check_base, merge
-    from model import GPT, GPTConfig
+    from lib.lora import check_adapter_card, check_base, merge
+    from model import GPT
 
-    adapter = info["adapter"]
     path = os.path.join(out_dir, "config.json")
+    config = check_adapter_card(info, path)
+    adapter = info["adapter"]
     check_base(adapter, path)
     source, _ = load_pretrained(adapter["base"])
-    config = GPTConfig(**info["model"])
     torch.manual_seed(adapter["seed"])  # the fine-tune's new token rows, drawn again
     with redirect_stderr(io.StringIO()):
         state = grown(source.state_dict(), config.vocab_size)

@@ -163,6 +163,25 @@ def test_exports_and_peft_decode_as_the_adapter(base, tuned, tmp_path):
     assert adapted.generate(input_ids=start, **options)[0, 1:].tolist() == ours
 
 
+def test_llama_cpp_decodes_the_merged_gguf_as_the_adapter(tuned, tmp_path):
+    """The merged GGUF file (float32) in llama.cpp: 100 greedy tokens, the adapter checkpoint's."""
+    pytest.importorskip("gguf", reason="the gguf package is an extra: pip install -e '.[gguf]'")
+    pytest.importorskip("llama_cpp", reason="needs llama-cpp-python (it builds llama.cpp)")
+    from bench.gguf_check import llama_greedy, load_llama
+
+    out_dir, model, _ = tuned
+    path = tmp_path / "merged.gguf"
+    export(out_dir, gguf_path=str(path), gguf_dtype="float32")
+    theirs, logits, _ = llama_greedy(load_llama(path), [0], 100)
+    ours = greedy(model.eval())
+    assert theirs == ours
+    # each step's logits too (a tiny random model's greedy tokens repeat a few ids), within
+    # what llama.cpp's float16 KV cache moves them
+    with torch.no_grad():
+        mine = model(torch.tensor([[0, *ours[:-1]]]))[0][0].numpy()
+    np.testing.assert_allclose(np.stack(logits), mine, atol=1e-3)
+
+
 def broken(tmp_path, chats, base, *argv):
     """train.py's one line for argv over TINY, LoRA on base."""
     code, _, err = cli(
@@ -226,3 +245,60 @@ def test_a_lora_fine_tune_under_ddp_equals_one_process(base, chats, tmp_path):
     assert set(rank0) == set(single.state_dict())
     for name, p in single.state_dict().items():
         assert torch.equal(rank0[name], p), name
+
+
+def test_a_peft_dir_of_a_grown_table_is_refused_before_the_hf_dir_is_written(tuned, tmp_path):
+    """A fine-tune that grew the base's token table has no PEFT form: export.py says so before
+    it writes the merged folder it was also asked for."""
+    grown = shutil.copytree(tuned[0], tmp_path / "grown")
+    card = json.load(open(grown / "config.json"))
+    card["model"]["vocab_size"] += 4  # the rows a chat fine-tune of a plain base adds
+    json.dump(card, open(grown / "config.json", "w"))
+    folders = f"--hf_dir={tmp_path / 'hf'}", f"--peft_dir={tmp_path / 'peft'}"
+    code, _, err = cli("export.py", f"--out_dir={grown}", *folders)
+    assert code == 2 and "grew the base's token table (11 to 15 rows)" in err, err
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "peft").exists()
+
+
+@pytest.mark.parametrize(
+    "where, value, says",
+    [
+        ("adapter", "x", "adapter='x': must be dict"),
+        ("adapter.base", None, "no 'adapter.base' key"),
+        ("adapter.rank", 0, "adapter.rank=0: must be >= 1"),
+        ("adapter.targets", "attn.qkv,mlp.fc2", "adapter.targets='mlp.fc2': must be one of"),
+        ("model.n_layer", "two", "model.n_layer='two': must be int"),
+    ],
+)
+def test_a_damaged_adapter_card_is_one_line(tuned, tmp_path, where, value, says):
+    """A card's adapter entry or model of the wrong type, out of range or missing (None)."""
+    out_dir = shutil.copytree(tuned[0], tmp_path / "t")
+    card = json.load(open(out_dir / "config.json"))
+    *parents, last = where.split(".")
+    entry = card
+    for key in parents:
+        entry = entry[key]
+    if value is None:
+        del entry[last]
+    else:
+        entry[last] = value
+    (out_dir / "config.json").write_text(json.dumps(card))
+    code, _, err = cli("sample.py", f"--out_dir={out_dir}", "--max_new_tokens=2")
+    (line,) = err.strip().splitlines()
+    assert code == 2 and says in line, err
+
+
+def test_a_resume_with_other_lora_keys_is_refused_before_anything_is_touched(
+    chats, tuned, tmp_path
+):
+    """The adapters' rank, scale and targets are the run's: a resume that changes one is one
+    line, the run's files as they were."""
+    out_dir = shutil.copytree(tuned[0], tmp_path / "t")
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir() if p.name != ".lock"}
+    for key, value in (("lora_rank", 8), ("lora_alpha", 4.0), ("lora_targets", "attn.qkv")):
+        argv = [f"--dataset={chats}", f"--out_dir={out_dir}", "--init_from=resume"]
+        code, _, err = cli("train.py", *SCHEDULE, *argv, f"--{key}={value}")
+        (line,) = err.strip().splitlines()
+        assert code == 2 and f"{key}=" in line and f"{value!r} here" in line, err
+    after = {p.name: p.read_bytes() for p in out_dir.iterdir() if p.name != ".lock"}
+    assert after == before

@@ -34,6 +34,7 @@ from lib.finetune import RESIZED
 from lib.prepare import save_array, write_classification_split, write_meta
 from lib.records import flops_per_token
 from lib.settings import load_split, parse
+from lib.weights import load_pretrained
 from model import GPT, EncoderClassifier, GPTConfig
 
 DEFAULTS = {name: key.default for name, key in train.OPTIONS.items()}
@@ -394,6 +395,18 @@ def test_a_fine_tune_reads_its_starts_context_unless_named_longer(lm_dir, tmp_pa
     with pytest.raises(Error, match=r"reads 8 tokens at most, the command names block_size=16"):
         train.main(tuned + [f"--out_dir={tmp_path / 'x'}", "--block_size=16"])
     assert not (tmp_path / "x" / "model.safetensors").exists()
+
+
+def test_a_fine_tune_that_cuts_the_context_saves_its_position_rows(lm_dir, tmp_path):
+    """A start of block_size 16, a full fine-tune of 8: its checkpoint holds the 8 rows it
+    trained."""
+    start = {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 10}
+    save_pretrained(GPT(GPTConfig(**start)), tmp_path / "start", task="lm", tokenizer=CHARS)
+    keys = [a for a in TINY if not a.startswith("--block_size=")] + ["--block_size=8"]
+    tuned = keys + [f"--dataset={lm_dir}", f"--init_from={tmp_path / 'start'}", "--max_iters=1"]
+    train.main(tuned + [f"--out_dir={tmp_path / 'tuned'}"])
+    model, _ = load_pretrained(tmp_path / "tuned")
+    assert model.wpe.weight.shape == (8, 16)
 
 
 def test_accumulation_equals_one_big_batch(lm_dir, tmp_path):
