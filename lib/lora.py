@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from lib import card
+from lib import options
 from lib.common import Error, did_you_mean
 from lib.files import write_json
-from lib.options import Option
-from lib.weights import read_header
+from lib.options import CARD_FIX, Option, checking
+from lib.weights import check_card, read_header
 
 # each block's Linears an adapter may target, by our name: GPT-2's (PEFT's) name
 TARGETS = {
@@ -26,7 +26,7 @@ TARGETS = {
     "mlp.proj": "mlp.c_proj",
 }
 KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-# a card's adapter entry (lib/build.py's adapted_model writes it); sha256 is null for a GPT-2
+# a card's adapter entry (lib/finetune.py writes it); sha256 is null for a GPT-2
 # name the hub cache did not hold
 ADAPTER = {
     "base": Option(""),
@@ -112,10 +112,10 @@ def named_base(init_from):
 
 def check_adapter_card(info, path):
     """An adapter checkpoint's config.json -> its model's config; one line where it is damaged."""
-    config = card.check_card(info, path, {})  # its tensors are the adapters': no shape to fit
-    with card.checking(info, path, card.CARD_FIX):
-        card.check_keys(info, {"adapter": Option({})})
-        card.check_keys(info["adapter"], ADAPTER, optional=("sha256",), where="adapter.")
+    config = check_card(info, path, {})  # its tensors are the adapters': no shape to fit
+    with checking(info, path, CARD_FIX):
+        options.check_keys(info, {"adapter": Option({})})
+        options.check_keys(info["adapter"], ADAPTER, optional=("sha256",), where="adapter.")
         for name in targets_of(info["adapter"]):
             Option("", choices=tuple(TARGETS)).check("adapter.targets", name)
     return config
