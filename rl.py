@@ -222,17 +222,20 @@ def advantages(rewards, std=False):
 class PolicyLoss(nn.Module):
     """The model, and the policy gradient's loss of replies as the loop's step takes it."""
 
-    def __init__(self, model, kl):
+    def __init__(self, model, kl, temperature=1.0):
         super().__init__()
         self.model = model
         self.kl = kl
+        # the log-probabilities of the distribution the replies were drawn from: at another
+        # temperature the estimate is biased (it pushes each sampled argmax by its advantage)
+        self.temperature = temperature or 1.0
 
     def forward(self, idx, targets, advantage, scale, reference=None):
         """-sum(advantage x log p(reply token)) over the replies' tokens (targets >= 0), times
         scale (1 / the step's reply tokens), and kl x the k3 estimate of KL to the reference's
         log-probabilities."""
         logits, _ = self.model(idx)
-        logp = token_logprobs(logits, targets)
+        logp = token_logprobs(logits / self.temperature, targets)
         reply = targets >= 0
         loss = -(advantage[:, None] * logp).sum()
         if self.kl:
@@ -258,7 +261,7 @@ def learn(cfg, run, guard, state, inputs, held):
     reference = None
     if cfg.kl:  # the start, frozen
         reference, _, _ = load_gpt(cfg.init_from, run.device)
-    model = parallel(PolicyLoss(raw_model, cfg.kl), run, False)
+    model = parallel(PolicyLoss(raw_model, cfg.kl, cfg.temperature), run, False)
     optimizers, train_step = train.stepping(model, raw_model, cfg, run)
     step, best, seconds = checkpoint.restore(state, optimizers, train_step.scaler)
     first_step, best_step, metrics = step, None, {}
@@ -465,7 +468,8 @@ class Rollout:
         if reference is not None:
             with torch.no_grad(), self.ctx:
                 logits, _ = reference(batch["idx"])
-                batch["reference"] = token_logprobs(logits, batch["targets"])
+                tempered = logits / (self.cfg.temperature or 1.0)
+                batch["reference"] = token_logprobs(tempered, batch["targets"])
         return batch
 
 
