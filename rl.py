@@ -430,8 +430,12 @@ class Rollout:
         scale = micro_steps * run.world_size / learnt
         batches = []
         for i in range(0, share, cfg.batch_size):
-            part = [s for group in sequences[i : i + cfg.batch_size] for s in group]
-            weights = advantage[i : i + cfg.batch_size].reshape(-1)
+            # a group whose replies scored alike has no advantage: without a KL it teaches
+            # nothing, and its forward and backward are skipped (one kept: a micro-step runs)
+            teach = [j for j in range(i, i + cfg.batch_size) if cfg.kl or advantage[j].any()]
+            kept = teach or [i]
+            part = [s for j in kept for s in sequences[j]]
+            weights = advantage[kept].reshape(-1)
             batches.append(self.batch(part, weights, scale, reference))
         mean = total / count
         logged = {
