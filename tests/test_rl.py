@@ -122,6 +122,10 @@ def test_the_loss_reads_the_distribution_that_drew_the_replies():
     _, loss = rl.PolicyLoss(Fixed(), kl=0.0, temperature=0.5)(None, targets, drawn, scale=1.0)
     loss.backward()
     assert logits.grad.abs().max() < 1e-6
+    # log p at temperature 1 instead: the likeliest token pushed up for nothing
+    _, biased = rl.PolicyLoss(Fixed(), kl=0.0)(None, targets, drawn, scale=1.0)
+    (push,) = torch.autograd.grad(biased, logits)
+    assert push[0] < -0.1
 
 
 @pytest.mark.parametrize("kl", [0.0, 0.1])
