@@ -21,5 +21,5 @@ std_advantage = True
 max_iters = 400
 eval_interval = 50
 log_interval = 10
-learning_rate = 5e-5  # 1e-4 and more first undo part of the fine-tune (BENCHMARKS.md)
+learning_rate = 5e-5  # 1e-4 climbs no faster (BENCHMARKS.md)
 decay_lr = False
