@@ -18,6 +18,7 @@ import numbers
 import os
 import sys
 import time
+from collections import namedtuple
 from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
@@ -42,30 +43,13 @@ from lib.settings import parse
 from lib.tokenizer import end_tokens
 from lib.weights import load_gpt
 
-# train.py's keys that mean the same here
-SHARED = (
-    "overwrite_out_dir",
-    "seed",
-    "device",
-    "dtype",
-    "eval_interval",
-    "log_interval",
-    "always_save_checkpoint",
-    "wandb_log",
-    "wandb_project",
-    "wandb_run_name",
-    "gradient_accumulation_steps",
-    "optimizer",
-    "learning_rate",
-    "min_lr",
-    "warmup_iters",
-    "lr_decay_iters",
-    "decay_lr",
-    "max_iters",
-    "beta1",
-    "beta2",
-    "grad_clip",
-)
+# train.py's keys that mean the same here: the run's, its records', the schedule's, the optimizer's
+SHARED = """
+overwrite_out_dir seed device dtype gradient_accumulation_steps
+eval_interval log_interval always_save_checkpoint wandb_log wandb_project wandb_run_name
+learning_rate min_lr warmup_iters lr_decay_iters decay_lr max_iters
+optimizer beta1 beta2 grad_clip
+""".split()
 OPTIONS = dict(
     out_dir=Option("out-rl", "where the checkpoints and metrics.jsonl go"),
     init_from=Option("out-chat", "the chat checkpoint to start from (its folder), or resume"),
@@ -144,11 +128,8 @@ def load_reward(spec):
     return function
 
 
-class Prompt:
-    """One line of --prompts: where it is, its fields (for the reward) and its tokens."""
-
-    def __init__(self, where, example, ids):
-        self.where, self.example, self.ids = where, example, ids
+# one line of --prompts: where it is, its fields (for the reward) and its tokens
+Prompt = namedtuple("Prompt", "where example ids")
 
 
 def read_prompts(cfg, tokenizer, block_size):
@@ -222,28 +203,29 @@ def advantages(rewards, std=False):
 class PolicyLoss(nn.Module):
     """The model, and the policy gradient's loss of replies as the loop's step takes it."""
 
-    def __init__(self, model, kl):
+    def __init__(self, model, kl, temperature=1.0):
         super().__init__()
         self.model = model
         self.kl = kl
+        # the log-probabilities of the distribution the replies were drawn from: at another
+        # temperature the estimate is biased (it pushes each sampled argmax by its advantage)
+        self.temperature = temperature or 1.0
 
     def forward(self, idx, targets, advantage, scale, reference=None):
-        """-sum(advantage x log p(reply token)) over the replies' tokens (targets >= 0), times
-        scale (1 / the step's reply tokens), and kl x the k3 estimate of KL to the reference's
-        log-probabilities."""
+        """-sum(advantage x log p) over the replies' tokens (targets >= 0) x scale (1 / the step's
+        reply tokens), plus kl x the k3 estimate of the KL to the reference's log-probabilities."""
         logits, _ = self.model(idx)
-        logp = token_logprobs(logits, targets)
-        reply = targets >= 0
+        logp = token_logprobs(logits, targets, self.temperature)
         loss = -(advantage[:, None] * logp).sum()
         if self.kl:
-            gap = (reference - logp).masked_fill(~reply, 0)
+            gap = (reference - logp).masked_fill(targets < 0, 0)
             loss = loss + self.kl * (gap.exp() - gap - 1).sum()
         return None, loss * scale
 
 
-def token_logprobs(logits, targets):
-    """[B, T]: log p of each target token (0 where targets is -1)."""
-    flat = logits.float().transpose(1, 2)
+def token_logprobs(logits, targets, temperature=1.0):
+    """[B, T]: log p of each target token at temperature (0 where targets is -1)."""
+    flat = (logits.float() / temperature).transpose(1, 2)
     return -F.cross_entropy(flat, targets, ignore_index=-1, reduction="none")
 
 
@@ -255,10 +237,8 @@ def learn(cfg, run, guard, state, inputs, held):
     raw_model = inputs.model.train()
     if state is not None:
         raw_model.load_weights(state["model"])
-    reference = None
-    if cfg.kl:  # the start, frozen
-        reference, _, _ = load_gpt(cfg.init_from, run.device)
-    model = parallel(PolicyLoss(raw_model, cfg.kl), run, False)
+    reference = load_gpt(cfg.init_from, run.device)[0] if cfg.kl else None  # the start, frozen
+    model = parallel(PolicyLoss(raw_model, cfg.kl, cfg.temperature), run, False)
     optimizers, train_step = train.stepping(model, raw_model, cfg, run)
     step, best, seconds = checkpoint.restore(state, optimizers, train_step.scaler)
     first_step, best_step, metrics = step, None, {}
@@ -304,9 +284,8 @@ def learn(cfg, run, guard, state, inputs, held):
         bar.update(1)
         if run.master and (step % cfg.log_interval == 0 or step == cfg.max_iters):
             logged.update({"train/step_loss": loss_value, "lr": lr, "grad_norm": norm_value})
-            bar.set_postfix_str(
-                f"reward {logged['train/reward']:.3f}, {logged['rollout tok/s']:,.0f} tok/s"
-            )
+            reward, speed = logged["train/reward"], logged["rollout tok/s"]
+            bar.set_postfix_str(f"reward {reward:.3f}, {speed:,.0f} tok/s")
             record.log(step, **logged)
     bar.close()
     if run.master:
@@ -317,9 +296,14 @@ def learn(cfg, run, guard, state, inputs, held):
 
 def start(cfg, run, model, held, inputs, state, seconds):
     """out_dir locked (a new run's), the records and the progress bar started."""
+
+    def lock():
+        """Rank 0 locks a new run's out_dir."""
+        if run.master:
+            held.enter_context(checkpoint.run_out_dir(cfg.out_dir, False, cfg.overwrite_out_dir))
+
     if state is None:
-        lock = partial(checkpoint.run_out_dir, cfg.out_dir, False, cfg.overwrite_out_dir)
-        agreed(run, partial(enter_master, run, held, lock))
+        agreed(run, lock)
     prompts = cfg.batch_size * cfg.gradient_accumulation_steps
     what = (
         f"{cfg.max_iters:,} steps of {prompts} prompts x {cfg.group_size} replies, from "
@@ -330,22 +314,10 @@ def start(cfg, run, model, held, inputs, state, seconds):
     return record, bar
 
 
-def enter_master(run, held, opened):
-    """Rank 0 enters the context manager that opened() makes."""
-    if run.master:
-        held.enter_context(opened())
-
-
 def save_model(model, cfg, run, inputs, scores):
     """An ordinary chat checkpoint: model.safetensors + config.json."""
-    card = dict(
-        task="lm",
-        init_from=cfg.init_from,
-        prompts=cfg.prompts,
-        reward=cfg.reward,
-        tokenizer=inputs.tokenizer.spec,
-        command=["python"] + sys.argv,
-    )
+    card = dict(task="lm", init_from=cfg.init_from, prompts=cfg.prompts, reward=cfg.reward)
+    card.update(tokenizer=inputs.tokenizer.spec, command=["python"] + sys.argv)
     checkpoint.save_model(model, cfg.out_dir, run, cfg.init_from, **card, metrics=scores)
 
 
@@ -356,15 +328,16 @@ class Rollout:
     def __init__(self, cfg, run, inputs, ctx):
         self.cfg, self.run, self.inputs, self.ctx = cfg, run, inputs, ctx
         self.options = Options(**{name: getattr(cfg, name) for name in options_of(Options)})
+        self.end = inputs.tokenizer.end_token
 
     def replies(self, model, prompts, rules, ends):
-        """The Rows of each prompt's request, one a rule of rules(j) for prompt j."""
+        """The Rows of each prompt's request, one a rule of rules[j] for prompt j."""
         requests = []
         model.eval()
         with self.ctx:
-            engine = Engine(model, min(sum(len(rules(j)) for j in range(len(prompts))), 256))
-            for j, prompt in enumerate(prompts):
-                requests.append(engine.submit(prompt.ids, rules(j), self.cfg.max_new_tokens, ends))
+            engine = Engine(model, min(sum(map(len, rules)), 256))
+            for prompt, drawn in zip(prompts, rules):
+                requests.append(engine.submit(prompt.ids, drawn, self.cfg.max_new_tokens, ends))
             while engine.busy():
                 engine.step()
         model.train()
@@ -375,7 +348,7 @@ class Rollout:
         prompts = self.inputs.val[self.run.rank :: self.run.world_size]
         greedy = [NextToken(Options(), greedy=True)]
         ends = end_tokens(self.inputs.tokenizer)  # as sample.py ends a reply
-        rows = self.replies(model, prompts, partial(always, greedy), ends)
+        rows = self.replies(model, prompts, [greedy] * len(prompts), ends)
         texts = [self.inputs.tokenizer.decode(row[0].generated) for row in rows]
         rewards = agreed(self.run, partial(self.scores, prompts, [[t] for t in texts]))
         sums = torch.tensor([float(rewards.sum()), len(prompts)], dtype=torch.float64)
@@ -401,7 +374,8 @@ class Rollout:
         places = range(run.rank * share, (run.rank + 1) * share)
         prompts = [self.inputs.train[chosen[j]] for j in places]
         t0 = time.perf_counter()
-        rows = self.replies(model, prompts, partial(self.rules, step, places), {self.end})
+        rules = [self.rules(step, place) for place in places]
+        rows = self.replies(model, prompts, rules, {self.end})
         seconds = time.perf_counter() - t0
         tokenizer = self.inputs.tokenizer
         texts = [[tokenizer.decode(row.generated) for row in group] for group in rows]
@@ -427,31 +401,27 @@ class Rollout:
         scale = micro_steps * run.world_size / learnt
         batches = []
         for i in range(0, share, cfg.batch_size):
-            part = [s for group in sequences[i : i + cfg.batch_size] for s in group]
-            weights = advantage[i : i + cfg.batch_size].reshape(-1)
+            # a group whose replies scored alike has no advantage: without a KL it teaches
+            # nothing, and its forward and backward are skipped (one kept: a micro-step runs)
+            teach = [j for j in range(i, i + cfg.batch_size) if cfg.kl or advantage[j].any()]
+            kept = teach or [i]
+            part = [s for j in kept for s in sequences[j]]
+            weights = advantage[kept].reshape(-1)
             batches.append(self.batch(part, weights, scale, reference))
         mean = total / count
-        logged = {
-            "train/reward": mean,
-            "train/reward_std": math.sqrt(max(0.0, squares / count - mean**2)),
-            "train/reply_tokens": generated / count,
-            "rollout tok/s": generated / seconds,
-        }
+        logged = {"train/reward": mean, "train/reply_tokens": generated / count}
+        logged["train/reward_std"] = math.sqrt(max(0.0, squares / count - mean**2))
+        logged["rollout tok/s"] = generated / seconds
         return batches, logged
 
-    @property
-    def end(self):
-        return self.inputs.tokenizer.end_token
-
-    def rules(self, step, places, j):
-        """The group's draws of the prompt at place j of the step."""
-        seed = int(np.random.default_rng([self.cfg.seed, step, places[j]]).integers(2**62))
+    def rules(self, step, place):
+        """The group's draws of the prompt at a place of the step."""
+        seed = int(np.random.default_rng([self.cfg.seed, step, place]).integers(2**62))
         vocab = self.inputs.tokenizer.vocab_size
         return make_rules(self.options, False, seed, self.cfg.group_size, vocab)
 
     def batch(self, sequences, weights, scale, reference):
-        """The micro-batch of sequences [(tokens, prompt length)], padded, the targets the reply's
-        tokens alone."""
+        """The micro-batch of sequences [(tokens, prompt length)]; its targets: the replies'."""
         width = max(len(s) for s, _ in sequences) - 1
         idx = torch.zeros(len(sequences), width, dtype=torch.long)
         targets = torch.full_like(idx, -1)
@@ -465,12 +435,9 @@ class Rollout:
         if reference is not None:
             with torch.no_grad(), self.ctx:
                 logits, _ = reference(batch["idx"])
-                batch["reference"] = token_logprobs(logits, batch["targets"])
+                temperature = self.cfg.temperature or 1.0
+                batch["reference"] = token_logprobs(logits, batch["targets"], temperature)
         return batch
-
-
-def always(rules, j):
-    return rules
 
 
 def script():

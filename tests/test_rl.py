@@ -107,6 +107,27 @@ def test_the_advantage_and_the_masked_loss_by_hand():
     assert with_kl.item() == pytest.approx(by_hand + 0.1 * k3 / 3)
 
 
+def test_the_loss_reads_the_distribution_that_drew_the_replies():
+    """Replies drawn at temperature 0.5, every one of advantage 1: the expected gradient is zero
+    (the score's mean), as it is only for the log-probabilities of the draws' distribution."""
+    logits = torch.tensor([2.0, 0.5, -1.0], requires_grad=True)
+
+    class Fixed(torch.nn.Module):
+        def forward(self, idx):
+            return logits.expand(3, 1, 3), None  # three replies of one token each
+
+    # each token a reply of its own, weighted by its chance of being drawn: the expectation
+    drawn = torch.softmax(logits.detach() / 0.5, -1)
+    targets = torch.arange(3)[:, None]
+    _, loss = rl.PolicyLoss(Fixed(), kl=0.0, temperature=0.5)(None, targets, drawn, scale=1.0)
+    loss.backward()
+    assert logits.grad.abs().max() < 1e-6
+    # log p at temperature 1 instead: the likeliest token pushed up for nothing
+    _, biased = rl.PolicyLoss(Fixed(), kl=0.0)(None, targets, drawn, scale=1.0)
+    (push,) = torch.autograd.grad(biased, logits)
+    assert push[0] < -0.1
+
+
 @pytest.mark.parametrize("kl", [0.0, 0.1])
 def test_a_reward_equal_for_every_reply_changes_nothing(setup, tmp_path, kl):
     """No advantage, and no gap to the start for the KL penalty to close: a zero gradient."""
