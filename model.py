@@ -331,8 +331,7 @@ class Transformer(nn.Module):
         parts = ("wte", "wpe", "blocks", "ln_f")
         body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
-            # a copy: a view of the longer table could not be saved (safetensors wants a
-            # tensor's whole storage)
+            # a copy: safetensors saves no view of a longer table
             body["wpe.weight"] = body["wpe.weight"][: self.config.block_size].clone()
         for name in self.OWN_MODULES:
             module = getattr(self, name)
