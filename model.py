@@ -327,11 +327,11 @@ class Transformer(nn.Module):
         return self
 
     def load_body(self, state):
-        """A pretrained GPT's body (the position table cut to block_size), OWN_MODULES afresh."""
+        """A pretrained GPT's body (the position table cut to block_size, a copy: safetensors
+        saves no view of a longer table), OWN_MODULES afresh."""
         parts = ("wte", "wpe", "blocks", "ln_f")
         body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
-            # a copy: safetensors saves no view of a longer table
             body["wpe.weight"] = body["wpe.weight"][: self.config.block_size].clone()
         for name in self.OWN_MODULES:
             module = getattr(self, name)
