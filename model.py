@@ -327,13 +327,11 @@ class Transformer(nn.Module):
         return self
 
     def load_body(self, state):
-        """A pretrained GPT's body, OWN_MODULES afresh; wpe cut to block_size by a copy."""
+        """A pretrained GPT's body, OWN_MODULES afresh; wpe cut to block_size (a copy: saveable)."""
         parts = ("wte", "wpe", "blocks", "ln_f")
         body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
-            body["wpe.weight"] = body["wpe.weight"][
-                : self.config.block_size
-            ].clone()  # saveable: no view
+            body["wpe.weight"] = body["wpe.weight"][: self.config.block_size].clone()
         for name in self.OWN_MODULES:
             module = getattr(self, name)
             if module is not None:
