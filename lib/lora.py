@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -16,7 +17,6 @@ from lib import card
 from lib.common import Error, did_you_mean
 from lib.files import write_json
 from lib.options import Option
-from lib.weights import read_header
 
 # each block's Linears an adapter may target, by our name: GPT-2's (PEFT's) name
 TARGETS = {
@@ -207,9 +207,10 @@ def peft_adapter(out_dir, info):
         raise Error(f"--peft_dir: {out_dir} holds no LoRA adapter (train with --lora_rank)")
     tensors = load_file(os.path.join(out_dir, "model.safetensors"))
     # the base's token table: ours holds it as lm_head (tied), GPT-2's files as wte
-    _, shapes = read_header(weights_file(adapter["base"]))
     tables = ("lm_head.weight", "wte.weight", "transformer.wte.weight")
-    base_rows = next((shapes[name][0] for name in tables if name in shapes), None)
+    with safe_open(weights_file(adapter["base"]), "pt") as f:
+        held = [name for name in tables if name in f.keys()]
+        base_rows = f.get_slice(held[0]).get_shape()[0] if held else None
     if base_rows is not None and base_rows != info["model"]["vocab_size"]:
         raise Error(
             f"{out_dir}: the fine-tune grew the base's token table ({base_rows} to "
