@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -16,7 +17,6 @@ from lib import options
 from lib.common import Error, did_you_mean
 from lib.files import write_json
 from lib.options import CARD_FIX, Option, checking
-from lib.weights import check_card, read_header
 
 # each block's Linears an adapter may target, by our name: GPT-2's (PEFT's) name
 TARGETS = {
@@ -111,14 +111,13 @@ def named_base(init_from):
 
 
 def check_adapter_card(info, path):
-    """An adapter checkpoint's config.json -> its model's config; one line where it is damaged."""
-    config = check_card(info, path, {})  # its tensors are the adapters': no shape to fit
+    """One line where the adapter entry of an adapter checkpoint's card is damaged (the
+    card's model: lib/weights.py's check_card)."""
     with checking(info, path, CARD_FIX):
         options.check_keys(info, {"adapter": Option({})})
         options.check_keys(info["adapter"], ADAPTER, optional=("sha256",), where="adapter.")
         for name in targets_of(info["adapter"]):
             Option("", choices=tuple(TARGETS)).check("adapter.targets", name)
-    return config
 
 
 def check_base(adapter, where):
@@ -207,9 +206,10 @@ def peft_adapter(out_dir, info):
         raise Error(f"--peft_dir: {out_dir} holds no LoRA adapter (train with --lora_rank)")
     tensors = load_file(os.path.join(out_dir, "model.safetensors"))
     # the base's token table: ours holds it as lm_head (tied), GPT-2's files as wte
-    _, shapes = read_header(weights_file(adapter["base"]))
     tables = ("lm_head.weight", "wte.weight", "transformer.wte.weight")
-    base_rows = next((shapes[name][0] for name in tables if name in shapes), None)
+    with safe_open(weights_file(adapter["base"]), "pt") as f:
+        held = [name for name in tables if name in f.keys()]
+        base_rows = f.get_slice(held[0]).get_shape()[0] if held else None
     if base_rows is not None and base_rows != info["model"]["vocab_size"]:
         raise Error(
             f"{out_dir}: the fine-tune grew the base's token table ({base_rows} to "
