@@ -162,11 +162,16 @@ class NextToken:
         return self.draw(self.process(logits, context), logits, context)
 
     def draw(self, processed, logits, context):
+        if self.greedy:
+            token = processed.argmax(-1)
+            # a softmax where the pick's logit is finite: a NaN or +inf would be the argmax,
+            # and -inf only where every logit is
+            if not processed.gather(-1, token[:, None]).isfinite().all():
+                raise Error(self.no_distribution(logits, context))
+            return token
         probs = processed.softmax(-1)
         if not torch.isfinite(probs).all():
             raise Error(self.no_distribution(logits, context))
-        if self.greedy:
-            return processed.argmax(-1)
         if self.generator:
             probs = probs.to(self.generator.device)
         token = torch.multinomial(probs, 1, generator=self.generator)
@@ -195,7 +200,8 @@ def pick_tokens(rules, logits, contexts):
         context = None
         if first.reads_context():
             context = torch.tensor([contexts[i] for i in rows], device=logits.device)
-        processed = first.process(logits[rows], context)
+        # every row: the logits as they are, no copy
+        processed = first.process(logits if len(rows) == len(rules) else logits[rows], context)
         for j, i in enumerate(rows):
             own = None if context is None else context[j : j + 1]
             try:

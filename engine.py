@@ -17,7 +17,7 @@ from model import varying_lengths
 COMPILE_OPTION = Option(
     False,
     "compile a GPT's one-token step at the start (seconds to a minute), for long or many "
-    "samples: on a CPU it pays with bfloat16 and int8 weights, not float32 or int8_dynamic",
+    "samples: on a CPU it pays with bfloat16, int8 and int8_dynamic weights, not float32",
 )
 
 

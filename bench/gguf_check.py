@@ -6,8 +6,8 @@ or GPT-2's own from a Hugging Face folder with --init_from), in one run:
      where two differ first, each side's margin of its pick there;
   2. speed: batch 1, --new_tokens greedy tokens, --threads threads: llama.cpp on the float16 and
      Q8_0 files (their weights as stored: load_llama) against our engine with sample.py's
-     default weights, int8 compiled and int8_dynamic, the runs interleaved, the best of --rounds
-     each.
+     default weights, int8 compiled and int8_dynamic eager and compiled, the runs interleaved,
+     the best of --rounds each.
   python bench/gguf_check.py --json gguf.json
 Needs llama-cpp-python and the gguf package; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE
 offline.
@@ -158,7 +158,8 @@ def speed_section(out_dir, files, prompt, n, vocab_size, threads, rounds):
     for dtype in ("float16", "q8_0"):
         llama = load_llama(files[dtype], threads)
         runs[f"llama.cpp {dtype}"] = partial(llama_greedy, llama, prompt, n)
-    for weights, compile in (("auto", False), ("int8", True), ("int8_dynamic", False)):
+    modes = ("auto", False), ("int8", True), ("int8_dynamic", False), ("int8_dynamic", True)
+    for weights, compile in modes:
         model = for_decoding(from_checkpoint(out_dir)[0], "cpu", weights)
         engine = Engine(model, 1, compile=compile)
         name = f"ours {model.weights_format}{' compiled' if compile else ''}"

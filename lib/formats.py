@@ -3,6 +3,7 @@
 llama.cpp's Q8_0)."""
 
 import warnings
+from weakref import WeakValueDictionary
 
 import torch
 import torch.nn as nn
@@ -149,7 +150,33 @@ class DynamicInt8Linear(nn.Module):
         # fbgemm's (or oneDNN's) packed form for this CPU; opaque, in no state_dict
         self.packed = torch.ops.quantized.linear_prepack(quantized, bias)
         self.out_features, self.in_features = weight.shape
+        # the compiled op's handle on it: an opaque object is no argument of a custom op
+        self.key = id(self)
+        DYNAMIC_INT8[self.key] = self
 
     def forward(self, x):
-        # 7-bit inputs (reduce_range): products of 8-bit ones overflow AVX2's 16-bit sums
-        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, True).to(x.dtype)
+        if torch.compiler.is_compiling():
+            return dynamic_int8_linear(x, self.key, self.out_features)
+        return int8_products(x, self.packed)
+
+
+# the DynamicInt8Linears alive, by key
+DYNAMIC_INT8 = WeakValueDictionary()
+
+
+def int8_products(x, packed):
+    """x [..., in] by packed int8 weights -> [..., out] in x's dtype, x quantized per call."""
+    # 7-bit inputs (reduce_range): products of 8-bit ones overflow AVX2's 16-bit sums
+    return torch.ops.quantized.linear_dynamic(x.float(), packed, True).to(x.dtype)
+
+
+@torch.library.custom_op("gpt::dynamic_int8_linear", mutates_args=())
+def dynamic_int8_linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    """int8_products as an op the compiler calls around its own kernels."""
+    return int8_products(x, DYNAMIC_INT8[key].packed)
+
+
+@dynamic_int8_linear.register_fake
+def dynamic_int8_linear_shape(x, key, out_features):
+    """The output's shape and dtype, for tracing."""
+    return x.new_empty(*x.shape[:-1], out_features)

@@ -214,6 +214,18 @@ def test_all_strategies_together_in_the_documented_order():
     assert greedy(logits, context).tolist() == [1]
 
 
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_logits_without_a_softmax_are_an_error_greedy_or_not(greedy):
+    """NaN, +inf or every logit -inf leave no distribution, greedy (which reads the argmax's
+    logit alone) as sampled; some logits -inf leave one."""
+    pick = make_next_token(greedy=greedy, generator=torch.Generator().manual_seed(0))
+    inf = float("inf")
+    for bad in ([0.0, float("nan"), 1.0], [0.0, inf, 1.0], [-inf, -inf, -inf]):
+        with pytest.raises(Error, match="the model's logits are not finite numbers"):
+            pick(T(bad), C([0]))
+    assert pick(T([-inf, 2.0, -inf]), C([0])).tolist() == [1]
+
+
 def test_defaults_change_nothing_and_every_blocked_token_is_an_error():
     logits = torch.randn(3, 7)
     assert torch.equal(make_next_token().process(logits, C([1, 2], [3, 3], [0, 6])), logits)

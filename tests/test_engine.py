@@ -246,6 +246,22 @@ def test_a_compiled_step_is_traced_once_for_every_position(monkeypatch):
 
 
 @pytest.mark.slow
+def test_int8_dynamic_compiles_as_one_graph(monkeypatch):
+    """int8 x int8 products are an op the compiler calls: the one-token step traces whole
+    (a graph break an error) and decodes as the eager engine."""
+    torch._dynamo.reset()
+    whole = functools.partial(torch.compile, backend="eager", fullgraph=True)
+    monkeypatch.setattr(torch, "compile", whole)
+    model = for_decoding(tiny_gpt(), "cpu", "int8_dynamic")
+    engine = Engine(model, rows=1, compile=True)
+    request = engine.submit([1, 2, 3], [greedy()], 20)
+    while engine.busy():
+        engine.step()
+    torch._dynamo.reset()
+    assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
+
+
+@pytest.mark.slow
 def test_a_compile_that_fails_is_one_line_naming_why():
     """No working C++ compiler: the engine says so in one line instead of inductor's traceback."""
     torch._dynamo.reset()  # compile afresh: an earlier test's graph would serve this model
