@@ -19,7 +19,7 @@ from tqdm import tqdm
 from lib import checkpoint
 from lib.common import Error, run_script
 from lib.data import epochs_line, to_device
-from lib.distributed import StepGuard, TrainStep, agreed, parallel, started
+from lib.distributed import StepGuard, TrainStep, agreed, keep_freed_memory, parallel, started
 from lib.records import RunRecord, Speed, peak_flops, start_wandb
 from lib.settings import OPTIONS, check_rules, load_data, make_model, parse
 from optim import configure_optimizers
@@ -67,6 +67,8 @@ def main(argv):
 def train(cfg, run, guard, state, given):
     """The data, the model, the optimizer, then the loop; given: the keys the command set. ->
     (the model, the last metrics)."""
+    if run.device_type == "cpu":
+        keep_freed_memory()  # a step's large tensors reuse pages already in place
     train_data, val_data = load_data(cfg)
     if state is not None:
         checkpoint.check_tokenizer_kept(state, cfg.out_dir, train_data.meta, train_data.folder)

@@ -1,6 +1,7 @@
 """A run's processes: torchrun's set-up, the model over them (DDP, FSDP, activation
 checkpointing), one training step, a stop every rank agrees on, its signals."""
 
+import ctypes
 import functools
 import os
 import signal
@@ -85,6 +86,20 @@ def started(device, deterministic=False):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt's parameters (malloc.h)
+
+
+def keep_freed_memory():
+    """glibc's malloc keeps freed memory for the next tensors, its large blocks too: otherwise
+    each is mapped afresh and the kernel zeroes its pages at every step (BENCHMARKS.md:
+    "Training beside nanoGPT, profiled"). Elsewhere than Linux, nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    mallopt = ctypes.CDLL(None).mallopt  # glibc's; musl's does nothing
+    mallopt(M_MMAP_MAX, 0)  # no block in a mapping of its own: all in the heap
+    mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # the heap's free top kept, not handed back
 
 
 def agreed(run, attempt):

@@ -531,6 +531,30 @@ def test_a_bare_resume_under_torchrun_takes_the_saved_settings(launched):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator, /proc")
+def test_a_cpu_run_keeps_the_memory_a_large_tensor_frees(lm_dir, tmp_path):
+    """After a CPU run begins, a freed large tensor's memory stays for the next one (not mapped
+    afresh, its pages zeroed by the kernel, at every step): freeing 256 MiB keeps it resident."""
+    argv = TINY + [f"--dataset={lm_dir}", f"--out_dir={tmp_path / 'o'}", "--max_iters=1"]
+    code = f"""
+import torch, train
+train.main({argv!r})
+def resident():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return int(fields["VmRSS"].split()[0]) / 1024
+x = torch.ones(2**26)
+held = resident()
+del x
+print(held - resident())
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-500:]
+    assert float(result.stdout) < 16  # MiB handed back
+
+
+@pytest.mark.slow
 def test_a_refusal_on_rank_0_is_every_ranks_one_line(lm_dir, tmp_path):
     """A new run into an out_dir that holds a checkpoint: rank 0 refuses it (it holds the lock), and
     the other rank prints the same line and exits too, instead of waiting in the group for a rank
