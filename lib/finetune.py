@@ -5,7 +5,7 @@ is tokenized as its model."""
 
 import os
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
@@ -138,7 +138,7 @@ def described(spec):
 def lora_adapter(cfg, state):
     """The adapter of cfg's lora_* keys on its base: the one init_from names, or a resumed
     state's, as it was when the run began."""
-    from lib.lora import KEYS, check_base, named_base
+    from lib.lora import check_base, named_base
 
     if state is None:
         base, sha256 = named_base(cfg.init_from)
@@ -146,7 +146,9 @@ def lora_adapter(cfg, state):
         base, sha256 = state["adapter"]["base"], state["adapter"]["sha256"]
         check_base(state["adapter"], os.path.join(cfg.out_dir, "trainer_state.pt"))
     adapter = dict(base=base, sha256=sha256, seed=cfg.seed)
-    adapter.update({k[len("lora_") :]: getattr(cfg, k) for k in KEYS})
+    # the lora_* keys of train.py's settings, less their prefix
+    lora = {k: v for k, v in asdict(cfg).items() if k.startswith("lora_")}
+    adapter.update({k[len("lora_") :]: v for k, v in lora.items()})
     return adapter
 
 
