@@ -40,36 +40,38 @@ def main(argv):
     if "--print_config" in argv:
         print(json.dumps(asdict(settings), indent=2))
         return None, {}
-    if fine_tune:
-        finetune.check_data_tokenizer(settings)  # before out_dir is touched
     with started(settings.device, settings.deterministic) as run, ExitStack() as held:
 
         def open_run():
-            """Rank 0 locks out_dir; every rank reads a resumed run's state and settings."""
+            """(state, settings, data): every rank reads a new run's data, checked before out_dir
+            is touched, or a resumed run's state and settings; rank 0 locks out_dir."""
+            data = None if resuming else load_data(settings)
+            if fine_tune:
+                finetune.check_data_tokenizer(settings, data[0].meta)
             if run.master:
                 out_dir = checkpoint.run_out_dir(
                     settings.out_dir, resuming, settings.overwrite_out_dir
                 )
                 held.enter_context(out_dir)
             if not resuming:
-                return None, settings
+                return None, settings, data
             state, resumed = checkpoint.resume(settings, user_keys, OPTIONS)
             check_rules(resumed, resuming)
-            return state, resumed
+            return state, resumed, None
 
         # a refusal on any rank is every rank's one line
-        state, settings = agreed(run, open_run)
+        state, settings, data = agreed(run, open_run)
         run = run.resolved(settings.dtype, settings.strategy)
         with StepGuard(run) as guard, checkpoint.what_survives(settings.out_dir):
-            return train(settings, run, guard, state, user_keys)
+            return train(settings, run, guard, state, user_keys, data)
 
 
-def train(cfg, run, guard, state, given):
-    """The data, the model, the optimizer, then the loop; given: the keys the command set. ->
-    (the model, the last metrics)."""
+def train(cfg, run, guard, state, given, data):
+    """The data, the model, the optimizer, then the loop; given: the keys the command set;
+    data: a new run's (train, val), None for a resumed run's. -> (the model, the last metrics)."""
     if run.device_type == "cpu":
         keep_freed_memory()  # a step's large tensors reuse pages already in place
-    train_data, val_data = load_data(cfg)
+    train_data, val_data = data or load_data(cfg)
     if state is not None:
         checkpoint.check_tokenizer_kept(state, cfg.out_dir, train_data.meta, train_data.folder)
     # the settings' last values come with the model: the dataset's vocabulary, a pretrained shape

@@ -99,28 +99,6 @@ def native_bf16(device):
     return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
-def resolve_dtype(dtype, device):
-    """auto: bfloat16 where native, float16 on other GPUs, float32 elsewhere; checked for device."""
-    kind = torch.device(device).type
-    if dtype == "auto":
-        if native_bf16(device):
-            dtype = "bfloat16"
-        elif kind == "cuda":
-            dtype = "float16"
-        else:
-            dtype = "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-    if dtype == "float16" and kind != "cuda":
-        raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
-    if dtype == "bfloat16" and kind == "cuda" and not native_bf16(device):
-        raise Error(
-            "dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, "
-            "and compile skipped): use dtype=auto (float16 here) or float32"
-        )
-    return dtype
-
-
 def autocast(device, dtype):
     """Mixed precision: matmuls in dtype, reductions in float32."""
     if dtype == "float32":

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from lib.common import Error, autocast, pick_device, resolve_dtype
+from lib.common import Error, autocast, native_bf16, pick_device
 
 
 @dataclass(frozen=True)
@@ -290,3 +290,25 @@ class TrainStep:
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
         self.scaler.update()
+
+
+def resolve_dtype(dtype, device):
+    """auto: bfloat16 where native, float16 on other GPUs, float32 elsewhere; checked for device."""
+    kind = torch.device(device).type
+    if dtype == "auto":
+        if native_bf16(device):
+            dtype = "bfloat16"
+        elif kind == "cuda":
+            dtype = "float16"
+        else:
+            dtype = "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise Error(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    if dtype == "float16" and kind != "cuda":
+        raise Error(f"dtype=float16 needs a CUDA GPU; on {kind} use bfloat16 or float32")
+    if dtype == "bfloat16" and kind == "cuda" and not native_bf16(device):
+        raise Error(
+            "dtype=bfloat16: this GPU has no bfloat16 matmuls (they would be emulated, slowly, "
+            "and compile skipped): use dtype=auto (float16 here) or float32"
+        )
+    return dtype

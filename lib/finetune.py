@@ -5,13 +5,13 @@ is tokenized as its model."""
 
 import os
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
 from lib.checkpoint import PATTERN, SHAPE
 from lib.common import Error, read_json
-from lib.data import dataset_dir, read_meta
+from lib.data import dataset_dir
 from lib.distributed import rank
 from lib.options import CARD_FIX, GPT2_NAMES, check_tokenizer, checking
 from lib.weights import GPT2_TOKENIZER, grown, load_pretrained
@@ -20,8 +20,6 @@ from lib.weights import GPT2_TOKENIZER, grown, load_pretrained
 def pretrained_start(cfg, meta, state, given):
     """(cfg with the start's shape, the start's body, the adapter LoRA puts on it or None);
     state: a resumed run's, whose adapters start from the base the run began from."""
-    if state is None:
-        check_data_tokenizer(cfg, meta)
     base = cfg.init_from
     adapter = None
     if cfg.lora_rank:
@@ -99,15 +97,10 @@ def kept_pattern(settings, user_keys, keys):
     return settings
 
 
-def check_data_tokenizer(cfg, meta=None):
-    """A fine-tune's data is tokenized by its model's tokenizer (the chat tokens and lowercasing
-    aside, which keep its ids): one line naming both if not. meta: the data's meta.json, read
-    here if None (and unchecked where the run is to prepare it)."""
+def check_data_tokenizer(cfg, meta):
+    """A fine-tune's data (meta: its meta.json) is tokenized by its model's tokenizer (the chat
+    tokens and lowercasing aside, which keep its ids): one line naming both if not."""
     folder = dataset_dir(cfg.dataset)
-    if meta is None and os.path.isfile(os.path.join(folder, "meta.json")):
-        meta = read_meta(folder)
-    if meta is None:
-        return
     path = os.path.join(cfg.init_from, "config.json")
     if os.path.isfile(path):
         card = read_json(path, "checkpoint config")
@@ -145,7 +138,7 @@ def described(spec):
 def lora_adapter(cfg, state):
     """The adapter of cfg's lora_* keys on its base: the one init_from names, or a resumed
     state's, as it was when the run began."""
-    from lib.lora import KEYS, check_base, named_base
+    from lib.lora import check_base, named_base
 
     if state is None:
         base, sha256 = named_base(cfg.init_from)
@@ -153,7 +146,9 @@ def lora_adapter(cfg, state):
         base, sha256 = state["adapter"]["base"], state["adapter"]["sha256"]
         check_base(state["adapter"], os.path.join(cfg.out_dir, "trainer_state.pt"))
     adapter = dict(base=base, sha256=sha256, seed=cfg.seed)
-    adapter.update({k[len("lora_") :]: getattr(cfg, k) for k in KEYS})
+    # the lora_* keys of train.py's settings, less their prefix
+    lora = {k: v for k, v in asdict(cfg).items() if k.startswith("lora_")}
+    adapter.update({k[len("lora_") :]: v for k, v in lora.items()})
     return adapter
 
 

@@ -25,7 +25,6 @@ TARGETS = {
     "mlp.fc": "mlp.c_fc",
     "mlp.proj": "mlp.c_proj",
 }
-KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 # a card's adapter entry (lib/finetune.py writes it); sha256 is null for a GPT-2
 # name the hub cache did not hold
 ADAPTER = {
@@ -70,8 +69,12 @@ def targets(cfg):
 
 
 def check_keys(cfg, defaults):
-    """train.py's rules for the lora keys (defaults: their default values)."""
-    given = [f"{k}={getattr(cfg, k)!r}" for k in KEYS[1:] if getattr(cfg, k) != defaults[k]]
+    """train.py's rules for the lora keys (defaults: {each key: its default value})."""
+    given = [
+        f"{k}={getattr(cfg, k)!r}"
+        for k, default in defaults.items()
+        if k != "lora_rank" and getattr(cfg, k) != default
+    ]
     if not cfg.lora_rank:
         raise Error(
             f"{', '.join(given)} but lora_rank=0 (no adapters): pass --lora_rank=8 (or more) "

@@ -120,7 +120,8 @@ OPTIONS = dict(
         "attn.qkv, attn.proj, mlp.fc, mlp.proj",
     ),
 )
-LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+# the adapters' keys, as lib/lora.py and a fine-tune's adapter read them
+LORA_KEYS = tuple(k for k in OPTIONS if k.startswith("lora_"))
 
 
 def check_rules(cfg, resuming):

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from lib import common, formats, records
+from lib import common, distributed, formats, records
 from lib.common import ArgumentParser, Error
 from lib.files import atomic_path
 from lib.options import Option, flags
@@ -23,9 +23,9 @@ from lib.options import Option, flags
     ],
 )
 def test_dtype_and_weights_auto_follow_one_bfloat16_rule(monkeypatch, device, native, expected):
-    monkeypatch.setattr(common, "native_bf16", lambda device: native)
+    monkeypatch.setattr(distributed, "native_bf16", lambda device: native)
     monkeypatch.setattr(formats, "native_bf16", lambda device: native)
-    assert common.resolve_dtype("auto", device) == expected
+    assert distributed.resolve_dtype("auto", device) == expected
     on_cpu = "int8" if device == "cpu" else "float32"
     assert formats.resolve_weights("auto", device) == ("bfloat16" if native else on_cpu)
     assert formats.resolve_weights("int8", device) == "int8"
@@ -43,12 +43,12 @@ def test_resolve_dtype_refuses_what_the_device_cannot_run():
     with pytest.raises(
         Error, match="dtype=float16 needs a CUDA GPU; on cpu use bfloat16 or float32"
     ):
-        common.resolve_dtype("float16", "cpu")
+        distributed.resolve_dtype("float16", "cpu")
     with pytest.raises(
         Error, match="dtype must be auto, float32, bfloat16 or float16, got 'float8'"
     ):
-        common.resolve_dtype("float8", "cpu")
-    assert common.resolve_dtype("auto", "cpu") == (
+        distributed.resolve_dtype("float8", "cpu")
+    assert distributed.resolve_dtype("auto", "cpu") == (
         "bfloat16" if common.native_bf16("cpu") else "float32"
     )
 
@@ -60,7 +60,7 @@ def test_explicit_bfloat16_on_a_gpu_without_bfloat16_matmuls_is_refused(monkeypa
         torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
     )
     with pytest.raises(Error, match="dtype=bfloat16: this GPU has no bfloat16 matmuls"):
-        common.resolve_dtype("bfloat16", "cuda:0")
+        distributed.resolve_dtype("bfloat16", "cuda:0")
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import time
 import traceback
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1168,6 +1169,42 @@ def test_a_damaged_file_is_one_line_from_every_script_that_reads_it(
             script,
             last,
         )
+
+
+# data a new run refuses, of each task: (folder of the files fixture, meta.json's key, its value
+# (key None: the file cut to that length), the run's task, the words of the line)
+REFUSED_DATA = [
+    ("lm", None, 40, "lm", "not a readable JSON"),
+    ("lm", "tokenizer", DELETE, "lm", "no 'tokenizer' key"),
+    ("lm", "splits.train", 4000, "lm", "3,000 tokens, meta.json says 4,000"),
+    ("cls", "label_names", ["a", "a"], "classify", "'label_names' names 'a' twice"),
+    ("cls", "pad_token_id", 99, "classify", "pad_token_id=99: must be < 10"),
+    ("cls", "max_length", "16", "classify", "max_length='16': must be int"),
+    ("lm", "task", "chat", "lm", "train.offsets.npy: cannot read it"),  # a chat set's files
+    ("lm", "task", "lm", "classify", "prepared for task=lm, but task=classify"),
+]
+
+
+def files_of(folder):
+    """Every file under folder, by its path there: its bytes."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_data_a_run_refuses_leaves_an_out_dir_and_its_previous_byte_for_byte(files, tmp_path):
+    """A new run reads and checks its data, a classifier's labels and a chat set's files too,
+    before it touches out_dir: with --overwrite_out_dir=True, refused data moves nothing into
+    previous/ and replaces no older previous/."""
+    out = tmp_path / "out"
+    common = TINY + [f"--out_dir={out}", "--max_iters=2", "--overwrite_out_dir=True"]
+    for seed in (1, 2):  # a run, and one before it in previous/
+        run(common + [f"--dataset={files}/lm", f"--seed={seed}"])
+    saved = files_of(out)
+    assert Path("previous", "model.safetensors") in saved
+    for i, (source, key, value, task, words) in enumerate(REFUSED_DATA):
+        folder = damaged_copy(files / source, tmp_path / str(i), "meta.json", key, value)
+        with pytest.raises(Error, match=re.escape(words)):
+            run(common + [f"--dataset={folder}", f"--task={task}"])
+        assert files_of(out) == saved, (source, key)
 
 
 @pytest.mark.parametrize(
