@@ -447,6 +447,7 @@ BAD_INPUTS = [
     ("data/text/prepare.py", ["--source={d}/latin1.txt"], "not UTF-8 text (invalid"),
     ("bench/vocabularies.py", ["--source={d}/nope.txt"], "the following arguments are required"),
     ("bench/agnews.py", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("bench/lora.py", ["--bogus"], "unrecognized arguments: --bogus"),
     ("bench/calibration.py", ["{d}/missing", "{d}/nope.csv"], "no checkpoint in"),
     ("bench/nanogpt.py", ["--nanogpt={d}", "--source={d}/nope.txt"], "not a nanoGPT checkout"),
     ("bench/patterns.py", ["--skip_quality", "--out_dir={d}/missing"], "no checkpoint there"),
