@@ -39,7 +39,7 @@ from lib.common import Error, parse_json, run_script
 from lib.distributed import StepGuard, agreed, parallel, started
 from lib.options import Option, options_of
 from lib.settings import OPTIONS as TRAIN_OPTIONS
-from lib.settings import parse
+from lib.settings import check_shared, parse
 from lib.tokenizer import end_tokens
 from lib.weights import load_gpt
 
@@ -85,7 +85,9 @@ def main(argv):
                 if run.master:
                     held.enter_context(checkpoint.run_out_dir(cfg.out_dir, True, False))
                 state, settings = checkpoint.resume(cfg, given, OPTIONS)
-            return state, settings, Inputs(settings)
+            inputs = Inputs(settings)  # first: a missing start gets load_gpt's line
+            check_shared(settings, resuming)  # train.py's rules of the keys the two share
+            return state, settings, inputs
 
         state, cfg, inputs = agreed(run, open_run)
         run = run.resolved(cfg.dtype, "ddp")

@@ -208,9 +208,13 @@ def asks(content, *turns):
         ("assistant", r"bad\.jsonl:2: the conversation ends in an assistant turn: a prompt"),
         ("empty", r"--prompts .*bad\.jsonl: no train prompts \(0 train, 0 held out\)"),
         ("long", r"bad\.jsonl:1: \d+ tokens and a reply of max_new_tokens=4 pass the model's"),
+        ("min_lr", r"min_lr=0\.1: must be <= learning_rate=0\.01$"),
+        ("processes", r"gradient_accumulation_steps=3: must be a multiple of the 2 processes"),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, case, message):
+def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, monkeypatch, case, message):
+    """Each bad input is one line, train.py's rules of the keys the two share among them: under
+    torchrun (its WORLD_SIZE) a gradient_accumulation_steps the processes cannot share."""
     start, prompts, rewards = setup
     name, extra = "a_count", []
     bad = tmp_path / "bad.jsonl"
@@ -227,6 +231,11 @@ def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, case, message
         extra = [f"--prompts={write(bad, [])}"]
     elif case == "long":
         extra = [f"--prompts={write(bad, [asks('abcde' * 3)])}"]
+    elif case == "min_lr":
+        extra = ["--min_lr=0.1", "--max_iters=1"]
+    elif case == "processes":
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        extra = ["--gradient_accumulation_steps=3", "--max_iters=1"]
     out_dir = tmp_path / "out"
     code, _, err = cli("rl.py", *argv(setup, out_dir, name, *extra))
     assert code == 2 and len(err.splitlines()) == 1, err
