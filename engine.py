@@ -33,6 +33,7 @@ class Row:
         self.remaining = max_new_tokens
         self.end_tokens = frozenset(end_tokens)  # one drawn ends the row unseen
         self.ended = False  # whether the row drew one (a document's or a turn's end)
+        self.end_token = None  # the one it drew
         # the window: tokens[start:] (block_size None: every token, a rolling cache's)
         self.start = max(0, len(prompt) - block_size) if block_size else 0
         self.slot = None
@@ -257,7 +258,7 @@ class Engine:
                 row.done = True
                 continue
             if token in row.end_tokens:  # a document or turn ends: the row ends without it
-                row.ended = True
+                row.ended, row.end_token = True, token
                 row.done = True
                 continue
             self.score(row, row_logits, token)

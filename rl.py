@@ -39,7 +39,7 @@ from lib.common import Error, parse_json, run_script
 from lib.distributed import StepGuard, agreed, parallel, started
 from lib.options import Option, options_of
 from lib.settings import OPTIONS as TRAIN_OPTIONS
-from lib.settings import parse
+from lib.settings import check_shared, parse
 from lib.tokenizer import end_tokens
 from lib.weights import load_gpt
 
@@ -85,7 +85,9 @@ def main(argv):
                 if run.master:
                     held.enter_context(checkpoint.run_out_dir(cfg.out_dir, True, False))
                 state, settings = checkpoint.resume(cfg, given, OPTIONS)
-            return state, settings, Inputs(settings)
+            inputs = Inputs(settings)  # first: a missing start gets load_gpt's line
+            check_shared(settings, resuming)  # train.py's rules of the keys the two share
+            return state, settings, inputs
 
         state, cfg, inputs = agreed(run, open_run)
         run = run.resolved(cfg.dtype, "ddp")
@@ -328,7 +330,7 @@ class Rollout:
     def __init__(self, cfg, run, inputs, ctx):
         self.cfg, self.run, self.inputs, self.ctx = cfg, run, inputs, ctx
         self.options = Options(**{name: getattr(cfg, name) for name in options_of(Options)})
-        self.end = inputs.tokenizer.end_token
+        self.ends = end_tokens(inputs.tokenizer)  # as every decode ends a reply (sample.py's)
 
     def replies(self, model, prompts, rules, ends):
         """The Rows of each prompt's request, one a rule of rules[j] for prompt j."""
@@ -347,8 +349,7 @@ class Rollout:
         """The mean reward of greedy replies to the held-out prompts, shared out over the ranks."""
         prompts = self.inputs.val[self.run.rank :: self.run.world_size]
         greedy = [NextToken(Options(), greedy=True)]
-        ends = end_tokens(self.inputs.tokenizer)  # as sample.py ends a reply
-        rows = self.replies(model, prompts, [greedy] * len(prompts), ends)
+        rows = self.replies(model, prompts, [greedy] * len(prompts), self.ends)
         texts = [self.inputs.tokenizer.decode(row[0].generated) for row in rows]
         rewards = agreed(self.run, partial(self.scores, prompts, [[t] for t in texts]))
         sums = torch.tensor([float(rewards.sum()), len(prompts)], dtype=torch.float64)
@@ -375,14 +376,15 @@ class Rollout:
         prompts = [self.inputs.train[chosen[j]] for j in places]
         t0 = time.perf_counter()
         rules = [self.rules(step, place) for place in places]
-        rows = self.replies(model, prompts, rules, {self.end})
+        rows = self.replies(model, prompts, rules, self.ends)
         seconds = time.perf_counter() - t0
         tokenizer = self.inputs.tokenizer
         texts = [[tokenizer.decode(row.generated) for row in group] for group in rows]
         rewards = agreed(run, partial(self.scores, prompts, texts))
         advantage = advantages(rewards, cfg.std_advantage).float()
+        # each reply's tokens and the end it drew (<|end|> or a role marker), learnt with them
         sequences = [
-            [(row.tokens + [self.end] * row.ended, row.prompt_length) for row in group]
+            [(row.tokens + [row.end_token] * row.ended, row.prompt_length) for row in group]
             for group in rows
         ]
         generated = sum(len(row.generated) for group in rows for row in group)

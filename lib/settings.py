@@ -172,6 +172,15 @@ def check_rules(cfg, resuming):
     model_config(cfg.task, asdict(cfg))
 
 
+def check_shared(cfg, resuming):
+    """check_rules on another script's settings (rl.py's): its keys that train.py has, train.py's
+    defaults for the rest."""
+    defaults, _ = parse([], OPTIONS, "")
+    check_rules(
+        replace(defaults, **{k: v for k, v in asdict(cfg).items() if k in OPTIONS}), resuming
+    )
+
+
 def inside(path, folder):
     """Whether path is folder or lies under it, links resolved."""
     path, folder = os.path.realpath(path), os.path.realpath(folder)

@@ -5,6 +5,8 @@ line with nothing written."""
 import json
 import math
 import re
+from contextlib import nullcontext
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +17,8 @@ import plot
 import rl
 from data.chat import prepare, reward
 from lib.checkpoint import save_pretrained
+from lib.distributed import Run
+from lib.settings import parse
 from lib.weights import load_gpt
 from model import GPT, GPTConfig
 from plot import evaluations
@@ -208,9 +212,13 @@ def asks(content, *turns):
         ("assistant", r"bad\.jsonl:2: the conversation ends in an assistant turn: a prompt"),
         ("empty", r"--prompts .*bad\.jsonl: no train prompts \(0 train, 0 held out\)"),
         ("long", r"bad\.jsonl:1: \d+ tokens and a reply of max_new_tokens=4 pass the model's"),
+        ("min_lr", r"min_lr=0\.1: must be <= learning_rate=0\.01$"),
+        ("processes", r"gradient_accumulation_steps=3: must be a multiple of the 2 processes"),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, case, message):
+def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, monkeypatch, case, message):
+    """Each bad input is one line, train.py's rules of the keys the two share among them: under
+    torchrun (its WORLD_SIZE) a gradient_accumulation_steps the processes cannot share."""
     start, prompts, rewards = setup
     name, extra = "a_count", []
     bad = tmp_path / "bad.jsonl"
@@ -227,11 +235,36 @@ def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, case, message
         extra = [f"--prompts={write(bad, [])}"]
     elif case == "long":
         extra = [f"--prompts={write(bad, [asks('abcde' * 3)])}"]
+    elif case == "min_lr":
+        extra = ["--min_lr=0.1", "--max_iters=1"]
+    elif case == "processes":
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        extra = ["--gradient_accumulation_steps=3", "--max_iters=1"]
     out_dir = tmp_path / "out"
     code, _, err = cli("rl.py", *argv(setup, out_dir, name, *extra))
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("rl.py: error: ") and re.search(message, err), err
     assert not out_dir.exists()
+
+
+def test_a_rollout_ends_at_any_special_token_and_learns_it(setup, tmp_path):
+    """A role marker drawn mid-reply ends the reply, as every decode's end_tokens end one, and
+    the loss learns that marker where the reply ended, not a made-up <|end|>."""
+    cfg, _ = parse(argv(setup, tmp_path), rl.OPTIONS, rl.__doc__)
+    inputs = rl.Inputs(cfg)
+    user = inputs.tokenizer.ids["<|user|>"]
+    config = replace(inputs.model.config, bias=True)
+    inputs.model = model = GPT(config)
+    with torch.no_grad():  # every position's logits: 20 for <|user|>, 0 for the others
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.copy_(torch.eye(config.n_embd)[0])
+        model.lm_head.weight[:, 0] = 20.0 * (torch.arange(config.vocab_size) == user)
+    rollout = rl.Rollout(cfg, Run("cpu", "float32"), inputs, nullcontext())
+    batches, logged = rollout.batches(model, 0, None)
+    assert logged["train/reply_tokens"] == 0
+    for batch in batches:
+        learnt = batch["targets"][batch["targets"] >= 0]
+        assert learnt.tolist() == [user] * len(batch["idx"])
 
 
 @pytest.mark.slow
