@@ -6,7 +6,6 @@ lora_rank > 0, or to load such a checkpoint (merged into the base's weights: the
 import hashlib
 import math
 import os
-import sys
 
 import torch
 from safetensors import safe_open
@@ -236,9 +235,7 @@ def peft_adapter(out_dir, info):
     return peft, config
 
 
-def write_peft(peft_dir, tensors, config):
-    """peft_adapter()'s folder: adapter_model.safetensors and adapter_config.json."""
-    os.makedirs(peft_dir, exist_ok=True)
-    save_file(tensors, os.path.join(peft_dir, "adapter_model.safetensors"), {"format": "pt"})
-    write_json(os.path.join(peft_dir, "adapter_config.json"), config)
-    print(f"wrote {peft_dir}: a PEFT LoRA adapter of rank {config['r']}", file=sys.stderr)
+def write_peft(folder, tensors, config):
+    """peft_adapter()'s files in folder: adapter_model.safetensors and adapter_config.json."""
+    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), {"format": "pt"})
+    write_json(os.path.join(folder, "adapter_config.json"), config)

@@ -4,6 +4,7 @@ greedy tokens everywhere."""
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -258,6 +259,25 @@ def test_a_peft_dir_of_a_grown_table_is_refused_before_the_hf_dir_is_written(tun
     code, _, err = cli("export.py", f"--out_dir={grown}", *folders)
     assert code == 2 and "grew the base's token table (11 to 15 rows)" in err, err
     assert not (tmp_path / "hf").exists() and not (tmp_path / "peft").exists()
+
+
+def test_a_peft_dir_keeps_files_no_export_wrote_unless_asked(tuned, tmp_path):
+    """A folder's own adapter files are refused in one line, every byte kept, unless overwrite;
+    an export's, as it wrote them, are the next export's to replace."""
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    theirs = {"adapter_config.json": "{}", "adapter_model.safetensors": "mine"}
+    for name, text in theirs.items():
+        (peft / name).write_text(text)
+    says = f"--peft_dir {peft} holds files no export wrote there (or changed since), which "
+    with pytest.raises(Error, match=re.escape(says)):
+        export(tuned[0], peft_dir=str(peft))
+    assert {p.name: p.read_text() for p in peft.iterdir()} == theirs
+    export(tuned[0], peft_dir=str(peft), overwrite=True)
+    files = {p.name: p.read_bytes() for p in peft.iterdir()}
+    assert files["adapter_model.safetensors"] != b"mine"
+    export(tuned[0], peft_dir=str(peft))  # an earlier export's files, as it wrote them
+    assert {p.name: p.read_bytes() for p in peft.iterdir()} == files
 
 
 @pytest.mark.parametrize(
