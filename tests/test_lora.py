@@ -18,6 +18,7 @@ import train
 from export import export
 from lib.checkpoint import save_pretrained
 from lib.common import Error
+from lib.finetune import adapted
 from lib.settings import make_model
 from lib.weights import load_pretrained
 from model import GPT, GPTConfig
@@ -108,6 +109,13 @@ def test_step_0_is_the_base_and_only_the_adapters_train(base, chats):
     (adamw,) = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     held = [p for group in adamw.param_groups for p in group["params"]]
     assert {id(p) for p in held} == {id(p) for p in model.parameters() if p.requires_grad}
+
+
+def test_the_frozen_count_is_the_bases_alone(capsys):
+    model = GPT(GPTConfig(vocab_size=9, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    frozen = model.num_params(False)
+    adapted(model, dict(rank=4, alpha=8.0, dropout=0.0, targets="attn.qkv"), None)
+    assert f": 512 trainable parameters, the base's {frozen:,} frozen" in capsys.readouterr().err
 
 
 def test_the_checkpoint_holds_the_adapters_and_names_the_base(base, tuned):
