@@ -186,15 +186,26 @@ def adapter_state(state):
 
 
 @torch.no_grad()
-def merge(model, tensors, adapter):
-    """W += B A alpha / r for each target Linear of model, from the adapters' tensors."""
-    scale = adapter["alpha"] / adapter["rank"]
+def merge(model, tensors, adapter, path):
+    """W += B A alpha / r for each target Linear of model, from the adapters' tensors; one line
+    naming their file, path, where they are not the pairs the card names."""
+    rank, linears = adapter["rank"], {}
     for i, block in enumerate(model.blocks):
         for name in targets_of(adapter):
-            a = tensors[f"blocks.{i}.{name}.lora_A"]
-            b = tensors[f"blocks.{i}.{name}.lora_B"]
             parent, child = name.split(".")
-            getattr(getattr(block, parent), child).weight += (b @ a) * scale
+            linears[f"blocks.{i}.{name}"] = getattr(getattr(block, parent), child)
+    wanted = {}
+    for key, linear in linears.items():
+        wanted[f"{key}.lora_A"] = (rank, linear.in_features)
+        wanted[f"{key}.lora_B"] = (linear.out_features, rank)
+    if {k: tuple(v.shape) for k, v in tensors.items()} != wanted:
+        raise Error(
+            f"{path}: its tensors are not the adapters its card names (rank {rank} on "
+            f"{adapter['targets']}): restore the file, or train the adapter again"
+        )
+    for key, linear in linears.items():
+        b, a = tensors[f"{key}.lora_B"], tensors[f"{key}.lora_A"]
+        linear.weight += (b @ a) * (adapter["alpha"] / rank)
 
 
 def peft_adapter(out_dir, info):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
+from safetensors.torch import load_file, save_file
 from test_robustness import cli
 from test_train import torchrun
 
@@ -267,6 +268,23 @@ def test_a_peft_dir_of_a_grown_table_is_refused_before_the_hf_dir_is_written(tun
     code, _, err = cli("export.py", f"--out_dir={grown}", *folders)
     assert code == 2 and "grew the base's token table (11 to 15 rows)" in err, err
     assert not (tmp_path / "hf").exists() and not (tmp_path / "peft").exists()
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "shape"])
+def test_adapter_tensors_unlike_the_card_are_one_line(tuned, tmp_path, change):
+    out_dir = shutil.copytree(tuned[0], tmp_path / "t")
+    path = out_dir / "model.safetensors"
+    tensors = load_file(path)
+    name = "blocks.0.attn.qkv.lora_A"
+    if change == "missing":
+        del tensors[name]
+    elif change == "extra":
+        tensors["blocks.0.mlp.fc.lora_A"] = tensors[name].clone()
+    else:
+        tensors[name] = tensors[name][:2]
+    save_file(tensors, path)
+    with pytest.raises(Error, match=f"^{re.escape(str(path))}: its tensors are not the adapters"):
+        load_pretrained(out_dir)
 
 
 def test_a_peft_dir_keeps_files_no_export_wrote_unless_asked(tuned, tmp_path):
