@@ -128,26 +128,26 @@ EXPORT_FILES = (
     RANKS_FILE,
     MANIFEST,
 )
+# the files a PEFT adapter folder's export may write
+PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json", MANIFEST)
 
 
-def check_target(out_dir, hf_dir, overwrite):
-    """hf_dir is a folder this export may write into: never the checkpoint it reads, and none
-    of EXPORT_FILES there unless an earlier export wrote it or overwrite says to replace it."""
+def check_target(out_dir, hf_dir, overwrite, flag="--hf_dir", files=EXPORT_FILES):
+    """hf_dir (flag's) is a folder this export may write into: never the checkpoint it reads, and
+    none of files there unless an earlier export wrote it or overwrite says to replace it."""
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        raise Error(f"--hf_dir {hf_dir} is a file: pass a folder")
+        raise Error(f"{flag} {hf_dir} is a file: pass a folder")
     if os.path.isdir(hf_dir) and os.path.samefile(out_dir, hf_dir):
-        raise Error(f"--hf_dir {hf_dir} is the checkpoint being exported: pass another folder")
+        raise Error(f"{flag} {hf_dir} is the checkpoint being exported: pass another folder")
     if overwrite:
         return
     ours = exported_files(hf_dir)
     held = [
-        name
-        for name in EXPORT_FILES
-        if os.path.lexists(os.path.join(hf_dir, name)) and name not in ours
+        name for name in files if os.path.lexists(os.path.join(hf_dir, name)) and name not in ours
     ]
     if held:
         raise Error(
-            f"--hf_dir {hf_dir} holds files no export wrote there (or changed since), "
+            f"{flag} {hf_dir} holds files no export wrote there (or changed since), "
             f"which this one would replace or remove ({', '.join(held)}): pass another "
             "folder, or --overwrite"
         )
@@ -177,7 +177,7 @@ def sha256(folder, name):
 
 
 @contextmanager
-def staged(hf_dir):
+def staged(hf_dir, files=EXPORT_FILES):
     """A new folder in hf_dir (one filesystem: each move a rename) to write the export into, then
     moved out file by file, MANIFEST listing them, an earlier export's other files removed: a
     failed export leaves what hf_dir held as it was."""
@@ -193,7 +193,7 @@ def staged(hf_dir):
         written.append(MANIFEST)
         for name in written:
             os.replace(os.path.join(staging, name), os.path.join(hf_dir, name))
-        for name in set(EXPORT_FILES) - set(written):
+        for name in set(files) - set(written):
             if os.path.lexists(os.path.join(hf_dir, name)):
                 os.remove(os.path.join(hf_dir, name))
         fsync(hf_dir)
@@ -244,6 +244,8 @@ def export(
         write_gguf = gguf_writer()
     if hf_dir is not None:
         check_target(out_dir, hf_dir, overwrite)
+    if peft_dir is not None:
+        check_target(out_dir, peft_dir, overwrite, "--peft_dir", PEFT_FILES)
     # refused, if at all, before a file is written
     base = getattr(tokenizer, "base", tokenizer)  # a chat tokenizer's own
     bpe = bpe_files(tokenizer.enc) if isinstance(base, BPETokenizer) else None
@@ -261,7 +263,9 @@ def export(
             file=sys.stderr,
         )
     if peft_dir is not None:
-        write_peft(peft_dir, *peft)
+        with staged(peft_dir, PEFT_FILES) as folder:
+            write_peft(folder, *peft)
+        print(f"wrote {peft_dir}: a PEFT LoRA adapter of rank {peft[1]['r']}", file=sys.stderr)
 
 
 def check_layout(out_dir, config, layout, where, fix):

@@ -142,10 +142,13 @@ def resume(settings, user_keys, keys):
         # the shape came from pretrained weights, not from the keys given
         user_keys = user_keys - set(SHAPE)
     current = asdict(settings)
+    # a key newer than the state has its default there: a run before lora_rank had rank 0
+    fixed = SHAPE + PATTERN + ADAPTERS + ("task", "optimizer")
+    was = {k: saved.get(k, keys[k].default) for k in fixed}
     changed = [
-        f"{k}={saved[k]!r} there, {current[k]!r} here"
-        for k in SHAPE + PATTERN + ADAPTERS + ("task", "optimizer")
-        if k in user_keys and saved[k] != current[k]
+        f"{k}={v!r} there, {current[k]!r} here"
+        for k, v in was.items()
+        if k in user_keys and v != current[k]
     ]
     if changed:
         changes = "; ".join(changed)

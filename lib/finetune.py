@@ -164,7 +164,7 @@ def adapted(model, adapter, state):
     if int(os.environ.get("RANK", 0)) == 0:
         print(
             f"LoRA rank {adapter['rank']} on {adapter['targets']}: {trainable:,} trainable "
-            f"parameters, the base's {model.num_params(False):,} frozen",
+            f"parameters, the base's {model.num_params(False) - trainable:,} frozen",
             file=sys.stderr,
         )
     return model

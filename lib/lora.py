@@ -6,7 +6,6 @@ lora_rank > 0, or to load such a checkpoint (merged into the base's weights: the
 import hashlib
 import math
 import os
-import sys
 
 import torch
 from safetensors import safe_open
@@ -190,15 +189,26 @@ def adapter_state(state):
 
 
 @torch.no_grad()
-def merge(model, tensors, adapter):
-    """W += B A alpha / r for each target Linear of model, from the adapters' tensors."""
-    scale = adapter["alpha"] / adapter["rank"]
+def merge(model, tensors, adapter, path):
+    """W += B A alpha / r for each target Linear of model, from the adapters' tensors; one line
+    naming their file, path, where they are not the pairs the card names."""
+    rank, linears = adapter["rank"], {}
     for i, block in enumerate(model.blocks):
         for name in targets_of(adapter):
-            a = tensors[f"blocks.{i}.{name}.lora_A"]
-            b = tensors[f"blocks.{i}.{name}.lora_B"]
             parent, child = name.split(".")
-            getattr(getattr(block, parent), child).weight += (b @ a) * scale
+            linears[f"blocks.{i}.{name}"] = getattr(getattr(block, parent), child)
+    wanted = {}
+    for key, linear in linears.items():
+        wanted[f"{key}.lora_A"] = (rank, linear.in_features)
+        wanted[f"{key}.lora_B"] = (linear.out_features, rank)
+    if {k: tuple(v.shape) for k, v in tensors.items()} != wanted:
+        raise Error(
+            f"{path}: its tensors are not the adapters its card names (rank {rank} on "
+            f"{adapter['targets']}): restore the file, or train the adapter again"
+        )
+    for key, linear in linears.items():
+        b, a = tensors[f"{key}.lora_B"], tensors[f"{key}.lora_A"]
+        linear.weight += (b @ a) * (adapter["alpha"] / rank)
 
 
 def peft_adapter(out_dir, info):
@@ -239,9 +249,7 @@ def peft_adapter(out_dir, info):
     return peft, config
 
 
-def write_peft(peft_dir, tensors, config):
-    """peft_adapter()'s folder: adapter_model.safetensors and adapter_config.json."""
-    os.makedirs(peft_dir, exist_ok=True)
-    save_file(tensors, os.path.join(peft_dir, "adapter_model.safetensors"), {"format": "pt"})
-    write_json(os.path.join(peft_dir, "adapter_config.json"), config)
-    print(f"wrote {peft_dir}: a PEFT LoRA adapter of rank {config['r']}", file=sys.stderr)
+def write_peft(folder, tensors, config):
+    """peft_adapter()'s files in folder: adapter_model.safetensors and adapter_config.json."""
+    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), {"format": "pt"})
+    write_json(os.path.join(folder, "adapter_config.json"), config)

@@ -226,5 +226,6 @@ def merged(out_dir, device, info):
     with torch.device("meta"):
         model = GPT(config)
     model.load_body(state)
-    merge(model, load_file(os.path.join(out_dir, "model.safetensors")), adapter)
+    weights = os.path.join(out_dir, "model.safetensors")
+    merge(model, load_file(weights), adapter, weights)
     return model.to(device).eval(), info

@@ -4,12 +4,14 @@ greedy tokens everywhere."""
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
 import torch
 from conftest import TINY
+from safetensors.torch import load_file, save_file
 from test_robustness import cli
 from test_train import torchrun
 
@@ -17,6 +19,7 @@ import train
 from export import export
 from lib.checkpoint import save_pretrained
 from lib.common import Error
+from lib.finetune import adapted
 from lib.settings import make_model
 from lib.weights import load_pretrained
 from model import GPT, GPTConfig
@@ -107,6 +110,13 @@ def test_step_0_is_the_base_and_only_the_adapters_train(base, chats):
     (adamw,) = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     held = [p for group in adamw.param_groups for p in group["params"]]
     assert {id(p) for p in held} == {id(p) for p in model.parameters() if p.requires_grad}
+
+
+def test_the_frozen_count_is_the_bases_alone(capsys):
+    model = GPT(GPTConfig(vocab_size=9, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    frozen = model.num_params(False)
+    adapted(model, dict(rank=4, alpha=8.0, dropout=0.0, targets="attn.qkv"), None)
+    assert f": 512 trainable parameters, the base's {frozen:,} frozen" in capsys.readouterr().err
 
 
 def test_the_checkpoint_holds_the_adapters_and_names_the_base(base, tuned):
@@ -258,6 +268,42 @@ def test_a_peft_dir_of_a_grown_table_is_refused_before_the_hf_dir_is_written(tun
     code, _, err = cli("export.py", f"--out_dir={grown}", *folders)
     assert code == 2 and "grew the base's token table (11 to 15 rows)" in err, err
     assert not (tmp_path / "hf").exists() and not (tmp_path / "peft").exists()
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "shape"])
+def test_adapter_tensors_unlike_the_card_are_one_line(tuned, tmp_path, change):
+    out_dir = shutil.copytree(tuned[0], tmp_path / "t")
+    path = out_dir / "model.safetensors"
+    tensors = load_file(path)
+    name = "blocks.0.attn.qkv.lora_A"
+    if change == "missing":
+        del tensors[name]
+    elif change == "extra":
+        tensors["blocks.0.mlp.fc.lora_A"] = tensors[name].clone()
+    else:
+        tensors[name] = tensors[name][:2]
+    save_file(tensors, path)
+    with pytest.raises(Error, match=f"^{re.escape(str(path))}: its tensors are not the adapters"):
+        load_pretrained(out_dir)
+
+
+def test_a_peft_dir_keeps_files_no_export_wrote_unless_asked(tuned, tmp_path):
+    """A folder's own adapter files are refused in one line, every byte kept, unless overwrite;
+    an export's, as it wrote them, are the next export's to replace."""
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    theirs = {"adapter_config.json": "{}", "adapter_model.safetensors": "mine"}
+    for name, text in theirs.items():
+        (peft / name).write_text(text)
+    says = f"--peft_dir {peft} holds files no export wrote there (or changed since), which "
+    with pytest.raises(Error, match=re.escape(says)):
+        export(tuned[0], peft_dir=str(peft))
+    assert {p.name: p.read_text() for p in peft.iterdir()} == theirs
+    export(tuned[0], peft_dir=str(peft), overwrite=True)
+    files = {p.name: p.read_bytes() for p in peft.iterdir()}
+    assert files["adapter_model.safetensors"] != b"mine"
+    export(tuned[0], peft_dir=str(peft))  # an earlier export's files, as it wrote them
+    assert {p.name: p.read_bytes() for p in peft.iterdir()} == files
 
 
 @pytest.mark.parametrize(

@@ -326,6 +326,19 @@ def test_resume_with_another_pattern_fails_and_writes_nothing(lm_dir, tmp_path):
     assert state(tmp_path)["step"] == 1
 
 
+def test_a_state_from_before_the_lora_keys_resumes_as_rank_0(lm_dir, tmp_path):
+    """A trainer state saved before the lora keys existed is a run without adapters: a resume
+    that asks for them is one line."""
+    common = [f"--dataset={lm_dir}", f"--out_dir={tmp_path}"]
+    run(common + ["--max_iters=1"])
+    old = state(tmp_path)
+    for key in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
+        del old["config"][key]
+    torch.save(old, tmp_path / "trainer_state.pt")
+    with pytest.raises(Error, match="cannot resume .* lora_rank=0 there, 4 here"):
+        run(common + ["--max_iters=2", "--init_from=resume", "--lora_rank=4"])
+
+
 def test_a_fine_tune_keeps_its_sources_pattern_unless_named(lm_dir, tmp_path, capsys):
     base = tmp_path / "base"
     pattern = ["--window=8", "--global_tokens=2", "--rope=True"]
