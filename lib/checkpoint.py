@@ -144,12 +144,9 @@ def resume(settings, user_keys, keys):
     current = asdict(settings)
     # a key newer than the state has its default there: a run before lora_rank had rank 0
     fixed = SHAPE + PATTERN + ADAPTERS + ("task", "optimizer")
-    was = {k: saved.get(k, keys[k].default) for k in fixed}
-    changed = [
-        f"{k}={v!r} there, {current[k]!r} here"
-        for k, v in was.items()
-        if k in user_keys and v != current[k]
-    ]
+    asked = [k for k in fixed if k in user_keys]
+    was = {k: saved[k] if k in saved else keys[k].default for k in asked}
+    changed = [f"{k}={v!r} there, {current[k]!r} here" for k, v in was.items() if v != current[k]]
     if changed:
         changes = "; ".join(changed)
         raise Error(f"cannot resume {path} with a different model, pattern or optimizer: {changes}")
