@@ -4,6 +4,7 @@ greedy tokens everywhere."""
 
 import json
 import os
+import pathlib
 import re
 import shutil
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from conftest import TINY
 from safetensors.torch import load_file, save_file
-from test_robustness import cli
+from test_robustness import DELETE, cli, damaged_copy
 from test_train import torchrun
 
 import train
@@ -310,7 +311,7 @@ def test_a_peft_dir_keeps_files_no_export_wrote_unless_asked(tuned, tmp_path):
     "where, value, says",
     [
         ("adapter", "x", "adapter='x': must be dict"),
-        ("adapter.base", None, "no 'adapter.base' key"),
+        ("adapter.base", DELETE, "no 'adapter.base' key"),
         ("adapter.rank", 0, "adapter.rank=0: must be >= 1"),
         ("adapter.targets", "attn.qkv,mlp.fc2", "adapter.targets='mlp.fc2': must be one of"),
         ("model.n_layer", "two", "model.n_layer='two': must be int"),
@@ -318,17 +319,8 @@ def test_a_peft_dir_keeps_files_no_export_wrote_unless_asked(tuned, tmp_path):
 )
 def test_a_damaged_adapter_card_is_one_line(tuned, tmp_path, where, value, says):
     """A card's adapter entry or model of the wrong type, out of range or missing (None)."""
-    out_dir = shutil.copytree(tuned[0], tmp_path / "t")
-    card = json.load(open(out_dir / "config.json"))
-    *parents, last = where.split(".")
-    entry = card
-    for key in parents:
-        entry = entry[key]
-    if value is None:
-        del entry[last]
-    else:
-        entry[last] = value
-    (out_dir / "config.json").write_text(json.dumps(card))
+    source = pathlib.Path(tuned[0])
+    out_dir = damaged_copy(source, tmp_path / "t", "config.json", where, value)
     code, _, err = cli("sample.py", f"--out_dir={out_dir}", "--max_new_tokens=2")
     (line,) = err.strip().splitlines()
     assert code == 2 and says in line, err
