@@ -138,17 +138,30 @@ def eot_checkpoint(out_dir, chars):
 def marker_checkpoint(out_dir, chars="abcdefghrsu .:"):
     """A random chat GPT over chars (none of a marker's "<|>") saved in out_dir, as undertrained
     as one whose replies draw a role marker mid-reply: the markers likely, <|end|> never."""
-    torch.manual_seed(0)
-    shape = dict(block_size=64, n_layer=1, n_head=2, n_embd=32, bias=True)
-    model = GPT(GPTConfig(vocab_size=len(chars) + 4, **shape))
+    model = random_chat_gpt(chars, block_size=64, n_layer=1, n_embd=32)
     with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
         # the last LayerNorm's feature 0 is 1 for every token, through which the role markers'
         # logits rise by 0.1 and <|end|>'s fall by 10
         model.ln_f.weight[0], model.ln_f.bias[0] = 0.0, 1.0
         model.wte.weight[len(chars) :, 0] = 0.1
         model.wte.weight[-1, 0] = -10.0
+    return save_chat_gpt(model, chars, out_dir)
+
+
+def random_chat_gpt(chars, **shape):
+    """A GPT of 2 heads over chars and the 4 chat tokens, its weights drawn from N(0, 0.2) by
+    seed 0: far from any trained model, so its greedy tokens vary."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=len(chars) + 4, n_head=2, bias=True, **shape)
+    model = GPT(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
+def save_chat_gpt(model, chars, out_dir):
+    """model saved in out_dir with the chat character tokenizer over chars -> its path."""
     spec = {"type": "char", "chars": chars, "chat": True}
     save_pretrained(model, out_dir, task="lm", tokenizer=spec)
     return str(out_dir)

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, random_chat_gpt, save_chat_gpt
 from safetensors.torch import load_file, save_file
 from test_robustness import DELETE, cli, damaged_copy
 from test_train import torchrun
@@ -39,16 +39,8 @@ LORA = ["--lora_rank=4", "--lora_targets=attn.qkv,mlp.proj", "--lora_alpha=8"]
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A random chat GPT in GPT-2's layout (its chat tokens in its table: none grow), saved."""
-    out_dir = tmp_path_factory.mktemp("base")
-    torch.manual_seed(0)
-    shape = dict(block_size=128, n_layer=2, n_head=2, n_embd=16, bias=True)
-    model = GPT(GPTConfig(vocab_size=len(CHARS) + 4, **shape))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-    spec = {"type": "char", "chars": CHARS, "chat": True}
-    save_pretrained(model, out_dir, task="lm", tokenizer=spec)
-    return str(out_dir)
+    model = random_chat_gpt(CHARS, block_size=128, n_layer=2, n_embd=16)
+    return save_chat_gpt(model, CHARS, tmp_path_factory.mktemp("base"))
 
 
 @pytest.fixture(scope="module")
