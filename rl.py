@@ -211,7 +211,7 @@ class PolicyLoss(nn.Module):
         self.kl = kl
         # the log-probabilities of the distribution the replies were drawn from: at another
         # temperature the estimate is biased (it pushes each sampled argmax by its advantage)
-        self.temperature = temperature or 1.0
+        self.temperature = temperature
 
     def forward(self, idx, targets, advantage, scale, reference=None):
         """-sum(advantage x log p) over the replies' tokens (targets >= 0) x scale (1 / the step's
@@ -226,8 +226,9 @@ class PolicyLoss(nn.Module):
 
 
 def token_logprobs(logits, targets, temperature=1.0):
-    """[B, T]: log p of each target token at temperature (0 where targets is -1)."""
-    flat = (logits.float() / temperature).transpose(1, 2)
+    """[B, T]: log p of each target token at temperature (0 where targets is -1; temperature 0,
+    greedy draws, read at 1)."""
+    flat = (logits.float() / (temperature or 1.0)).transpose(1, 2)
     return -F.cross_entropy(flat, targets, ignore_index=-1, reduction="none")
 
 
@@ -437,8 +438,7 @@ class Rollout:
         if reference is not None:
             with torch.no_grad(), self.ctx:
                 logits, _ = reference(batch["idx"])
-                temperature = self.cfg.temperature or 1.0
-                batch["reference"] = token_logprobs(logits, batch["targets"], temperature)
+                batch["reference"] = token_logprobs(logits, batch["targets"], self.cfg.temperature)
         return batch
 
 
