@@ -246,6 +246,11 @@ def export(
         check_target(out_dir, hf_dir, overwrite)
     if peft_dir is not None:
         check_target(out_dir, peft_dir, overwrite, "--peft_dir", PEFT_FILES)
+    if hf_dir and peft_dir and os.path.realpath(hf_dir) == os.path.realpath(peft_dir):
+        raise Error(
+            f"--hf_dir and --peft_dir name one folder ({peft_dir}), whose manifest lists one "
+            "export's files: pass two folders"
+        )
     # refused, if at all, before a file is written
     base = getattr(tokenizer, "base", tokenizer)  # a chat tokenizer's own
     bpe = bpe_files(tokenizer.enc) if isinstance(base, BPETokenizer) else None

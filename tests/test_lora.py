@@ -263,6 +263,15 @@ def test_a_peft_dir_of_a_grown_table_is_refused_before_the_hf_dir_is_written(tun
     assert not (tmp_path / "hf").exists() and not (tmp_path / "peft").exists()
 
 
+def test_one_folder_for_hf_dir_and_peft_dir_is_refused_before_a_write(tuned, tmp_path):
+    """Each export's manifest lists its own files: the second would disown the first's, so one
+    folder named twice is one line, nothing written."""
+    folders = f"--hf_dir={tmp_path / 'both'}", f"--peft_dir={tmp_path / '.' / 'both'}"
+    code, _, err = cli("export.py", f"--out_dir={tuned[0]}", *folders)
+    assert code == 2 and "--hf_dir and --peft_dir name one folder" in err, err
+    assert not (tmp_path / "both").exists()
+
+
 @pytest.mark.parametrize("change", ["missing", "extra", "shape"])
 def test_adapter_tensors_unlike_the_card_are_one_line(tuned, tmp_path, change):
     out_dir = shutil.copytree(tuned[0], tmp_path / "t")
