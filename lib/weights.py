@@ -23,13 +23,13 @@ from lib.options import (
     checking,
 )
 from lib.tokenizer import CharTokenizer
-from model import ARCHITECTURES
+from model import CONFIGS, GPT
 
 # the tokenizer of GPT-2's weights, and of a Hugging Face folder whose config.json names none
 GPT2_TOKENIZER = {"type": "bpe", "encoding": "r50k_base"}
 # a checkpoint's config.json; a classifier's also holds its label names and max_length
 CARD = {
-    "architecture": Option("GPT", choices=tuple(ARCHITECTURES)),
+    "architecture": Option("GPT", choices=tuple(CONFIGS)),
     "model": Option({}),
     "weights_id": Option(""),
     "tokenizer": Option({}),
@@ -69,7 +69,7 @@ def from_checkpoint(out_dir, device="cpu", info=None):
         )
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
-            model = ARCHITECTURES[info["architecture"]][0](config)
+            model = model_class(info["architecture"])(config)
         model.load_weights(load_file(weights))
     except Exception as e:
         raise Error(
@@ -86,7 +86,7 @@ def check_card(info, path, shapes):
         check_keys(info, CARD, optional=("weights_id", "tokenizer", "label_names", "max_length"))
         # a null field is an absent one: the config's default
         model = {key: value for key, value in info["model"].items() if value is not None}
-        config_cls = ARCHITECTURES[info["architecture"]][1]
+        config_cls = CONFIGS[info["architecture"]]
         rules = {f.name: Option(f.default, **f.metadata) for f in fields(config_cls)}
         rules["vocab_size"] = Option(1, ge=1)
         check_keys(model, rules, optional=rules.keys() - {"vocab_size"}, where="model.")
@@ -102,6 +102,15 @@ def check_card(info, path, shapes):
                 f"'label_names' names {len(names)} classes, the model has {config.n_classes}"
             )
         return config
+
+
+def model_class(architecture):
+    """The class of a card's architecture: encoder.py is imported for a classifier alone."""
+    if architecture == "GPT":
+        return GPT
+    from encoder import EncoderClassifier
+
+    return EncoderClassifier
 
 
 def check_label_names(names):
@@ -212,7 +221,6 @@ def grown(state, rows):
 def merged(out_dir, device, info):
     """(the base with the adapters in out_dir merged into its weights, in eval mode; the card)."""
     from lib.lora import check_adapter_card, check_base, merge
-    from model import GPT
 
     path = os.path.join(out_dir, "config.json")
     config = check_card(info, path, {})  # its tensors are the adapters': no shape to fit
