@@ -330,11 +330,18 @@ class Transformer(nn.Module):
         return self
 
     def load_body(self, state):
-        """A pretrained GPT's body, OWN_MODULES afresh; wpe cut to block_size (a copy: saveable)."""
+        """A pretrained GPT's body, OWN_MODULES afresh; wpe cut to block_size (a copy: saveable),
+        the token table grown to vocab_size (a chat fine-tune's tokens)."""
         parts = ("wte", "wpe", "blocks", "ln_f")
         body = {k: v for k, v in state.items() if k.split(".")[0] in parts}
         if "wpe.weight" in body:
             body["wpe.weight"] = body["wpe.weight"][: self.config.block_size].clone()
+        table = body["wte.weight"]
+        if self.config.vocab_size > len(table):
+            # each new row drawn from the old rows' mean and spread, as Hugging Face's
+            # resize_token_embeddings draws them
+            mean = table.mean(0).expand(self.config.vocab_size - len(table), -1)
+            body["wte.weight"] = torch.cat([table, torch.normal(mean, table.std(0))])
         for name in self.OWN_MODULES:
             module = getattr(self, name)
             if module is not None:

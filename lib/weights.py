@@ -3,10 +3,7 @@ lib/checkpoint.save_pretrained writes; the card checked against the weights' sha
 the Hugging Face layout through lib/gpt2.py; the tokenizer a checkpoint's or a dataset's spec
 names (get_tokenizer), picked here so that no tokenizer module imports the module that picks it."""
 
-import io
 import os
-import sys
-from contextlib import redirect_stderr
 from dataclasses import fields
 
 import torch
@@ -53,7 +50,10 @@ def from_checkpoint(out_dir, device="cpu", info=None):
             )
         info = read_json(path, "checkpoint config")
     if isinstance(info, dict) and "adapter" in info:  # LoRA's: merged into its base
-        return merged(out_dir, device, info)
+        from lib.lora import merged  # handed the base's loader: lib/lora.py imports none
+
+        model = merged(out_dir, check_card(info, path, {}), info, load_pretrained)
+        return model.to(device).eval(), info
     weights = os.path.join(out_dir, "model.safetensors")
     check_regular(weights)
     metadata, shapes = read_header(weights)
@@ -204,36 +204,3 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
             f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
         )
     return tokenizer
-
-
-def grown(state, rows):
-    """state with its token table grown to rows, each new row drawn from the old rows'
-    mean and spread (as Hugging Face's resize_token_embeddings draws them)."""
-    table = state["wte.weight"]
-    if rows == len(table):
-        return state
-    print(f"the token table grows from {len(table)} to {rows} rows", file=sys.stderr)
-    mean, std = table.mean(0), table.std(0)
-    new = torch.normal(mean.expand(rows - len(table), -1), std)
-    return {**state, "wte.weight": torch.cat([table, new])}
-
-
-def merged(out_dir, device, info):
-    """(the base with the adapters in out_dir merged into its weights, in eval mode; the card)."""
-    from lib.lora import check_adapter_card, check_base, merge
-
-    path = os.path.join(out_dir, "config.json")
-    config = check_card(info, path, {})  # its tensors are the adapters': no shape to fit
-    check_adapter_card(info, path)
-    adapter = info["adapter"]
-    check_base(adapter, path)
-    source, _ = load_pretrained(adapter["base"])
-    torch.manual_seed(adapter["seed"])  # the fine-tune's new token rows, drawn again
-    with redirect_stderr(io.StringIO()):
-        state = grown(source.state_dict(), config.vocab_size)
-    with torch.device("meta"):
-        model = GPT(config)
-    model.load_body(state)
-    weights = os.path.join(out_dir, "model.safetensors")
-    merge(model, load_file(weights), adapter, weights)
-    return model.to(device).eval(), info
