@@ -24,14 +24,12 @@ from model import CONFIGS, GPT
 
 # the tokenizer of GPT-2's weights, and of a Hugging Face folder whose config.json names none
 GPT2_TOKENIZER = {"type": "bpe", "encoding": "r50k_base"}
-# a checkpoint's config.json; a classifier's also holds its label names and max_length
+# a checkpoint's config.json; a classifier's holds more (lib/classifier.py's META)
 CARD = {
     "architecture": Option("GPT", choices=tuple(CONFIGS)),
     "model": Option({}),
     "weights_id": Option(""),
     "tokenizer": Option({}),
-    "label_names": Option([]),
-    "max_length": Option(1, ge=1),
 }
 # the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
 # KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
@@ -83,7 +81,7 @@ def check_card(info, path, shapes):
     """A checkpoint's config.json -> the model's config, its shape fitting the weights' (shapes:
     {tensor name: shape} from their header) before a model of that shape is built."""
     with checking(info, path, CARD_FIX):
-        check_keys(info, CARD, optional=("weights_id", "tokenizer", "label_names", "max_length"))
+        check_keys(info, CARD, optional=("weights_id", "tokenizer"))
         # a null field is an absent one: the config's default
         model = {key: value for key, value in info["model"].items() if value is not None}
         config_cls = CONFIGS[info["architecture"]]
@@ -95,12 +93,6 @@ def check_card(info, path, shapes):
         config = config_cls(**{key: model[key] for key in rules if key in model})
         if config.rope:
             Option(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
-        names = info.get("label_names")
-        check_label_names(names)
-        if names is not None and len(names) != getattr(config, "n_classes", len(names)):
-            raise Error(
-                f"'label_names' names {len(names)} classes, the model has {config.n_classes}"
-            )
         return config
 
 
@@ -111,18 +103,6 @@ def model_class(architecture):
     from encoder import EncoderClassifier
 
     return EncoderClassifier
-
-
-def check_label_names(names):
-    """Label names (None: none), each a string that names one class only: a prediction's name
-    says which class it is."""
-    seen = set()
-    for name in names or []:
-        if not isinstance(name, str):
-            raise Error(f"'label_names' holds {name!r:.40}, not a string")
-        if name in seen:
-            raise Error(f"'label_names' names {name!r:.40} twice")
-        seen.add(name)
 
 
 def read_header(path):
