@@ -116,7 +116,7 @@ def decode_request(engine, request, tokenizer, stop, stream):
         while not request.done:
             for row in engine.step():  # the rows that took a token
                 # each row decoded as it grows where a stop may cut it, else once at the end
-                if stops or stream and row is rows[0]:
+                if stops or (stream and row is rows[0]):
                     text, ready, _ = continuation(tokenizer, row, stops)
                 if stream and row is rows[0]:
                     out = text if row.done else ready
