@@ -15,7 +15,7 @@ from engine import COMPILE_OPTION, Engine
 from lib.common import ArgumentParser, Error, pick_device, run_script
 from lib.formats import WEIGHTS_OPTION, for_decoding
 from lib.options import DEVICE_OPTION, GPT2_NAMES, Option, flags, options_of
-from lib.tokenizer import SEPARATOR, continuation, end_tokens, stopped_short
+from lib.tokenizer import SEPARATOR, decode_request, end_tokens, stopped_short
 from lib.weights import load_gpt
 
 log = partial(print, file=sys.stderr)  # stdout carries only the samples
@@ -164,40 +164,18 @@ def main(argv=None):
 def print_samples(engine, request, tokenizer, args):
     """Decodes the request and prints its samples, each cut right before --stop (searched in the
     continuation, not the prompt) where its row stops; --stream prints the first as it grows."""
-    rows = request.rows
-    texts = [""] * len(rows)
-    ready = [""] * len(rows)  # what of each text can be printed now
-    stops = [args.stop] if args.stop else []
-    steps = 0
-    shown = 0  # characters of sample 0 already streamed
-    interrupted = False
     if args.stream:
         print(args.start, end="", flush=True)
     t0 = time.perf_counter()
-    try:
-        while not request.done:
-            for row in engine.step():  # the rows that took a token
-                if stops or args.stream:  # else decoded once, at the end
-                    i = rows.index(row)
-                    texts[i], ready[i], _ = continuation(tokenizer, row, stops)
-            steps += 1
-            if args.stream:
-                out = texts[0] if rows[0].done else ready[0]
-                print(out[shown:], end="", flush=True)
-                shown = max(shown, len(out))
-    except KeyboardInterrupt:  # Ctrl-C: print what was generated
-        interrupted = True
-    texts = [continuation(tokenizer, row, stops)[0] for row in rows]
+    texts, steps, interrupted = decode_request(engine, request, tokenizer, args.stop, args.stream)
     seconds = time.perf_counter() - t0
-    if args.stream:
-        print(texts[0][shown:], flush=True)
-    rate = len(rows) * steps / max(seconds, 1e-9)
+    rate = len(texts) * steps / max(seconds, 1e-9)
     no_cache = " (no KV cache)" if args.no_cache else ""
-    log(f"{len(rows)} x {steps} tokens in {seconds:.2f} s: {rate:.0f} tokens/s{no_cache}")
+    log(f"{len(texts)} x {steps} tokens in {seconds:.2f} s: {rate:.0f} tokens/s{no_cache}")
     for i, text in enumerate(texts):
         if i or not args.stream:  # a streamed first sample is already out
             print(f"{SEPARATOR}\n" if i else "", args.start, text, sep="")
-    if interrupted:
+    if interrupted:  # Ctrl-C: what was generated is printed above
         log(f"interrupted after {steps} tokens: the samples above are what was generated")
         raise SystemExit(130)
 

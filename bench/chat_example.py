@@ -34,7 +34,7 @@ from lib.common import ArgumentParser, run_script
 from lib.options import Option, flags
 from lib.settings import load_split
 from lib.tokenizer import end_tokens
-from lib.weights import get_tokenizer, grown, load_pretrained
+from lib.weights import get_tokenizer, load_pretrained
 from model import GPT
 
 FLAGS = {
@@ -76,7 +76,7 @@ def grown_base(base, vocab_size):
     torch.manual_seed(1337)
     with torch.device("meta"):
         model = GPT(replace(source.config, vocab_size=vocab_size))
-    return model.load_body(grown(source.state_dict(), vocab_size)).eval()
+    return model.load_body(source.state_dict()).eval()
 
 
 def fine_tune(config, out_dir, dataset, max_iters):

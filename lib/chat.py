@@ -14,7 +14,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from lib.common import Error, read_json
 from lib.data import LMData, check, load_array
 from lib.prepare import Rows
-from lib.tokenizer import SEPARATOR, continuation, end_tokens, pieces, stopped_short
+from lib.tokenizer import SEPARATOR, decode_request, end_tokens, pieces, stopped_short
 
 ROLES = ("system", "user", "assistant")
 END = "<|end|>"  # ends every turn; a reply ends where the model draws it
@@ -244,17 +244,8 @@ def reply(engine, tokenizer, messages, rule, args, stream):
     ids, _ = fitted(tokenizer, messages, engine.block_size, args.max_new_tokens)
     # <|end|>, or a role marker drawn mid-reply: the text never holds one
     request = engine.submit(ids, [rule], args.max_new_tokens, end_tokens(tokenizer))
-    stops = [args.stop] if args.stop else []
-    text, shown = "", 0
-    try:
-        while not request.done:
-            for row in engine.step():
-                text, ready, _ = continuation(tokenizer, row, stops)
-                if stream:
-                    print(ready[shown:], end="", flush=True)
-                    shown = max(shown, len(ready))
-    except KeyboardInterrupt:  # Ctrl-C: the reply ends here
-        request.finish()
-        engine.step()
-    print(text[shown if stream else 0 :], flush=True)
+    # Ctrl-C ends the reply where it is, not the conversation
+    (text,), _, _ = decode_request(engine, request, tokenizer, args.stop, stream)
+    if not stream:
+        print(text, flush=True)
     return text, request.rows[0]

@@ -1,7 +1,7 @@
 """The classifier's labelled rows, as train.py reads them, and a trained classifier at work:
-loaded from its checkpoint folder, its class probabilities for token rows batched by length, and
-one text's attention maps. classify.py and the playground both run these, so the two give the
-same numbers."""
+loaded from its checkpoint folder (its card's labels checked), its class probabilities for token
+rows batched by length, and one text's attention maps. classify.py and the playground both run
+these, so the two give the same numbers."""
 
 import os
 import sys
@@ -14,10 +14,23 @@ from lib.common import Error
 from lib.data import META_FIX, check, load_array
 from lib.options import CARD_FIX, Option, check_keys, checking
 from lib.prepare import Rows
-from lib.weights import check_label_names, from_checkpoint, get_tokenizer
+from lib.weights import from_checkpoint, get_tokenizer
 
-# a classifier's meta.json holds these besides a dataset's keys (lib/data.py's META)
+# a classifier's meta.json holds these besides a dataset's keys (lib/data.py's META), and its
+# checkpoint's config.json besides a card's (lib/weights.py's CARD)
 META = {"label_names": Option([]), "max_length": Option(1, ge=1)}
+
+
+def check_label_names(names):
+    """Label names (None: none), each a string that names one class only: a prediction's name
+    says which class it is."""
+    seen = set()
+    for name in names or []:
+        if not isinstance(name, str):
+            raise Error(f"'label_names' holds {name!r:.40}, not a string")
+        if name in seen:
+            raise Error(f"'label_names' names {name!r:.40} twice")
+        seen.add(name)
 
 
 class ClassificationData(Rows):
@@ -91,13 +104,19 @@ def load(out_dir, device, info=None):
             f"{out_dir!r} holds a {info['architecture']} (task {info.get('task')!r}), "
             f"not a classifier: for a GPT use sample.py --out_dir {out_dir}"
         )
-    names = info.get("label_names") or [str(i) for i in range(model.config.n_classes)]
-    # every id the model reads, padding's too, indexes its embedding rows
+    n_classes = model.config.n_classes
     where = os.path.join(out_dir, "config.json")
-    tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
     with checking(info, where, CARD_FIX):
+        check_keys(info, META, optional=tuple(META))
+        names = info.get("label_names")
+        check_label_names(names)
+        if names is not None and len(names) != n_classes:
+            raise Error(f"'label_names' names {len(names)} classes, the model has {n_classes}")
+        # every id the model reads, padding's too, indexes its embedding rows
         pad = Option(0, ge=0, lt=model.config.vocab_size)
         pad.check("model.pad_token_id", model.config.pad_token_id)
+    tokenizer = get_tokenizer(info.get("tokenizer"), where, model.config.vocab_size)
+    names = names or [str(i) for i in range(n_classes)]
     return model, tokenizer, names, min(info.get("max_length") or 10**9, model.config.block_size)
 
 

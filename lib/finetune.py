@@ -7,14 +7,12 @@ import os
 import sys
 from dataclasses import asdict, replace
 
-import torch
-
 from lib.checkpoint import PATTERN, SHAPE
 from lib.common import Error, read_json
 from lib.data import dataset_dir
 from lib.distributed import rank
 from lib.options import CARD_FIX, GPT2_NAMES, check_tokenizer, checking
-from lib.weights import GPT2_TOKENIZER, grown, load_pretrained
+from lib.weights import GPT2_TOKENIZER, load_pretrained
 
 
 def pretrained_start(cfg, meta, state, given):
@@ -35,8 +33,9 @@ RESIZED = ("block_size", "vocab_size")
 
 def pretrained_body(cfg, vocab_size, given):
     """(the state, the shape) of a fine-tune's start, the GPT in cfg.init_from: its SHAPE keys,
-    its context cut to cfg.block_size, its token table grown to vocab_size (a chat fine-tune's
-    tokens). given: the keys the command set, refused where they differ from the start's."""
+    its context cut to cfg.block_size, its vocabulary grown to vocab_size (a chat fine-tune's
+    tokens: the model's load_body cuts and grows the state to the shape). given: the keys the
+    command set, refused where they differ from the start's."""
     source, info = load_pretrained(cfg.init_from)
     if info["architecture"] != "GPT":
         raise Error(
@@ -61,8 +60,10 @@ def pretrained_body(cfg, vocab_size, given):
         )
     shape["block_size"] = min(cfg.block_size, config.block_size)
     shape["vocab_size"] = max(config.vocab_size, vocab_size)
-    torch.manual_seed(cfg.seed)  # the new rows' draws
-    return grown(source.state_dict(), shape["vocab_size"]), shape
+    if shape["vocab_size"] > config.vocab_size:  # the model's load_body draws the new rows
+        grown = f"from {config.vocab_size} to {shape['vocab_size']} rows"
+        print(f"the token table grows {grown}", file=sys.stderr)
+    return source.state_dict(), shape
 
 
 def kept_pattern(settings, user_keys, keys):

@@ -16,6 +16,7 @@ from lib import options
 from lib.common import Error, did_you_mean
 from lib.files import write_json
 from lib.options import CARD_FIX, Option, checking
+from model import GPT
 
 # each block's Linears an adapter may target, by our name: GPT-2's (PEFT's) name
 TARGETS = {
@@ -209,6 +210,23 @@ def merge(model, tensors, adapter, path):
     for key, linear in linears.items():
         b, a = tensors[f"{key}.lora_B"], tensors[f"{key}.lora_A"]
         linear.weight += (b @ a) * (adapter["alpha"] / rank)
+
+
+def merged(out_dir, config, info, load):
+    """The base with the adapters in out_dir merged into its weights; config: the card's model,
+    checked; load: lib.weights.load_pretrained, the base's loader."""
+    path = os.path.join(out_dir, "config.json")
+    check_adapter_card(info, path)
+    adapter = info["adapter"]
+    check_base(adapter, path)
+    source, _ = load(adapter["base"])
+    torch.manual_seed(adapter["seed"])  # the fine-tune's new token rows, drawn again
+    with torch.device("meta"):
+        model = GPT(config)
+    model.load_body(source.state_dict())
+    weights = os.path.join(out_dir, "model.safetensors")
+    merge(model, load_file(weights), adapter, weights)
+    return model
 
 
 def peft_adapter(out_dir, info):

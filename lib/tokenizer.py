@@ -1,6 +1,7 @@
 """The tokenizers a dataset's meta.json or a checkpoint names: characters, or a byte-pair encoding
 (lib/bpe.py: GPT-2's through tiktoken, or one trained on the data); the special tokens every
-tokenizer shares, and a decode's text: where a stop string cuts it, what can be printed yet."""
+tokenizer shares, and a decode's text: where a stop string cuts it, what can be printed yet, and
+a decode stepped to its end, its first row printed as it grows (sample.py's and chat's)."""
 
 from lib.common import Error
 
@@ -101,6 +102,35 @@ def continuation(tokenizer, row, stops, count=None):
         text += piece
     last = parts[-1][0]  # the text after the last special token: it may begin a stop
     return text, text[: len(text) - len(last)] + printable(last, stops), False
+
+
+def decode_request(engine, request, tokenizer, stop, stream):
+    """Steps engine until request is done, each row cut right before stop (a string, or None);
+    with stream, the first row's text printed as it grows, then a newline. Ctrl-C ends the
+    request where it is. -> (each row's text, the steps taken, whether Ctrl-C ended it)."""
+    rows = request.rows
+    stops = [stop] if stop else []
+    steps = shown = 0  # shown: the characters of the first row already printed
+    interrupted = False
+    try:
+        while not request.done:
+            for row in engine.step():  # the rows that took a token
+                # each row decoded as it grows where a stop may cut it, else once at the end
+                if stops or (stream and row is rows[0]):
+                    text, ready, _ = continuation(tokenizer, row, stops)
+                if stream and row is rows[0]:
+                    out = text if row.done else ready
+                    print(out[shown:], end="", flush=True)
+                    shown = max(shown, len(out))
+            steps += 1
+    except KeyboardInterrupt:
+        interrupted = True
+        request.finish()
+        engine.step()  # the finished rows leave the engine
+    texts = [continuation(tokenizer, row, stops)[0] for row in rows]
+    if stream:
+        print(texts[0][shown:], flush=True)
+    return texts, steps, interrupted
 
 
 def stopped_short(rows):

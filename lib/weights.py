@@ -3,10 +3,7 @@ lib/checkpoint.save_pretrained writes; the card checked against the weights' sha
 the Hugging Face layout through lib/gpt2.py; the tokenizer a checkpoint's or a dataset's spec
 names (get_tokenizer), picked here so that no tokenizer module imports the module that picks it."""
 
-import io
 import os
-import sys
-from contextlib import redirect_stderr
 from dataclasses import fields
 
 import torch
@@ -23,18 +20,16 @@ from lib.options import (
     checking,
 )
 from lib.tokenizer import CharTokenizer
-from model import ARCHITECTURES
+from model import CONFIGS, GPT
 
 # the tokenizer of GPT-2's weights, and of a Hugging Face folder whose config.json names none
 GPT2_TOKENIZER = {"type": "bpe", "encoding": "r50k_base"}
-# a checkpoint's config.json; a classifier's also holds its label names and max_length
+# a checkpoint's config.json; a classifier's holds more (lib/classifier.py's META)
 CARD = {
-    "architecture": Option("GPT", choices=tuple(ARCHITECTURES)),
+    "architecture": Option("GPT", choices=tuple(CONFIGS)),
     "model": Option({}),
     "weights_id": Option(""),
     "tokenizer": Option({}),
-    "label_names": Option([]),
-    "max_length": Option(1, ge=1),
 }
 # the longest context of a rotary model (tokens): no tensor fixes its block_size, and a decoder's
 # KV cache holds all of it for each row (at 10**7 a tiny model's asks gigabytes a row)
@@ -53,7 +48,10 @@ def from_checkpoint(out_dir, device="cpu", info=None):
             )
         info = read_json(path, "checkpoint config")
     if isinstance(info, dict) and "adapter" in info:  # LoRA's: merged into its base
-        return merged(out_dir, device, info)
+        from lib.lora import merged  # handed the base's loader: lib/lora.py imports none
+
+        model = merged(out_dir, check_card(info, path, {}), info, load_pretrained)
+        return model.to(device).eval(), info
     weights = os.path.join(out_dir, "model.safetensors")
     check_regular(weights)
     metadata, shapes = read_header(weights)
@@ -69,7 +67,7 @@ def from_checkpoint(out_dir, device="cpu", info=None):
         )
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
-            model = ARCHITECTURES[info["architecture"]][0](config)
+            model = model_class(info["architecture"])(config)
         model.load_weights(load_file(weights))
     except Exception as e:
         raise Error(
@@ -83,10 +81,10 @@ def check_card(info, path, shapes):
     """A checkpoint's config.json -> the model's config, its shape fitting the weights' (shapes:
     {tensor name: shape} from their header) before a model of that shape is built."""
     with checking(info, path, CARD_FIX):
-        check_keys(info, CARD, optional=("weights_id", "tokenizer", "label_names", "max_length"))
+        check_keys(info, CARD, optional=("weights_id", "tokenizer"))
         # a null field is an absent one: the config's default
         model = {key: value for key, value in info["model"].items() if value is not None}
-        config_cls = ARCHITECTURES[info["architecture"]][1]
+        config_cls = CONFIGS[info["architecture"]]
         rules = {f.name: Option(f.default, **f.metadata) for f in fields(config_cls)}
         rules["vocab_size"] = Option(1, ge=1)
         check_keys(model, rules, optional=rules.keys() - {"vocab_size"}, where="model.")
@@ -95,25 +93,16 @@ def check_card(info, path, shapes):
         config = config_cls(**{key: model[key] for key in rules if key in model})
         if config.rope:
             Option(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
-        names = info.get("label_names")
-        check_label_names(names)
-        if names is not None and len(names) != getattr(config, "n_classes", len(names)):
-            raise Error(
-                f"'label_names' names {len(names)} classes, the model has {config.n_classes}"
-            )
         return config
 
 
-def check_label_names(names):
-    """Label names (None: none), each a string that names one class only: a prediction's name
-    says which class it is."""
-    seen = set()
-    for name in names or []:
-        if not isinstance(name, str):
-            raise Error(f"'label_names' holds {name!r:.40}, not a string")
-        if name in seen:
-            raise Error(f"'label_names' names {name!r:.40} twice")
-        seen.add(name)
+def model_class(architecture):
+    """The class of a card's architecture: encoder.py is imported for a classifier alone."""
+    if architecture == "GPT":
+        return GPT
+    from encoder import EncoderClassifier
+
+    return EncoderClassifier
 
 
 def read_header(path):
@@ -195,37 +184,3 @@ def get_tokenizer(spec, where="tokenizer", vocab_size=None):
             f"{vocab_size:,}: the tokenizer is not the one this model was trained with"
         )
     return tokenizer
-
-
-def grown(state, rows):
-    """state with its token table grown to rows, each new row drawn from the old rows'
-    mean and spread (as Hugging Face's resize_token_embeddings draws them)."""
-    table = state["wte.weight"]
-    if rows == len(table):
-        return state
-    print(f"the token table grows from {len(table)} to {rows} rows", file=sys.stderr)
-    mean, std = table.mean(0), table.std(0)
-    new = torch.normal(mean.expand(rows - len(table), -1), std)
-    return {**state, "wte.weight": torch.cat([table, new])}
-
-
-def merged(out_dir, device, info):
-    """(the base with the adapters in out_dir merged into its weights, in eval mode; the card)."""
-    from lib.lora import check_adapter_card, check_base, merge
-    from model import GPT
-
-    path = os.path.join(out_dir, "config.json")
-    config = check_card(info, path, {})  # its tensors are the adapters': no shape to fit
-    check_adapter_card(info, path)
-    adapter = info["adapter"]
-    check_base(adapter, path)
-    source, _ = load_pretrained(adapter["base"])
-    torch.manual_seed(adapter["seed"])  # the fine-tune's new token rows, drawn again
-    with redirect_stderr(io.StringIO()):
-        state = grown(source.state_dict(), config.vocab_size)
-    with torch.device("meta"):
-        model = GPT(config)
-    model.load_body(state)
-    weights = os.path.join(out_dir, "model.safetensors")
-    merge(model, load_file(weights), adapter, weights)
-    return model.to(device).eval(), info

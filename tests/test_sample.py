@@ -10,12 +10,12 @@ import pytest
 import torch
 from conftest import ROOT, eot_checkpoint, generate, needs_shared, tiny_gpt2
 
-from decoding import NextToken, Options
-from engine import Row
+from decoding import NextToken, Options, make_rules
+from engine import Engine, Row
 from lib.chat import ChatTokenizer
 from lib.checkpoint import save_pretrained
 from lib.common import run_script
-from lib.tokenizer import EOT, CharTokenizer, continuation, printable
+from lib.tokenizer import EOT, CharTokenizer, continuation, decode_request, printable
 from lib.weights import from_checkpoint
 from model import GPT, GPTConfig
 from sample import SEPARATOR, main
@@ -303,6 +303,37 @@ def test_a_stop_string_never_matches_inside_a_special_token():
     assert continuation(tokenizer, row, ["a<"], 1) == ("a", "", False)  # "a" may begin it
     assert continuation(tokenizer, row, ["a<", "user"], 2) == ("a<|user|>", "a<|user|>", False)
     assert continuation(tokenizer, row, ["b<", "r"]) == (whole, whole, True) and row.done
+
+
+def test_one_loop_steps_a_request_streams_its_first_row_and_ends_it_at_ctrl_c(capsys):
+    """sample.py's samples and chat's replies: the first row printed as it grows is its text,
+    a stop cuts every row, and Ctrl-C ends the request and leaves the engine free."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=3, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    tokenizer = CharTokenizer("ab\n")
+    engine = Engine(model, rows=2)
+
+    def decoded(stop, stream, tokens=20):
+        request = engine.submit([0], make_rules(Options(), False, 0, 2, 3), tokens)
+        return decode_request(engine, request, tokenizer, stop, stream), request
+
+    (texts, steps, interrupted), _ = decoded(None, stream=True)
+    assert capsys.readouterr().out == texts[0] + "\n" and len(texts[0]) == steps == 20
+    assert texts[0] != texts[1] and not interrupted
+    (cut, _, _), _ = decoded("b", stream=False)
+    assert capsys.readouterr().out == "" and cut == [t.split("b")[0] for t in texts]
+    step, calls = engine.step, []
+
+    def interrupted_step():  # Ctrl-C in the fourth step
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return step()
+
+    engine.step = interrupted_step
+    (texts, steps, interrupted), request = decoded(None, stream=True)
+    assert interrupted and steps == 3 and request.done and not engine.busy()
+    assert capsys.readouterr().out == texts[0] + "\n" and len(texts[0]) == 3
 
 
 @pytest.mark.parametrize(
