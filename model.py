@@ -1,8 +1,7 @@
 """
-The model, in one file: attention written once, one Block built on it, the Transformer body, and
+The models, in one file: attention written once, one Block built on it, two models sharing it:
   GPT                a causal decoder LM (GPT-2's layout by default, head tied to the token table)
-and both models' configs: the other, encoder.py's EncoderClassifier (a bidirectional encoder, a
-class head), is imported only for a classifier.
+  EncoderClassifier  a bidirectional encoder: padding mask, the mean over real tokens, a class head
 A sparse pattern (patterns.py) enters attention as its mask, a KV cache (cache.py) as an object
 whose update() gives the keys and values so far. To try an idea in attention, edit attention() and
 run with attn_impl="explicit": every path, the patterns' and the caches' too, then goes through it.
@@ -54,18 +53,14 @@ class GPTConfig:
         ge=0,
         lt=1,
     )
-    bias: bool = setting(
-        False, "biases in Linears and LayerNorms, as GPT-2 (False is a little faster, no worse)"
-    )
+    bias: bool = setting(False, "biases in Linears and LayerNorms, as GPT-2's (False: faster)")
     attn_impl: str = setting(
         "sdpa",
         "sdpa: fused F.scaled_dot_product_attention; explicit: model.attention(), the math to edit",
         choices=("sdpa", "explicit"),
     )
     rope: bool = setting(False, "rotary position embeddings instead of the learned position table")
-    qk_norm: bool = setting(
-        False, "RMS-normalise queries and keys per head (stabler at a high learning rate)"
-    )
+    qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys (stabler)")
     gelu: str = setting(
         "tanh",
         "GELU's form, as F.gelu's approximate: tanh, GPT-2's (its weights load exactly); none, "
@@ -105,8 +100,6 @@ class GPTConfig:
 
 @dataclass
 class EncoderConfig(GPTConfig):
-    """The config of encoder.py's EncoderClassifier: GPTConfig's keys and a classifier's."""
-
     n_classes: int = 4
     pad_token_id: int = 0
     token_dropout: float = setting(
@@ -130,10 +123,7 @@ class EncoderConfig(GPTConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.bow_buckets and not self.bow_head:
-            raise Error(
-                f"bow_buckets={self.bow_buckets!r}: must be 0 unless bow_head=True "
-                "(its classifier's bigrams)"
-            )
+            raise Error(f"bow_buckets={self.bow_buckets!r}: must be 0 unless bow_head=True")
 
 
 def attention(q, k, v, mask=None, causal=False, dropout_p=0.0):
@@ -386,5 +376,74 @@ class GPT(Transformer):
         return self
 
 
-# the config of each architecture a checkpoint's card may name
-CONFIGS = {"GPT": GPTConfig, "EncoderClassifier": EncoderConfig}
+class EncoderClassifier(Transformer):
+    """The same Blocks without the causal mask, a padding mask, mean pooling over real tokens and
+    a class head."""
+
+    # bow_head's learning rate, a multiple of train.py's (peak 0.2 for config/agnews.py)
+    BOW_LR_SCALE = 200
+    OWN_MODULES = ("head", "bow")
+
+    def __init__(self, config):
+        super().__init__(config, causal=False)
+        self.head = nn.Linear(config.n_embd, config.n_classes)
+        self.bow = None
+        if config.bow_head:
+            # a row per token, then bow_buckets rows of hashed bigrams
+            self.bow = nn.Embedding(config.vocab_size + config.bow_buckets, config.n_classes)
+        self.init_weights()
+
+    def optimizer_groups(self):
+        """bow's table learns at fastText's far higher rate, without decay."""
+        if self.bow is None:
+            return []
+        return [{"params": [self.bow.weight], "weight_decay": 0.0, "lr_scale": self.BOW_LR_SCALE}]
+
+    def bow_logits(self, idx, real):
+        """fastText's linear classifier [B, n_classes]: a row per real token (and hashed bigram),
+        summed over the square root of their count."""
+        features = idx
+        real = real.float()
+        if self.config.bow_buckets:
+            previous = F.pad(idx[:, :-1], (1, 0), value=self.config.pad_token_id)
+            hashed = (previous * 1_000_003 + idx) % self.config.bow_buckets
+            bigrams = self.config.vocab_size + hashed
+            features = torch.cat([idx, bigrams], 1)
+            real = real.repeat(1, 2)
+        summed = (self.bow(features).float() * real.unsqueeze(-1)).sum(1)
+        count = real.sum(1, keepdim=True).clamp(min=1)
+        return summed / count.sqrt()
+
+    def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
+        """idx [B, n], attention_mask [B, n] (1 = real token; default idx != pad_token_id) ->
+        (logits [B, n_classes], loss or None[, maps])."""
+        real = idx != self.config.pad_token_id  # (B, n): True = a real token
+        if attention_mask is not None:
+            real = attention_mask.bool()
+        # hidden tokens read as padding: a shorter text
+        if self.training and self.config.token_dropout > 0:
+            kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
+            # a row left with no key would attend to nothing (NaN in some GPU kernels):
+            # such rows keep their tokens
+            real = torch.where(kept.any(1, keepdim=True), kept, real)
+        # padded lengths change from batch to batch: no cuDNN attention
+        with varying_lengths():
+            # padding keys hidden
+            x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
+        weights = real.unsqueeze(-1).to(x.dtype)
+        # mean over real tokens, not a CLS token: every token gets a gradient
+        mean = (x * weights).sum(1) / weights.sum(1).clamp(min=1)  # (B, d)
+        logits = self.head(mean).float()  # (B, n_classes)
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        if self.bow is not None:
+            # an ensemble: each classifier trained by its own loss; the mean of their
+            # log-probabilities (the normalised geometric mean of their probabilities) has the
+            # product's argmax without its overconfidence
+            bow = self.bow_logits(idx, real)
+            if labels is not None:
+                loss = (loss + F.cross_entropy(bow, labels)) / 2
+            logits = (F.log_softmax(logits, -1) + F.log_softmax(bow, -1)) / 2
+        return (logits, loss, maps) if need_weights else (logits, loss)
+
+
+ARCHITECTURES = {"GPT": (GPT, GPTConfig), "EncoderClassifier": (EncoderClassifier, EncoderConfig)}

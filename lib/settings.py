@@ -17,7 +17,7 @@ from lib.common import Error, did_you_mean
 from lib.data import LMData, check, dataset_dir, read_meta
 from lib.distributed import rank, under_torchrun, world_size
 from lib.options import GPT2_NAMES, Option, options_of
-from model import GPT, EncoderConfig, GPTConfig
+from model import ARCHITECTURES, EncoderConfig
 
 OPTIONS = dict(
     # run
@@ -314,13 +314,9 @@ def load_data(cfg):
 
 def model_config(task, settings):
     """(class, config) of task lm or classify, from settings' matching keys."""
-    config_cls = GPTConfig if task == "lm" else EncoderConfig
+    cls, config_cls = ARCHITECTURES["GPT" if task == "lm" else "EncoderClassifier"]
     kwargs = {f.name: settings[f.name] for f in fields(config_cls) if f.name in settings}
-    if task == "lm":
-        return GPT, config_cls(**kwargs)
-    from encoder import EncoderClassifier  # a classifier's model: imported for it alone
-
-    return EncoderClassifier, config_cls(**kwargs)
+    return cls, config_cls(**kwargs)
 
 
 def new_model(settings, meta):

@@ -20,13 +20,13 @@ from lib.options import (
     checking,
 )
 from lib.tokenizer import CharTokenizer
-from model import CONFIGS, GPT
+from model import ARCHITECTURES
 
 # the tokenizer of GPT-2's weights, and of a Hugging Face folder whose config.json names none
 GPT2_TOKENIZER = {"type": "bpe", "encoding": "r50k_base"}
 # a checkpoint's config.json; a classifier's holds more (lib/classifier.py's META)
 CARD = {
-    "architecture": Option("GPT", choices=tuple(CONFIGS)),
+    "architecture": Option("GPT", choices=tuple(ARCHITECTURES)),
     "model": Option({}),
     "weights_id": Option(""),
     "tokenizer": Option({}),
@@ -67,7 +67,7 @@ def from_checkpoint(out_dir, device="cpu", info=None):
         )
     try:  # one readable error for a broken or foreign checkpoint, whatever broke in it
         with torch.device("meta"):
-            model = model_class(info["architecture"])(config)
+            model = ARCHITECTURES[info["architecture"]][0](config)
         model.load_weights(load_file(weights))
     except Exception as e:
         raise Error(
@@ -84,7 +84,7 @@ def check_card(info, path, shapes):
         check_keys(info, CARD, optional=("weights_id", "tokenizer"))
         # a null field is an absent one: the config's default
         model = {key: value for key, value in info["model"].items() if value is not None}
-        config_cls = CONFIGS[info["architecture"]]
+        config_cls = ARCHITECTURES[info["architecture"]][1]
         rules = {f.name: Option(f.default, **f.metadata) for f in fields(config_cls)}
         rules["vocab_size"] = Option(1, ge=1)
         check_keys(model, rules, optional=rules.keys() - {"vocab_size"}, where="model.")
@@ -94,15 +94,6 @@ def check_card(info, path, shapes):
         if config.rope:
             Option(1, le=MAX_ROTARY_CONTEXT).check("model.block_size", config.block_size)
         return config
-
-
-def model_class(architecture):
-    """The class of a card's architecture: encoder.py is imported for a classifier alone."""
-    if architecture == "GPT":
-        return GPT
-    from encoder import EncoderClassifier
-
-    return EncoderClassifier
 
 
 def read_header(path):

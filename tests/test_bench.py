@@ -108,11 +108,10 @@ OTHER_TASKS = {
     "check_data_tokenizer",
     "kept_pattern",
     "check_card",
-    "EncoderClassifier",
 }
-# what a GPT's sample never runs: a classifier's model and card, an adapter's merge, training's
+# what a GPT's sample never runs: a classifier's card, an adapter's merge, training's
 # mixed precision
-NOT_SAMPLED = {"EncoderClassifier", "check_label_names", "merged", "autocast"}
+NOT_SAMPLED = {"check_label_names", "merged", "autocast"}
 
 
 def walk_defines(command):
@@ -130,7 +129,7 @@ def walk_defines(command):
 @pytest.mark.slow  # a training run in a subprocess
 def test_a_plain_training_runs_walk_holds_no_other_tasks_code(tmp_path):
     """The files that a language model's run from scratch imports (its walk) define none of
-    the classifier's model and rows, the conversations, a fine-tune's start or a checkpoint
+    the classifier's rows, the conversations, a fine-tune's start or a checkpoint
     card's check."""
     for split in ("train", "val"):
         save_array(str(tmp_path / f"{split}.bin"), np.arange(200, dtype=np.uint16) % 3)
@@ -159,7 +158,6 @@ OPTIONS = (
     "tiktoken",
     "lib.chat",  # a chat model's tokenizer
     "lib.lora",  # lora_rank > 0, or an adapter checkpoint
-    "encoder",  # a classifier's model
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys

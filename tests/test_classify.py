@@ -17,11 +17,10 @@ import torch
 from conftest import ROOT, needs_shared
 
 import classify
-from encoder import EncoderClassifier
 from lib.checkpoint import save_pretrained
 from lib.common import run_script
 from lib.weights import from_checkpoint
-from model import GPT, EncoderConfig, GPTConfig
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcd "
 NAMES = ["alpha", "beta", "gamma"]

@@ -14,7 +14,6 @@ import torch
 from conftest import ROOT, needs_shared
 
 from bench import gguf_check as bench
-from encoder import EncoderClassifier
 from engine import Engine
 from export import GGUF_DTYPES, export, main
 from lib.bpe import bytes_to_unicode, save_ranks, train_bpe
@@ -22,7 +21,7 @@ from lib.checkpoint import save_pretrained
 from lib.common import Error, run_script
 from lib.files import WriteError
 from lib.weights import from_checkpoint, get_tokenizer
-from model import GPT, EncoderConfig, GPTConfig
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is an extra: pip install -e '.[gguf]'")
 

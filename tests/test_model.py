@@ -9,7 +9,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import optim
-from encoder import EncoderClassifier
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.gpt2 import from_pretrained
@@ -17,6 +16,7 @@ from lib.records import flops_per_token
 from lib.weights import from_checkpoint
 from model import (
     GPT,
+    EncoderClassifier,
     EncoderConfig,
     GPTConfig,
     attention,

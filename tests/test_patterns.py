@@ -11,12 +11,11 @@ import torch
 from conftest import generate
 
 from decoding import NextToken, Options
-from encoder import EncoderClassifier
 from engine import Engine, Row
 from lib.checkpoint import save_pretrained
 from lib.common import Error
 from lib.weights import from_checkpoint
-from model import GPT, EncoderConfig, GPTConfig, attention
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig, attention
 from patterns import Pattern, RollingCache, flex_sparse, sparse_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread

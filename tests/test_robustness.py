@@ -27,7 +27,6 @@ import torch
 from conftest import ROOT, TINY
 
 import train
-from encoder import EncoderClassifier
 from export import export
 from lib import checkpoint, common, settings
 from lib.checkpoint import save_pretrained
@@ -36,7 +35,7 @@ from lib.corpus import jsonl_rows
 from lib.prepare import read_records, save_array, write_classification_split, write_meta
 from lib.records import read_metrics
 from lib.weights import load_pretrained
-from model import GPT, EncoderConfig, GPTConfig
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 
 CHARS = "abcdefghij"
 

@@ -25,10 +25,9 @@ import classify
 import decoding
 import engine as engine_module
 import sample
-from encoder import EncoderClassifier
 from lib.checkpoint import save_pretrained
 from lib.tokenizer import EOT
-from model import GPT, EncoderConfig, GPTConfig
+from model import GPT, EncoderClassifier, EncoderConfig, GPTConfig
 from serving import completions, transport
 from serving.app import Server
 from serving.playground import Playground

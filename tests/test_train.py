@@ -25,7 +25,6 @@ import plot
 import rl
 import train
 from bench.readme import PAGES
-from encoder import EncoderClassifier
 from lib import checkpoint, classifier
 from lib.checkpoint import save_pretrained
 from lib.common import Error
@@ -36,7 +35,7 @@ from lib.prepare import save_array, write_classification_split, write_meta
 from lib.records import flops_per_token
 from lib.settings import load_split, parse
 from lib.weights import load_pretrained
-from model import GPT, GPTConfig
+from model import GPT, EncoderClassifier, GPTConfig
 
 DEFAULTS = {name: key.default for name, key in train.OPTIONS.items()}
 HERE = os.path.dirname(os.path.abspath(__file__))
