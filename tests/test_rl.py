@@ -15,6 +15,7 @@ from test_robustness import cli
 
 import plot
 import rl
+import rollouts
 from data.chat import prepare, reward
 from lib.checkpoint import save_pretrained
 from lib.distributed import Run
@@ -86,8 +87,9 @@ def argv(setup, out_dir, name="a_count", *extra):
 
 def test_the_advantage_and_the_masked_loss_by_hand():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 5.0]])
-    assert rl.advantages(rewards).tolist() == [[0.5, -0.5, -0.5, 0.5], [-0.75, -0.75, -0.75, 2.25]]
-    spread = rl.advantages(rewards, std=True)
+    centred = [[0.5, -0.5, -0.5, 0.5], [-0.75, -0.75, -0.75, 2.25]]
+    assert rollouts.advantages(rewards).tolist() == centred
+    spread = rollouts.advantages(rewards, std=True)
     assert torch.allclose(spread[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
 
     class Fixed(torch.nn.Module):
@@ -104,7 +106,7 @@ def test_the_advantage_and_the_masked_loss_by_hand():
     by_hand = -(0.5 * (math.log(3 / 4) + math.log(1 / 4)) - 2.0 * math.log(1 / 2)) / 3
     assert loss.item() == pytest.approx(by_hand)
     # KL's k3 estimate: e^g - g - 1 of each reply token's gap g, the reference's log p less ours
-    logp = rl.token_logprobs(Fixed()(None)[0], targets)
+    logp = rollouts.token_logprobs(Fixed()(None)[0], targets)
     reference = logp + torch.tensor([[0.5, 0.0, 0.0], [0.0, -1.0, 3.0]])  # padding's gap unread
     _, with_kl = rl.PolicyLoss(Fixed(), kl=0.1)(None, targets, advantage, 1 / 3, reference)
     k3 = (math.exp(0.5) - 1.5) + (math.exp(-1.0) + 1.0 - 1)
@@ -259,7 +261,7 @@ def test_a_rollout_ends_at_any_special_token_and_learns_it(setup, tmp_path):
         model.ln_f.weight.zero_()
         model.ln_f.bias.copy_(torch.eye(config.n_embd)[0])
         model.lm_head.weight[:, 0] = 20.0 * (torch.arange(config.vocab_size) == user)
-    rollout = rl.Rollout(cfg, Run("cpu", "float32"), inputs, nullcontext())
+    rollout = rollouts.Rollout(cfg, Run("cpu", "float32"), inputs, nullcontext())
     batches, logged = rollout.batches(model, 0, None)
     assert logged["train/reply_tokens"] == 0
     for batch in batches:
