@@ -194,6 +194,13 @@ def test_the_word_task_checker_agrees_with_the_answers_prepare_writes():
     ]
 
 
+def test_word_letters_credits_each_right_letter_in_its_place():
+    """Capitals: abcd -> ABCD: a reply's right letters in place over the longer of the two."""
+    example = {"messages": [{"role": "user", "content": "Capitals: abcd"}]}
+    replies = ("ABCD", "ABXD", "ABC", "ABCDE", "DCBA", "")
+    assert [reward.word_letters(example, r) for r in replies] == [1.0, 0.75, 0.75, 0.8, 0.0, 0.0]
+
+
 def write(path, lines):
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
