@@ -1,8 +1,9 @@
 """
 Rewards for rl.py, and prompts for them. word_task checks a reply to one of data/chat/prepare.py's
 word tasks by that file's own answers (word_letters: by letter); exact_match compares a reply with
-the prompt line's "answer" field; letters checks a task of many right answers, which no fine-tune's data writes down: any
-word of the letters and first letter the line's fields name (letters_partial: a half for each).
+the prompt line's "answer" field; letters checks a task of many right answers, which no
+fine-tune's data writes down: any word of the letters and first letter the line's fields name
+(letters_partial: a half for each).
   python data/chat/reward.py          # writes data/chat/prompts.jsonl: word tasks to learn from
   python rl.py config/chat_rl.py      # learns from them, scored by word_task
   python data/chat/reward.py --task=letters --out=data/chat/letters.jsonl
