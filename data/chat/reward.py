@@ -5,7 +5,7 @@ the prompt line's "answer" field; letters checks a task of many right answers, w
 fine-tune's data writes down: any word of the letters and first letter the line's fields name
 (letters_partial: a half for each).
   python data/chat/reward.py          # writes data/chat/prompts.jsonl: word tasks to learn from
-  python rl.py config/chat_rl.py      # learns from them, scored by word_task
+  python rl.py config/chat_rl.py      # learns from them, scored by word_letters
   python data/chat/reward.py --task=letters --out=data/chat/letters.jsonl
 The word tasks' prompts are words of another seed than the fine-tune's, less the questions of its
 held-out split (prepare.py's defaults): those stay held out of both.
