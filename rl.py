@@ -1,6 +1,6 @@
 """
 Learn from a checker: reinforcement learning on a reward that a program computes, after a chat
-fine-tune. Each step samples a group of replies to each prompt (engine.py), scores each reply by
+fine-tune. Each step samples a group of replies to each prompt (rollouts.py), scores each reply by
 the reward, and raises the log-probability of the replies that beat their group's mean, lowering
 the others' (GRPO's advantage, nanochat's chat_rl.py: the loss on the replies' tokens alone, a
 mean over them). The result is an ordinary chat checkpoint: the best val/reward, the mean reward
@@ -13,26 +13,18 @@ reward, a Python function NAME(example: dict, reply: str) -> float in the file -
 """
 
 import importlib.util
-import math
-import numbers
 import os
 import sys
-import time
 from collections import namedtuple
 from contextlib import ExitStack
 from dataclasses import asdict
-from functools import partial
 
-import numpy as np
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 import train
 from data.chat.prepare import jsonl_lines
-from decoding import NextToken, Options, make_rules
-from engine import Engine
+from decoding import Options
 from lib import checkpoint, prepare
 from lib.chat import check_messages
 from lib.common import Error, parse_json, run_script
@@ -40,8 +32,8 @@ from lib.distributed import StepGuard, agreed, parallel, started
 from lib.options import Option, options_of
 from lib.settings import OPTIONS as TRAIN_OPTIONS
 from lib.settings import check_shared, parse
-from lib.tokenizer import end_tokens
 from lib.weights import load_gpt
+from rollouts import Rollout, token_logprobs
 
 # train.py's keys that mean the same here: the run's, its records', the schedule's, the optimizer's
 SHARED = """
@@ -63,6 +55,7 @@ OPTIONS = dict(
     max_new_tokens=Option(16, "the longest reply, in tokens", ge=1),
     std_advantage=Option(False, "divide each advantage by its group's reward spread (GRPO's)"),
     kl=Option(0.0, "weight of a KL penalty to the starting model (0: none, no copy kept)", ge=0),
+    moments=Option(False, "start AdamW's moments from init_from's trainer_state.pt, if it has one"),
     # the replies' draws: sample.py's options, at their off values (the model's own distribution)
     **options_of(Options),
     # no decay by default: without a reward's signal the weights stay as they are
@@ -174,32 +167,7 @@ def prompt_line(where, line):
     return example
 
 
-def score(reward, prompt, reply):
-    """reward(example, reply) as a float, or an Error naming the prompt's line."""
-    try:
-        value = reward(prompt.example, reply)
-    except Exception as e:
-        raise Error(
-            f"{prompt.where}: the reward raised {type(e).__name__}: {e} (reply {reply!r:.60}); "
-            "fix the reward function"
-        ) from None
-    if not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise Error(
-            f"{prompt.where}: the reward returned {value!r:.40} (reply {reply!r:.60}), not a "
-            "finite number; make the reward return a float"
-        )
-    return float(value)
-
-
 # ---------------------------------------------------------------------------------- the algorithm
-
-
-def advantages(rewards, std=False):
-    """rewards [prompts, group] -> each less its group's mean (over its group's spread, std)."""
-    centred = rewards - rewards.mean(1, keepdim=True)
-    if std:
-        centred = centred / (rewards.std(1, keepdim=True, correction=0) + 1e-6)
-    return centred
 
 
 class PolicyLoss(nn.Module):
@@ -225,13 +193,6 @@ class PolicyLoss(nn.Module):
         return None, loss * scale
 
 
-def token_logprobs(logits, targets, temperature=1.0):
-    """[B, T]: log p of each target token at temperature (0 where targets is -1; temperature 0,
-    greedy draws, read at 1)."""
-    flat = (logits.float() / (temperature or 1.0)).transpose(1, 2)
-    return -F.cross_entropy(flat, targets, ignore_index=-1, reduction="none")
-
-
 # -------------------------------------------------------------------------------------- the run
 
 
@@ -244,6 +205,8 @@ def learn(cfg, run, guard, state, inputs, held):
     model = parallel(PolicyLoss(raw_model, cfg.kl, cfg.temperature), run, False)
     optimizers, train_step = train.stepping(model, raw_model, cfg, run)
     step, best, seconds = checkpoint.restore(state, optimizers, train_step.scaler)
+    if state is None and cfg.moments:
+        start_moments(optimizers, cfg.init_from)
     first_step, best_step, metrics = step, None, {}
     rollout = Rollout(cfg, run, inputs, train_step.ctx)
     record = bar = None
@@ -297,6 +260,36 @@ def learn(cfg, run, guard, state, inputs, held):
     return raw_model, metrics
 
 
+def start_moments(optimizers, folder):
+    """The optimizers' state (AdamW's moments) from folder's trainer_state.pt, where it has one:
+    the fine-tune's steps go on where fresh moments' first steps undo part of it. The settings
+    (rates, decay) stay this run's."""
+    path = os.path.join(folder, "trainer_state.pt")
+    if not os.path.isfile(path):
+        return
+    mine = [optimizer.state_dict() for optimizer in optimizers]
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)["optimizers"]
+        same = layout(saved) == layout(mine)
+    except Exception:  # a damaged file's, or another program's
+        same = False
+    if not same:
+        raise Error(
+            f"{path}: no optimizer state of this model's parameters and this run's optimizer; "
+            "start fresh moments with --moments=False"
+        )
+    for optimizer, ours, theirs in zip(optimizers, mine, saved):
+        # theirs name the parameters, paired with ours by place (checkpoint.restore's way)
+        pairs = zip(ours["param_groups"], theirs["param_groups"])
+        groups = [dict(group, params=named["params"]) for group, named in pairs]
+        optimizer.load_state_dict({"state": theirs["state"], "param_groups": groups})
+
+
+def layout(states):
+    """The parameters of each group of each optimizer state: their count."""
+    return [[len(group["params"]) for group in s["param_groups"]] for s in states]
+
+
 def start(cfg, run, model, held, inputs, state, seconds):
     """out_dir locked (a new run's), the records and the progress bar started."""
 
@@ -322,124 +315,6 @@ def save_model(model, cfg, run, inputs, scores):
     card = dict(task="lm", init_from=cfg.init_from, prompts=cfg.prompts, reward=cfg.reward)
     card.update(tokenizer=inputs.tokenizer.spec, command=["python"] + sys.argv)
     checkpoint.save_model(model, cfg.out_dir, run, cfg.init_from, **card, metrics=scores)
-
-
-class Rollout:
-    """The replies of a step's prompts, their rewards and the micro-batches they make; and the
-    greedy replies of an evaluation."""
-
-    def __init__(self, cfg, run, inputs, ctx):
-        self.cfg, self.run, self.inputs, self.ctx = cfg, run, inputs, ctx
-        self.options = Options(**{name: getattr(cfg, name) for name in options_of(Options)})
-        self.ends = end_tokens(inputs.tokenizer)  # as every decode ends a reply (sample.py's)
-
-    def replies(self, model, prompts, rules, ends):
-        """The Rows of each prompt's request, one a rule of rules[j] for prompt j."""
-        requests = []
-        model.eval()
-        with self.ctx:
-            engine = Engine(model, min(sum(map(len, rules)), 256))
-            for prompt, drawn in zip(prompts, rules):
-                requests.append(engine.submit(prompt.ids, drawn, self.cfg.max_new_tokens, ends))
-            while engine.busy():
-                engine.step()
-        model.train()
-        return [request.rows for request in requests]
-
-    def evaluate(self, model):
-        """The mean reward of greedy replies to the held-out prompts, shared out over the ranks."""
-        prompts = self.inputs.val[self.run.rank :: self.run.world_size]
-        greedy = [NextToken(Options(), greedy=True)]
-        rows = self.replies(model, prompts, [greedy] * len(prompts), self.ends)
-        texts = [self.inputs.tokenizer.decode(row[0].generated) for row in rows]
-        rewards = agreed(self.run, partial(self.scores, prompts, [[t] for t in texts]))
-        sums = torch.tensor([float(rewards.sum()), len(prompts)], dtype=torch.float64)
-        if self.run.distributed:
-            dist.all_reduce(sums)
-        return (sums[0] / sums[1]).item()
-
-    def scores(self, prompts, replies):
-        """[prompts, replies] rewards of each prompt's replies (texts)."""
-        reward = self.inputs.reward
-        return torch.tensor(
-            [[score(reward, p, r) for r in texts] for p, texts in zip(prompts, replies)],
-            dtype=torch.float64,
-        ).reshape(len(prompts), -1)
-
-    def batches(self, model, step, reference):
-        """This rank's micro-batches of the step's replies -> (the batches, the step's records)."""
-        cfg, run = self.cfg, self.run
-        n = cfg.batch_size * cfg.gradient_accumulation_steps
-        # the step's prompts from (seed, step); each prompt's draws from (seed, step, its place)
-        chosen = np.random.default_rng([cfg.seed, step]).integers(0, len(self.inputs.train), n)
-        share = n // run.world_size
-        places = range(run.rank * share, (run.rank + 1) * share)
-        prompts = [self.inputs.train[chosen[j]] for j in places]
-        t0 = time.perf_counter()
-        rules = [self.rules(step, place) for place in places]
-        rows = self.replies(model, prompts, rules, self.ends)
-        seconds = time.perf_counter() - t0
-        tokenizer = self.inputs.tokenizer
-        texts = [[tokenizer.decode(row.generated) for row in group] for group in rows]
-        rewards = agreed(run, partial(self.scores, prompts, texts))
-        advantage = advantages(rewards, cfg.std_advantage).float()
-        # each reply's tokens and the end it drew (<|end|> or a role marker), learnt with them
-        sequences = [
-            [(row.tokens + [row.end_token] * row.ended, row.prompt_length) for row in group]
-            for group in rows
-        ]
-        generated = sum(len(row.generated) for group in rows for row in group)
-        learnt = sum(len(s) - p for group in sequences for s, p in group)
-        # the step's sums over the ranks: rewards, their squares, replies, tokens learnt and drawn
-        sums = torch.tensor(
-            [rewards.sum(), (rewards**2).sum(), rewards.numel(), learnt, generated],
-            dtype=torch.float64,
-        )
-        if run.distributed:
-            dist.all_reduce(sums)
-        total, squares, count, learnt, generated = sums.tolist()
-        micro_steps = cfg.gradient_accumulation_steps // run.world_size
-        # each micro-batch's loss over the step's tokens, undoing the step's mean over micro-steps
-        # and DDP's over ranks: the gradient is the step's sum over every reply token, / them
-        scale = micro_steps * run.world_size / learnt
-        batches = []
-        for i in range(0, share, cfg.batch_size):
-            # a group whose replies scored alike has no advantage: without a KL it teaches
-            # nothing, and its forward and backward are skipped (one kept: a micro-step runs)
-            teach = [j for j in range(i, i + cfg.batch_size) if cfg.kl or advantage[j].any()]
-            kept = teach or [i]
-            part = [s for j in kept for s in sequences[j]]
-            weights = advantage[kept].reshape(-1)
-            batches.append(self.batch(part, weights, scale, reference))
-        mean = total / count
-        logged = {"train/reward": mean, "train/reply_tokens": generated / count}
-        logged["train/reward_std"] = math.sqrt(max(0.0, squares / count - mean**2))
-        logged["rollout tok/s"] = generated / seconds
-        return batches, logged
-
-    def rules(self, step, place):
-        """The group's draws of the prompt at a place of the step."""
-        seed = int(np.random.default_rng([self.cfg.seed, step, place]).integers(2**62))
-        vocab = self.inputs.tokenizer.vocab_size
-        return make_rules(self.options, False, seed, self.cfg.group_size, vocab)
-
-    def batch(self, sequences, weights, scale, reference):
-        """The micro-batch of sequences [(tokens, prompt length)]; its targets: the replies'."""
-        width = max(len(s) for s, _ in sequences) - 1
-        idx = torch.zeros(len(sequences), width, dtype=torch.long)
-        targets = torch.full_like(idx, -1)
-        for row, (tokens, start) in enumerate(sequences):
-            ids = torch.tensor(tokens)
-            idx[row, : len(ids) - 1] = ids[:-1]
-            targets[row, start - 1 : len(ids) - 1] = ids[start:]
-        device = self.run.device
-        batch = dict(idx=idx.to(device), targets=targets.to(device), scale=scale)
-        batch["advantage"] = weights.to(device)
-        if reference is not None:
-            with torch.no_grad(), self.ctx:
-                logits, _ = reference(batch["idx"])
-                batch["reference"] = token_logprobs(logits, batch["targets"], self.cfg.temperature)
-        return batch
 
 
 def script():

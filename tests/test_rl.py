@@ -5,6 +5,7 @@ line with nothing written."""
 import json
 import math
 import re
+import shutil
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ from test_robustness import cli
 
 import plot
 import rl
+import rollouts
 from data.chat import prepare, reward
 from lib.checkpoint import save_pretrained
 from lib.distributed import Run
@@ -86,8 +88,9 @@ def argv(setup, out_dir, name="a_count", *extra):
 
 def test_the_advantage_and_the_masked_loss_by_hand():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 5.0]])
-    assert rl.advantages(rewards).tolist() == [[0.5, -0.5, -0.5, 0.5], [-0.75, -0.75, -0.75, 2.25]]
-    spread = rl.advantages(rewards, std=True)
+    centred = [[0.5, -0.5, -0.5, 0.5], [-0.75, -0.75, -0.75, 2.25]]
+    assert rollouts.advantages(rewards).tolist() == centred
+    spread = rollouts.advantages(rewards, std=True)
     assert torch.allclose(spread[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
 
     class Fixed(torch.nn.Module):
@@ -104,7 +107,7 @@ def test_the_advantage_and_the_masked_loss_by_hand():
     by_hand = -(0.5 * (math.log(3 / 4) + math.log(1 / 4)) - 2.0 * math.log(1 / 2)) / 3
     assert loss.item() == pytest.approx(by_hand)
     # KL's k3 estimate: e^g - g - 1 of each reply token's gap g, the reference's log p less ours
-    logp = rl.token_logprobs(Fixed()(None)[0], targets)
+    logp = rollouts.token_logprobs(Fixed()(None)[0], targets)
     reference = logp + torch.tensor([[0.5, 0.0, 0.0], [0.0, -1.0, 3.0]])  # padding's gap unread
     _, with_kl = rl.PolicyLoss(Fixed(), kl=0.1)(None, targets, advantage, 1 / 3, reference)
     k3 = (math.exp(0.5) - 1.5) + (math.exp(-1.0) + 1.0 - 1)
@@ -192,6 +195,28 @@ def test_the_word_task_checker_agrees_with_the_answers_prepare_writes():
     ]
 
 
+def test_word_letters_credits_each_right_letter_in_its_place():
+    """Capitals: abcd -> ABCD: a reply's right letters in place over the longer of the two."""
+    example = {"messages": [{"role": "user", "content": "Capitals: abcd"}]}
+    replies = ("ABCD", "ABXD", "ABC", "ABCDE", "DCBA", "")
+    assert [reward.word_letters(example, r) for r in replies] == [1.0, 0.75, 0.75, 0.8, 0.0, 0.0]
+
+
+def test_a_run_goes_on_from_the_fine_tunes_moments(setup, tmp_path):
+    """--moments=True: the optimizer's state starts as init_from's trainer_state.pt left it (its
+    steps go on), its settings this run's; --moments=False: fresh moments."""
+    tuned = tmp_path / "tuned"
+    saving = ["--always_save_checkpoint=True", "--weight_decay=0.1"]
+    rl.main(argv(setup, tuned, "a_count", "--max_iters=2", *saving))
+    for moments, steps in ((True, 3), (False, 1)):
+        out = tmp_path / f"moments-{moments}"
+        keys = [f"--init_from={tuned}", f"--moments={moments}", "--max_iters=1", saving[0]]
+        rl.main(argv(setup, out, "a_count", *keys))
+        optimizer = torch.load(out / "trainer_state.pt")["optimizers"][0]
+        assert {int(s["step"]) for s in optimizer["state"].values()} == {steps}
+        assert [group["weight_decay"] for group in optimizer["param_groups"]] == [0.0, 0.0]
+
+
 def write(path, lines):
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
@@ -214,6 +239,8 @@ def asks(content, *turns):
         ("long", r"bad\.jsonl:1: \d+ tokens and a reply of max_new_tokens=4 pass the model's"),
         ("min_lr", r"min_lr=0\.1: must be <= learning_rate=0\.01$"),
         ("processes", r"gradient_accumulation_steps=3: must be a multiple of the 2 processes"),
+        ("moments", r"start.trainer_state\.pt: no optimizer state of this model's parameters"),
+        ("damaged", r"start.trainer_state\.pt: no optimizer state .* --moments=False$"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, monkeypatch, case, message):
@@ -237,6 +264,13 @@ def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, monkeypatch, 
         extra = [f"--prompts={write(bad, [asks('abcde' * 3)])}"]
     elif case == "min_lr":
         extra = ["--min_lr=0.1", "--max_iters=1"]
+    elif case in ("moments", "damaged"):
+        shutil.copytree(start, tmp_path / "start")
+        state = tmp_path / "start" / "trainer_state.pt"
+        torch.save({"optimizers": []}, state)  # no optimizer's groups
+        if case == "damaged":
+            state.write_bytes(b"junk")
+        extra = [f"--init_from={tmp_path / 'start'}", "--moments=True"]
     elif case == "processes":
         monkeypatch.setenv("WORLD_SIZE", "2")
         extra = ["--gradient_accumulation_steps=3", "--max_iters=1"]
@@ -259,7 +293,7 @@ def test_a_rollout_ends_at_any_special_token_and_learns_it(setup, tmp_path):
         model.ln_f.weight.zero_()
         model.ln_f.bias.copy_(torch.eye(config.n_embd)[0])
         model.lm_head.weight[:, 0] = 20.0 * (torch.arange(config.vocab_size) == user)
-    rollout = rl.Rollout(cfg, Run("cpu", "float32"), inputs, nullcontext())
+    rollout = rollouts.Rollout(cfg, Run("cpu", "float32"), inputs, nullcontext())
     batches, logged = rollout.batches(model, 0, None)
     assert logged["train/reply_tokens"] == 0
     for batch in batches:

@@ -1,10 +1,11 @@
 """
 Rewards for rl.py, and prompts for them. word_task checks a reply to one of data/chat/prepare.py's
-word tasks by that file's own answers; exact_match compares a reply with the prompt line's "answer"
-field; letters checks a task of many right answers, which no fine-tune's data writes down: any
-word of the letters and first letter the line's fields name (letters_partial: a half for each).
+word tasks by that file's own answers (word_letters: by letter); exact_match compares a reply with
+the prompt line's "answer" field; letters checks a task of many right answers, which no
+fine-tune's data writes down: any word of the letters and first letter the line's fields name
+(letters_partial: a half for each).
   python data/chat/reward.py          # writes data/chat/prompts.jsonl: word tasks to learn from
-  python rl.py config/chat_rl.py      # learns from them, scored by word_task
+  python rl.py config/chat_rl.py      # learns from them, scored by word_letters
   python data/chat/reward.py --task=letters --out=data/chat/letters.jsonl
 The word tasks' prompts are words of another seed than the fine-tune's, less the questions of its
 held-out split (prepare.py's defaults): those stay held out of both.
@@ -25,11 +26,24 @@ from lib.options import Option, flags
 
 def word_task(example, reply):
     """1.0 if reply is the answer to the word task that the last message asks, else 0.0."""
+    return float(reply == word_answer(example))
+
+
+def word_letters(example, reply):
+    """The word task's answer's letters that reply has in their places, over the longer of the
+    two: 1.0 for the answer, and credit for each right letter where word_task gives none."""
+    answer = word_answer(example)
+    right = sum(a == b for a, b in zip(answer, reply))
+    return right / max(len(answer), len(reply))
+
+
+def word_answer(example):
+    """The answer to the word task that the last message asks."""
     question = example["messages"][-1]["content"]
     for ask, answer in TASKS:
         head = ask.format("")
         if question.startswith(head):
-            return float(reply == answer(question[len(head) :]))
+            return answer(question[len(head) :])
     raise ValueError(f"not a word task: {question!r:.60}")
 
 
