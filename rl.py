@@ -19,7 +19,6 @@ from collections import namedtuple
 from contextlib import ExitStack
 from dataclasses import asdict
 
-import torch
 from torch import nn
 
 import train
@@ -55,7 +54,6 @@ OPTIONS = dict(
     max_new_tokens=Option(16, "the longest reply, in tokens", ge=1),
     std_advantage=Option(False, "divide each advantage by its group's reward spread (GRPO's)"),
     kl=Option(0.0, "weight of a KL penalty to the starting model (0: none, no copy kept)", ge=0),
-    moments=Option(False, "start AdamW's moments from init_from's trainer_state.pt, if it has one"),
     # the replies' draws: sample.py's options, at their off values (the model's own distribution)
     **options_of(Options),
     # no decay by default: without a reward's signal the weights stay as they are
@@ -205,8 +203,6 @@ def learn(cfg, run, guard, state, inputs, held):
     model = parallel(PolicyLoss(raw_model, cfg.kl, cfg.temperature), run, False)
     optimizers, train_step = train.stepping(model, raw_model, cfg, run)
     step, best, seconds = checkpoint.restore(state, optimizers, train_step.scaler)
-    if state is None and cfg.moments:
-        start_moments(optimizers, cfg.init_from)
     first_step, best_step, metrics = step, None, {}
     rollout = Rollout(cfg, run, inputs, train_step.ctx)
     record = bar = None
@@ -258,36 +254,6 @@ def learn(cfg, run, guard, state, inputs, held):
         done = (first_step, step, record.seconds() - seconds)
         train.finish(cfg.out_dir, record, (METRIC[0], best, best_step), done, metrics)
     return raw_model, metrics
-
-
-def start_moments(optimizers, folder):
-    """The optimizers' state (AdamW's moments) from folder's trainer_state.pt, where it has one:
-    the fine-tune's steps go on where fresh moments' first steps undo part of it. The settings
-    (rates, decay) stay this run's."""
-    path = os.path.join(folder, "trainer_state.pt")
-    if not os.path.isfile(path):
-        return
-    mine = [optimizer.state_dict() for optimizer in optimizers]
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)["optimizers"]
-        same = layout(saved) == layout(mine)
-    except Exception:  # a damaged file's, or another program's
-        same = False
-    if not same:
-        raise Error(
-            f"{path}: no optimizer state of this model's parameters and this run's optimizer; "
-            "start fresh moments with --moments=False"
-        )
-    for optimizer, ours, theirs in zip(optimizers, mine, saved):
-        # theirs name the parameters, paired with ours by place (checkpoint.restore's way)
-        pairs = zip(ours["param_groups"], theirs["param_groups"])
-        groups = [dict(group, params=named["params"]) for group, named in pairs]
-        optimizer.load_state_dict({"state": theirs["state"], "param_groups": groups})
-
-
-def layout(states):
-    """The parameters of each group of each optimizer state: their count."""
-    return [[len(group["params"]) for group in s["param_groups"]] for s in states]
 
 
 def start(cfg, run, model, held, inputs, state, seconds):

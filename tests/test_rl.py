@@ -5,7 +5,6 @@ line with nothing written."""
 import json
 import math
 import re
-import shutil
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -202,21 +201,6 @@ def test_word_letters_credits_each_right_letter_in_its_place():
     assert [reward.word_letters(example, r) for r in replies] == [1.0, 0.75, 0.75, 0.8, 0.0, 0.0]
 
 
-def test_a_run_goes_on_from_the_fine_tunes_moments(setup, tmp_path):
-    """--moments=True: the optimizer's state starts as init_from's trainer_state.pt left it (its
-    steps go on), its settings this run's; --moments=False: fresh moments."""
-    tuned = tmp_path / "tuned"
-    saving = ["--always_save_checkpoint=True", "--weight_decay=0.1"]
-    rl.main(argv(setup, tuned, "a_count", "--max_iters=2", *saving))
-    for moments, steps in ((True, 3), (False, 1)):
-        out = tmp_path / f"moments-{moments}"
-        keys = [f"--init_from={tuned}", f"--moments={moments}", "--max_iters=1", saving[0]]
-        rl.main(argv(setup, out, "a_count", *keys))
-        optimizer = torch.load(out / "trainer_state.pt")["optimizers"][0]
-        assert {int(s["step"]) for s in optimizer["state"].values()} == {steps}
-        assert [group["weight_decay"] for group in optimizer["param_groups"]] == [0.0, 0.0]
-
-
 def write(path, lines):
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
@@ -239,8 +223,6 @@ def asks(content, *turns):
         ("long", r"bad\.jsonl:1: \d+ tokens and a reply of max_new_tokens=4 pass the model's"),
         ("min_lr", r"min_lr=0\.1: must be <= learning_rate=0\.01$"),
         ("processes", r"gradient_accumulation_steps=3: must be a multiple of the 2 processes"),
-        ("moments", r"start.trainer_state\.pt: no optimizer state of this model's parameters"),
-        ("damaged", r"start.trainer_state\.pt: no optimizer state .* --moments=False$"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, monkeypatch, case, message):
@@ -264,13 +246,6 @@ def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, monkeypatch, 
         extra = [f"--prompts={write(bad, [asks('abcde' * 3)])}"]
     elif case == "min_lr":
         extra = ["--min_lr=0.1", "--max_iters=1"]
-    elif case in ("moments", "damaged"):
-        shutil.copytree(start, tmp_path / "start")
-        state = tmp_path / "start" / "trainer_state.pt"
-        torch.save({"optimizers": []}, state)  # no optimizer's groups
-        if case == "damaged":
-            state.write_bytes(b"junk")
-        extra = [f"--init_from={tmp_path / 'start'}", "--moments=True"]
     elif case == "processes":
         monkeypatch.setenv("WORLD_SIZE", "2")
         extra = ["--gradient_accumulation_steps=3", "--max_iters=1"]
