@@ -19,15 +19,7 @@ from tqdm import tqdm
 from lib import checkpoint
 from lib.common import Error, run_script
 from lib.data import epochs_line, to_device
-from lib.distributed import (
-    StepGuard,
-    TrainStep,
-    agreed,
-    keep_freed_memory,
-    parallel,
-    started,
-    training_dtype,
-)
+from lib.distributed import StepGuard, TrainStep, agreed, keep_freed_memory, parallel, started
 from lib.records import RunRecord, Speed, peak_flops, start_wandb
 from lib.settings import OPTIONS, check_rules, load_data, make_model, parse
 from optim import configure_optimizers
@@ -90,7 +82,8 @@ def train(cfg, run, guard, state, given, data):
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
     model = parallel(raw_model, run, cfg.activation_checkpointing)
     if cfg.dtype == "auto" and run.device_type == "cpu" and not run.distributed:
-        # the faster of float32 and bfloat16 here
+        from lib.autotune import training_dtype  # the faster of float32 and bfloat16 here
+
         batch = train_data.batch(train_data.rows(cfg.seed, 0, cfg.batch_size))
         run = replace(run, dtype=training_dtype(raw_model, batch))
     # DDP first, then compile: the gradient all-reduce then overlaps the backward pass

@@ -11,7 +11,7 @@ import torch.nn as nn
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.timing import rates, table, timed, two
-from lib.distributed import autocast
+from lib.common import autocast
 from model import GPTConfig, MultiHeadAttention
 
 ATTENTION_PATHS = ["fused", "fused bf16", "explicit", "loop"]

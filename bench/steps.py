@@ -12,9 +12,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.timing import rates, sync, table, timed, two
-from lib.common import Error
+from lib.common import Error, autocast
 from lib.data import read_meta
-from lib.distributed import Run, TrainStep, autocast
+from lib.distributed import Run, TrainStep
 from lib.records import flops_per_token
 from lib.settings import new_model
 from optim import configure_optimizers

@@ -1,7 +1,6 @@
 """auto by measurement on a CPU: of the options, the one that runs this model's own shapes fastest
 here, timed briefly (as cuDNN's benchmark mode) and remembered per CPU, torch version and shape
-in a JSON file (GPT_STARTER_AUTOTUNE names it; else the user's cache folder). The decoding
-format's measurement is here; the training dtype's is lib/distributed.py's training_dtype."""
+in a JSON file (GPT_STARTER_AUTOTUNE names it; else the user's cache folder)."""
 
 import copy
 import hashlib
@@ -16,6 +15,7 @@ from functools import partial
 import torch
 
 ENV = "GPT_STARTER_AUTOTUNE"  # the cache file's path, for tests and shared machines
+TOKENS = 4e10  # a timed training pass multiplies about this many weight-flops
 STEPS = 4  # one-token steps a decode's timing takes
 CPUINFO = "/proc/cpuinfo"
 
@@ -119,6 +119,38 @@ def interleaved(runs, repeats=3):
             run()
             best[name] = min(best[name], time.perf_counter() - t0)
     return best
+
+
+# ----------------------------------------------------------------------- training: dtype=auto
+def training_dtype(model, batch):
+    """float32 or bfloat16 autocast, whichever runs model's forward and backward pass over
+    batch's first rows (about TOKENS weight-flops) faster here. The model is left as it was."""
+    flops = 6 * sum(p.numel() for p in model.parameters())
+    rows = max(1, min(len(batch["idx"]), int(TOKENS / flops / batch["idx"].size(1))))
+    batch = {k: v[:rows] for k, v in batch.items()}
+    shape = f"{type(model).__name__} {model.config}, {rows} x {batch['idx'].size(1)}"
+
+    def measure(options):
+        with torch.random.fork_rng():  # dropout draws nothing the run would
+            runs = {dtype: training_pass(model, batch, dtype) for dtype in options}
+            seconds = interleaved(runs)
+        for p in model.parameters():
+            p.grad = None
+        return seconds
+
+    return choose("dtype", shape, measure, ("float32", "bfloat16"))
+
+
+def training_pass(model, batch, dtype):
+    """A function running one forward and backward pass in dtype's autocast."""
+    from lib.common import autocast
+
+    def run():
+        with autocast("cpu", dtype):
+            _, loss = model(**batch)
+        loss.backward()
+
+    return run
 
 
 # ------------------------------------------------------------------- decoding: weights=auto

@@ -1,4 +1,4 @@
-"""What the scripts share: errors, the command line, devices and bfloat16, reading JSON."""
+"""What the scripts share: errors, the command line, devices and dtypes, reading JSON."""
 
 import argparse
 import difflib
@@ -6,7 +6,7 @@ import json
 import os
 import re
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -97,6 +97,13 @@ def native_bf16(device):
         return False
     flags = open("/proc/cpuinfo").read()
     return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def autocast(device, dtype):
+    """Mixed precision: matmuls in dtype, reductions in float32."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def check_regular(path):

@@ -1,6 +1,5 @@
 """A run's processes: torchrun's set-up, the model over them (DDP, FSDP, activation
-checkpointing), one training step, a stop every rank agrees on, its signals; the dtype it
-computes in (autocast; dtype=auto resolved, on a CPU by timing the model)."""
+checkpointing), one training step, a stop every rank agrees on, its signals."""
 
 import ctypes
 import functools
@@ -16,7 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from lib.common import Error, native_bf16, pick_device
+from lib.common import Error, autocast, native_bf16, pick_device
 
 
 @dataclass(frozen=True)
@@ -293,13 +292,6 @@ class TrainStep:
         self.scaler.update()
 
 
-def autocast(device, dtype):
-    """Mixed precision: matmuls in dtype, reductions in float32."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
-
-
 def resolve_dtype(dtype, device):
     """auto: bfloat16 where native, float16 on other GPUs, float32 elsewhere; checked for device."""
     kind = torch.device(device).type
@@ -320,40 +312,3 @@ def resolve_dtype(dtype, device):
             "and compile skipped): use dtype=auto (float16 here) or float32"
         )
     return dtype
-
-
-# dtype=auto's timed training pass multiplies about this many weight-flops
-TIMED_FLOPS = 4e10
-
-
-def training_dtype(model, batch):
-    """dtype=auto on a CPU: float32 or bfloat16 autocast, whichever runs model's forward and
-    backward pass over batch's first rows (about TIMED_FLOPS weight-flops) faster here, timed
-    once and remembered (lib/autotune.py). The model is left as it was."""
-    from lib.autotune import choose, interleaved
-
-    flops = 6 * sum(p.numel() for p in model.parameters())
-    rows = max(1, min(len(batch["idx"]), int(TIMED_FLOPS / flops / batch["idx"].size(1))))
-    batch = {k: v[:rows] for k, v in batch.items()}
-    shape = f"{type(model).__name__} {model.config}, {rows} x {batch['idx'].size(1)}"
-
-    def measure(options):
-        with torch.random.fork_rng():  # dropout draws nothing the run would
-            runs = {dtype: training_pass(model, batch, dtype) for dtype in options}
-            seconds = interleaved(runs)
-        for p in model.parameters():
-            p.grad = None
-        return seconds
-
-    return choose("dtype", shape, measure, ("float32", "bfloat16"))
-
-
-def training_pass(model, batch, dtype):
-    """A function running one forward and backward pass in dtype's autocast."""
-
-    def run():
-        with autocast("cpu", dtype):
-            _, loss = model(**batch)
-        loss.backward()
-
-    return run

@@ -9,7 +9,6 @@ from test_engine import tiny_gpt
 
 from lib import autotune, formats
 from lib.common import Error
-from lib.distributed import training_dtype
 from lib.formats import DynamicInt8Linear, Int8Linear
 
 
@@ -112,7 +111,7 @@ def test_a_real_measurement_leaves_the_model_as_it_was():
     model.train()
     batch = {"idx": torch.zeros(4, 8, dtype=torch.long), "targets": torch.ones(4, 8).long()}
     state = torch.random.get_rng_state()
-    assert training_dtype(model, batch) in ("float32", "bfloat16")
+    assert autotune.training_dtype(model, batch) in ("float32", "bfloat16")
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
