@@ -109,9 +109,8 @@ OTHER_TASKS = {
     "kept_pattern",
     "check_card",
 }
-# what a GPT's sample never runs: a classifier's card, an adapter's merge, training's
-# mixed precision
-NOT_SAMPLED = {"check_label_names", "merged", "autocast"}
+# what a GPT's sample never runs: a classifier's card, an adapter's merge
+NOT_SAMPLED = {"check_label_names", "merged"}
 
 
 def walk_defines(command):
