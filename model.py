@@ -8,6 +8,7 @@ run with attn_impl="explicit": every path, the patterns' and the caches' too, th
 """
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -172,11 +173,11 @@ class MultiHeadAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.float32_attention = False  # True: in float32 under any autocast (lib.autotune)
 
     def forward(self, x, mask=None, rope=None, cache=None, need_weights=False):
-        """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend, the whole mask
-        (None on a causal model: the causal kernel), or a pattern's fast path attend(q, k, v);
-        rope: rotation()'s; cache: cache.py's, its update() the keys and values so far."""
+        """x [B, T, d] -> (y [B, T, d], maps or None). mask: True = may attend (None: all, causal
+        on a causal model) or a pattern's attend(q, k, v); rope, cache: rotation()'s, cache.py's."""
         B, T, C = x.shape  # (B, T, d)
         # q, k, v each (B, h, T, d_k)
         q, k, v = self.qkv(x).view(B, T, 3, self.config.n_head, -1).permute(2, 0, 3, 1, 4)
@@ -189,21 +190,20 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, h, S, d_k): every key so far
             q = q.to(k.dtype)  # attention in the cache's dtype
-        # a cache without a mask: each query sees every key read
-        causal = self.causal and mask is None and cache is None
-        dropout_p = self.config.dropout if self.training else 0.0
+        f32 = self.float32_attention  # bfloat16's flash backward is slower on some CPUs
+        if f32:
+            q, k, v = q.float(), k.float(), v.float()
+        causal = self.causal and mask is None and cache is None  # a cache: every key read
+        drop = self.config.dropout if self.training else 0.0
         weights = None
         if need_weights or self.config.attn_impl == "explicit":
-            y, weights = attention(q, k, v, mask, causal, dropout_p)
+            y, weights = attention(q, k, v, mask, causal, drop)
         elif callable(mask):
             y = mask(q, k, v)
         else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
-            )
-        y = y.transpose(1, 2).reshape(
-            B, T, C
-        )  # (B, h, T, d_k) -> (B, T, d): the heads side by side
+            with torch.autocast(x.device.type, enabled=False) if f32 else nullcontext():
+                y = F.scaled_dot_product_attention(q, k, v, mask, drop, is_causal=causal)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, h, T, d_k) -> (B, T, d): heads side by side
         if cache is not None:
             y = y.to(x.dtype)  # back from the cache's dtype
         return self.resid_dropout(self.proj(y)), weights

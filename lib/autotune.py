@@ -122,9 +122,13 @@ def interleaved(runs, repeats=3):
 
 
 # ----------------------------------------------------------------------- training: dtype=auto
+FLOAT32_ATTENTION = "bfloat16, float32 attention"  # bfloat16's flash backward is slow on some CPUs
+
+
 def training_dtype(model, batch):
-    """float32 or bfloat16 autocast, whichever runs model's forward and backward pass over
-    batch's first rows (about TOKENS weight-flops) faster here. The model is left as it was."""
+    """float32 or bfloat16 autocast (its attention in bfloat16 or float32), whichever runs
+    model's forward and backward pass over batch's first rows (about TOKENS weight-flops) faster
+    here -> the dtype; the model's attention set as chosen, the model otherwise left as it was."""
     flops = 6 * sum(p.numel() for p in model.parameters())
     rows = max(1, min(len(batch["idx"]), int(TOKENS / flops / batch["idx"].size(1))))
     batch = {k: v[:rows] for k, v in batch.items()}
@@ -132,25 +136,37 @@ def training_dtype(model, batch):
 
     def measure(options):
         with torch.random.fork_rng():  # dropout draws nothing the run would
-            runs = {dtype: training_pass(model, batch, dtype) for dtype in options}
+            runs = {option: training_pass(model, batch, option) for option in options}
             seconds = interleaved(runs)
         for p in model.parameters():
             p.grad = None
         return seconds
 
-    return choose("dtype", shape, measure, ("float32", "bfloat16"))
+    choice = choose("dtype", shape, measure, ("float32", "bfloat16", FLOAT32_ATTENTION))
+    float32_attention(model, choice == FLOAT32_ATTENTION)
+    return choice.split(",")[0]
 
 
-def training_pass(model, batch, dtype):
-    """A function running one forward and backward pass in dtype's autocast."""
+def training_pass(model, batch, option):
+    """A function running one forward and backward pass as option says."""
     from lib.common import autocast
 
     def run():
-        with autocast("cpu", dtype):
+        float32_attention(model, option == FLOAT32_ATTENTION)
+        with autocast("cpu", option.split(",")[0]):
             _, loss = model(**batch)
         loss.backward()
 
     return run
+
+
+def float32_attention(model, on):
+    """Each attention of model in float32 under autocast (on) or in autocast's dtype."""
+    from model import MultiHeadAttention
+
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.float32_attention = on
 
 
 # ------------------------------------------------------------------- decoding: weights=auto

@@ -120,3 +120,30 @@ def test_fused_and_explicit_paths_agree(causal, padded):
         assert (weights.triu(1) == 0).all()
     if padded:
         assert (weights[2, :, :, 2:] == 0).all()
+
+
+def test_float32_attention_runs_the_kernel_in_float32_under_bfloat16_autocast(monkeypatch):
+    """lib.autotune's choice where bfloat16's backward is the slower: the products stay bfloat16."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, *args, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa(q, k, v, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    config = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    attn = MultiHeadAttention(config, causal=True)
+    x = torch.randn(2, 8, 16)
+    losses = {}
+    for on in (False, True):
+        attn.float32_attention = on
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, _ = attn(x)
+        assert y.dtype == torch.bfloat16  # W_O's product in bfloat16 either way
+        y.float().square().mean().backward()
+        losses[on] = y.float().square().mean().item()
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert seen == [(bf16, bf16, bf16, True), (f32, f32, f32, False)]
+    assert losses[True] == pytest.approx(losses[False], rel=0.05)
+    assert torch.isfinite(attn.qkv.weight.grad).all()

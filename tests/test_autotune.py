@@ -102,6 +102,32 @@ def test_auto_takes_the_measured_format(monkeypatch):
     assert model.weights_format == "int8" and isinstance(model.lm_head, Int8Linear)
 
 
+@pytest.mark.parametrize(
+    "choice, dtype, in_float32",
+    [
+        ("float32", "float32", False),
+        ("bfloat16", "bfloat16", False),
+        (autotune.FLOAT32_ATTENTION, "bfloat16", True),
+    ],
+)
+def test_the_training_choice_sets_the_dtype_and_the_attention(
+    monkeypatch, choice, dtype, in_float32
+):
+    """bfloat16 with its attention in float32 is one of the options timed: a run takes both."""
+    asked = []
+
+    def chosen(what, shape, measure, options):
+        asked.append(options)
+        return choice
+
+    monkeypatch.setattr(autotune, "choose", chosen)
+    model = tiny_gpt(n_layer=2)
+    batch = {"idx": torch.zeros(4, 8, dtype=torch.long), "targets": torch.ones(4, 8).long()}
+    assert autotune.training_dtype(model, batch) == dtype
+    assert asked == [("float32", "bfloat16", autotune.FLOAT32_ATTENTION)]
+    assert [b.attn.float32_attention for b in model.blocks] == [in_float32] * 2
+
+
 def test_a_real_measurement_leaves_the_model_as_it_was():
     """Decoding's and training's timings (untimed here) run copies or restore what they touch."""
     model = tiny_gpt()
