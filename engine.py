@@ -5,8 +5,6 @@ generator (never depending on the batch).
   while engine.busy(): engine.step()  # request.rows[i].tokens grow
 """
 
-from functools import partial
-
 import torch
 
 from cache import KVCache
@@ -138,11 +136,6 @@ class Engine:
                 self.submit([0], [greedy] * size, 2)
                 while self.busy():
                     self.step()
-        # one row on a KVCache: every step is the graph traced at a new length (symbolic, in
-        # the guards' bounds), so the guards (0.4 ms of GPT-2's token) are skipped; the model is
-        # then not to change (eager when training)
-        if rows == 1 and isinstance(self.cache, KVCache):
-            self.one_token = partial(unguarded, self.one_token)
 
     def busy(self):
         return bool(self.waiting or self.active)
@@ -238,7 +231,7 @@ class Engine:
         """The logits [B, vocab] after one new token idx [B, 1] in each of slots: the one-token
         step, eager at position 0, where a compiled step would hold a single key as a constant."""
         step = self.cache.step(slots, 1)
-        forward = self.model if step.n_keys == 1 or self.model.training else self.one_token
+        forward = self.model if step.n_keys == 1 else self.one_token
         # no version counters or autograd records: a tenth off a small model's token; a
         # cached forward keeps no tensor that a later training step could meet
         with torch.inference_mode():
@@ -291,12 +284,6 @@ class Engine:
         for row in [row for row in self.active if row.done]:
             self.active.remove(row)
             self.free.append(row.slot)
-
-
-def unguarded(compiled, *args, **kwargs):
-    """compiled(*args, **kwargs) without Dynamo's guards: only for calls that its warm-up traced."""
-    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-        return compiled(*args, **kwargs)
 
 
 def cache_dtype(weight):

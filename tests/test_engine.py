@@ -262,35 +262,6 @@ def test_int8_dynamic_compiles_as_one_graph(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_warm_one_row_step_skips_the_guards_and_decodes_as_eager(monkeypatch):
-    """One row's compiled step traces once for every position, so its guards (a twentieth of
-    GPT-2's token) are not evaluated: a guarded attribute changed (attention in float32, the same
-    numbers here) runs the graph traced, not a new one; a model put in training decodes eagerly."""
-    torch._dynamo.reset()
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    model = tiny_gpt()
-    engine = Engine(model, rows=1, compile=True)
-    for block in model.blocks:
-        block.attn.float32_attention = True
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        request = engine.submit([1, 2, 3], [greedy()], 20)
-        while engine.busy():
-            engine.step()
-    torch._dynamo.reset()
-    assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
-    model.train()
-    monkeypatch.setattr(engine, "one_token", refuse)
-    request = engine.submit([1, 2, 3], [greedy()], 5)
-    while engine.busy():
-        engine.step()
-    assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 5)
-
-
-def refuse(*args, **kwargs):
-    raise AssertionError("the compiled step ran")
-
-
-@pytest.mark.slow
 def test_a_compile_that_fails_is_one_line_naming_why():
     """No working C++ compiler: the engine says so in one line instead of inductor's traceback."""
     torch._dynamo.reset()  # compile afresh: an earlier test's graph would serve this model
