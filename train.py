@@ -82,7 +82,7 @@ def train(cfg, run, guard, state, given, data):
     # on the device: DDP's wrapper, or FSDP's shards in place (raw_model then holds this process's)
     model = parallel(raw_model, run, cfg.activation_checkpointing)
     if cfg.dtype == "auto" and run.device_type == "cpu" and not run.distributed:
-        from lib.autotune import training_dtype  # the faster of float32 and bfloat16 here
+        from lib.autotune import training_dtype  # the fastest of its options here
 
         batch = train_data.batch(train_data.rows(cfg.seed, 0, cfg.batch_size))
         run = replace(run, dtype=training_dtype(raw_model, batch))

@@ -49,9 +49,9 @@ OPTIONS = dict(
     ),
     dtype=Option(
         "auto",
-        "autocast dtype; auto: on a CPU the faster of float32 and bfloat16 for this model, timed "
-        "at the start and remembered (lib/autotune.py); bfloat16 on GPUs that have it, else "
-        "float16",
+        "autocast dtype; auto: on a CPU the fastest of float32, bfloat16 and bfloat16 with its "
+        "attention in float32 for this model, timed at the start and remembered "
+        "(lib/autotune.py); bfloat16 on GPUs that have it, else float16",
         choices=("auto", "float32", "bfloat16", "float16"),
     ),
     compile=Option(False, "torch.compile the model: a slower start, faster steps on GPUs"),
