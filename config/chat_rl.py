@@ -5,11 +5,6 @@
 #   python data/chat/reward.py                         # the prompts: data/chat/prompts.jsonl
 #   python rl.py config/chat_rl.py
 #   python sample.py --out_dir out-chat-rl --chat
-# then the rate by stages, each resumed exactly (BENCHMARKS.md: 52.7% -> 98.4% exact match):
-#   python rl.py --out_dir=out-chat-rl --init_from=resume --max_iters=800 --learning_rate=1e-4
-#   python rl.py --out_dir=out-chat-rl --init_from=resume --max_iters=1200 --learning_rate=3e-4
-#   python rl.py --out_dir=out-chat-rl --init_from=resume --max_iters=1600 --learning_rate=1e-4
-#   python rl.py --out_dir=out-chat-rl --init_from=resume --max_iters=2000 --learning_rate=5e-5
 out_dir = "out-chat-rl"
 wandb_project = "chat"
 init_from = "out-chat"
@@ -24,8 +19,13 @@ group_size = 16
 max_new_tokens = 8  # a word of 7 letters and its end
 temperature = 1.0  # the model's own distribution, whose greedy replies the evaluation scores
 std_advantage = True
-max_iters = 400
+max_iters = 2000
 eval_interval = 50
 log_interval = 10
-learning_rate = 5e-5  # the start is fragile: 2e-4 and up undo the fine-tune (BENCHMARKS.md)
-decay_lr = False
+# a warmup to the peak, then a cosine down: the start is fragile (2e-4 from step 0 undoes
+# the fine-tune), Capitals is learnt near the peak, the decay keeps the reversals (BENCHMARKS.md)
+learning_rate = 3e-4
+decay_lr = True
+warmup_iters = 1000
+lr_decay_iters = 2000
+min_lr = 5e-5
