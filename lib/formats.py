@@ -154,6 +154,12 @@ class DynamicInt8Linear(nn.Module):
         self.key = id(self)
         DYNAMIC_INT8[self.key] = self
 
+    def __setstate__(self, state):
+        """A copy (copy.deepcopy, pickle) under a key of its own: its original may go."""
+        super().__setstate__(state)
+        self.key = id(self)
+        DYNAMIC_INT8[self.key] = self
+
     def forward(self, x):
         if torch.compiler.is_compiling():
             return dynamic_int8_linear(x, self.key, self.out_features)

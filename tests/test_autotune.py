@@ -1,6 +1,8 @@
 """auto by measurement (lib/autotune.py): the fastest option chosen, remembered per machine,
 torch version and shape; a damaged file measured again; explicit formats untouched."""
 
+import copy
+import gc
 import json
 
 import pytest
@@ -154,6 +156,18 @@ def test_dynamic_int8_stays_near_float32():
     model = formats.for_decoding(tiny_gpt(), "cpu", "int8_dynamic")
     assert isinstance(model.lm_head, DynamicInt8Linear)
     assert model(torch.zeros(1, 4, dtype=torch.long))[0].isfinite().all()
+
+
+def test_a_copy_of_dynamic_int8_decodes_after_its_original_is_gone():
+    """The compiled op finds a layer by its key: a deep copy holds one of its own."""
+    torch.manual_seed(0)
+    layer = DynamicInt8Linear(torch.nn.Linear(64, 32))
+    twin = copy.deepcopy(layer)
+    x = torch.randn(3, 64)
+    expected = layer(x)
+    del layer
+    gc.collect()
+    assert torch.equal(formats.dynamic_int8_linear(x, twin.key, 32), expected)
 
 
 def test_dynamic_int8_is_refused_off_the_cpu():
