@@ -196,12 +196,12 @@ class MultiHeadAttention(nn.Module):
         causal = self.causal and mask is None and cache is None  # a cache: every key read
         drop = self.config.dropout if self.training else 0.0
         weights = None
-        if need_weights or self.config.attn_impl == "explicit":
-            y, weights = attention(q, k, v, mask, causal, drop)
-        elif callable(mask):
-            y = mask(q, k, v)
-        else:
-            with torch.autocast(x.device.type, enabled=False) if f32 else nullcontext():
+        with torch.autocast(x.device.type, enabled=False) if f32 else nullcontext():
+            if need_weights or self.config.attn_impl == "explicit":
+                y, weights = attention(q, k, v, mask, causal, drop)
+            elif callable(mask):
+                y = mask(q, k, v)
+            else:
                 y = F.scaled_dot_product_attention(q, k, v, mask, drop, is_causal=causal)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, h, T, d_k) -> (B, T, d): heads side by side
         if cache is not None:

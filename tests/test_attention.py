@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import model
 from model import GPTConfig, MultiHeadAttention, attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread
@@ -147,3 +148,22 @@ def test_float32_attention_runs_the_kernel_in_float32_under_bfloat16_autocast(mo
     assert seen == [(bf16, bf16, bf16, True), (f32, f32, f32, False)]
     assert losses[True] == pytest.approx(losses[False], rel=0.05)
     assert torch.isfinite(attn.qkv.weight.grad).all()
+
+
+def test_float32_attention_holds_on_the_explicit_path_too(monkeypatch):
+    """attention(), the math to edit, runs outside the autocast too where float32_attention is on:
+    its products in float32, not rounded back to bfloat16."""
+    seen = []
+    explicit = model.attention
+
+    def recording(q, k, v, *args):
+        seen.append((q.dtype, torch.is_autocast_enabled("cpu")))
+        return explicit(q, k, v, *args)
+
+    monkeypatch.setattr(model, "attention", recording)
+    config = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    attn = MultiHeadAttention(config, causal=True)
+    attn.float32_attention = True
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, maps = attn(torch.randn(2, 8, 16), need_weights=True)
+    assert seen == [(torch.float32, False)] and maps.dtype == torch.float32
