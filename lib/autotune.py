@@ -123,6 +123,12 @@ def interleaved(runs, repeats=3):
 
 # ----------------------------------------------------------------------- training: dtype=auto
 FLOAT32_ATTENTION = "bfloat16, float32 attention"  # bfloat16's flash backward is slow on some CPUs
+# each option of dtype=auto: (its autocast dtype, whether attention runs in float32)
+TRAINING = {
+    "float32": ("float32", False),
+    "bfloat16": ("bfloat16", False),
+    FLOAT32_ATTENTION: ("bfloat16", True),
+}
 
 
 def training_dtype(model, batch):
@@ -142,18 +148,20 @@ def training_dtype(model, batch):
             p.grad = None
         return seconds
 
-    choice = choose("dtype", shape, measure, ("float32", "bfloat16", FLOAT32_ATTENTION))
-    float32_attention(model, choice == FLOAT32_ATTENTION)
-    return choice.split(",")[0]
+    dtype, in_float32 = TRAINING[choose("dtype", shape, measure, tuple(TRAINING))]
+    float32_attention(model, in_float32)
+    return dtype
 
 
 def training_pass(model, batch, option):
     """A function running one forward and backward pass as option says."""
     from lib.common import autocast
 
+    dtype, in_float32 = TRAINING[option]
+
     def run():
-        float32_attention(model, option == FLOAT32_ATTENTION)
-        with autocast("cpu", option.split(",")[0]):
+        float32_attention(model, in_float32)
+        with autocast("cpu", dtype):
             _, loss = model(**batch)
         loss.backward()
 
