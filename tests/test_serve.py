@@ -651,10 +651,13 @@ def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline
     received = [0] * len(readers)
     closed = [False] * len(readers)
     when = [None] * len(readers)
-    while not all(closed) and time.perf_counter() - start < 20:
+    # read to its end, a stream takes 58 s; cut at its deadline, about 6
+    while not all(closed) and time.perf_counter() - start < 29:
         # 2 KB a second each (512 bytes a quarter), whether or not a read waits for its data
         quarter = time.perf_counter() + 0.25
         for i, s in enumerate(readers):
+            if closed[i]:
+                continue
             s.settimeout(0.01)
             try:
                 chunk = s.recv(512)
@@ -667,10 +670,10 @@ def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline
                 when[i] = round(time.perf_counter() - start, 2)
             received[i] += len(chunk)
         time.sleep(max(0.0, quarter - time.perf_counter()))
-    cut = time.perf_counter() - start
     for s in readers:
         s.close()
-    assert all(closed) and cut < 9, (cut, when)
+    # each cut after its deadline, counted from when the server read it, and before half its read
+    assert all(closed) and min(when) > 5, when
     # a whole stream (116 KB: every token's trace) is more than twice what was read
     assert max(received) < 58_000, received
 
