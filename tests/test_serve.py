@@ -745,18 +745,18 @@ def test_a_head_sent_a_line_at_a_time_is_cut(server, monkeypatch):
     (monkeypatched to 1 s here; uvicorn alone would keep it for ever)."""
     monkeypatch.setattr(transport, "HEAD_SECONDS", 1)
     host, port = server[0].split(":")
-    start = time.perf_counter()
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(b"GET /v1/models HTTP/1.1\r\n")
         try:
-            for i in range(30):
+            for sent in range(30):
                 time.sleep(0.3)
-                s.sendall(b"X-Slow-%d: 1\r\n" % i)
+                s.sendall(b"X-Slow-%d: 1\r\n" % sent)
         except (BrokenPipeError, ConnectionResetError):
             pass
         while s.recv(4096):
             pass
-    assert time.perf_counter() - start < 3
+    # cut about a second in, long before its last line (9 s)
+    assert sent < 20, sent
 
 
 def test_a_client_that_leaves_a_whole_answer_stops_its_decoding(server):
