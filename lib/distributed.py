@@ -65,13 +65,13 @@ def started(device, deterministic=False):
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    if "RANK" not in os.environ:
+    if not under_torchrun():
         yield Run(pick_device(device), dtype=None)
         return
-    world_size = int(os.environ["WORLD_SIZE"])
+    processes = world_size()
     if device not in ("auto", "cuda", "cpu"):
         raise Error(
-            f"--device {device} with {world_size} processes: each process takes its own GPU "
+            f"--device {device} with {processes} processes: each process takes its own GPU "
             "(LOCAL_RANK); use --device=auto or cuda (or cpu)"
         )
     cuda = device != "cpu" and torch.cuda.is_available()
@@ -80,7 +80,7 @@ def started(device, deterministic=False):
     # an hour: the other ranks wait while rank 0 saves a large checkpoint
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
     try:
-        yield Run(device, None, True, int(os.environ["RANK"]), world_size)
+        yield Run(device, None, True, rank(), processes)
         # every rank leaves once rank 0 has written its files; a rank that exits right after a
         # gloo collective can abort in teardown (pytorch/pytorch#190489)
         dist.barrier()
@@ -251,19 +251,19 @@ class StepGuard:
 
 
 # ------------------------------------------------------------------------- one training step
+@dataclass
 class TrainStep:
     """One run's step: its model, optimizers, processes (a lib.distributed.Run) and clipping."""
 
-    def __init__(self, model, raw_model, optimizers, run, grad_clip):
-        """model: what the forward runs through (the model, DDP's wrapper or torch.compile's);
-        raw_model: the model itself (under FSDP this process's shards); grad_clip 0: no clipping."""
-        self.model = model
-        self.raw_model = raw_model
-        self.optimizers = optimizers
-        self.run = run
-        self.grad_clip = grad_clip
-        self.ctx = autocast(run.device, run.dtype)
-        self.scaler = grad_scaler(run)  # float16's loss scaler; disabled otherwise
+    model: torch.nn.Module  # what the forward runs through: the model, DDP's or compile's wrapper
+    raw_model: torch.nn.Module  # the model itself (under FSDP this process's shards)
+    optimizers: list
+    run: Run
+    grad_clip: float  # 0: no clipping
+
+    def __post_init__(self):
+        self.ctx = autocast(self.run.device, self.run.dtype)
+        self.scaler = grad_scaler(self.run)  # float16's loss scaler; disabled otherwise
 
     def gradients(self, batches):
         """The micro-batches' gradients, summed: (the mean loss, the gradient's norm before
