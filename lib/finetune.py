@@ -1,7 +1,7 @@
 """A fine-tune's start (init_from a checkpoint folder or GPT-2): the pretrained GPT's body and
 shape, its context cut to the run's block_size, its token table grown for new tokens; LoRA's
-adapters on it; the settings it keeps (its attention pattern), and the check that the run's data
-is tokenized as its model."""
+adapters on it; the settings it keeps (its attention pattern), and the checks that its folder
+lies outside out_dir and that the run's data is tokenized as its model."""
 
 import os
 import sys
@@ -64,6 +64,23 @@ def pretrained_body(cfg, vocab_size, given):
         grown = f"from {config.vocab_size} to {shape['vocab_size']} rows"
         print(f"the token table grows {grown}", file=sys.stderr)
     return source.state_dict(), shape
+
+
+def check_start(cfg):
+    """init_from, a folder, lies outside out_dir: the run writes out_dir, and
+    --overwrite_out_dir moves its files aside, before the start is read."""
+    if inside(cfg.init_from, cfg.out_dir):
+        raise Error(
+            f"init_from={cfg.init_from!r}: must be a folder outside out_dir={cfg.out_dir!r}, "
+            "which the run writes (and --overwrite_out_dir moves aside): copy the checkpoint "
+            "elsewhere and start from there"
+        )
+
+
+def inside(path, folder):
+    """Whether path is folder or lies under it, links resolved."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def kept_pattern(settings, user_keys, keys):

@@ -135,12 +135,10 @@ def check_rules(cfg, resuming):
         raise broken(
             cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
         )
-    if not resuming and os.path.isdir(cfg.init_from) and inside(cfg.init_from, cfg.out_dir):
-        outside = (
-            f"a folder outside out_dir={cfg.out_dir!r}, which the run writes (and "
-            "--overwrite_out_dir moves aside): copy the checkpoint elsewhere and start from there"
-        )
-        raise broken(cfg, "init_from", outside)
+    if not resuming and os.path.isdir(cfg.init_from):
+        from lib.finetune import check_start  # a fine-tune's start
+
+        check_start(cfg)
     if cfg.strategy == "fsdp" and cfg.optimizer == "muon":
         whole = (
             "adamw with strategy=fsdp (Muon orthogonalises each whole matrix, FSDP gives each "
@@ -179,12 +177,6 @@ def check_shared(cfg, resuming):
     check_rules(
         replace(defaults, **{k: v for k, v in asdict(cfg).items() if k in OPTIONS}), resuming
     )
-
-
-def inside(path, folder):
-    """Whether path is folder or lies under it, links resolved."""
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return os.path.commonpath([path, folder]) == folder
 
 
 def broken(cfg, name, what):
