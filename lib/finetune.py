@@ -7,6 +7,8 @@ import os
 import sys
 from dataclasses import asdict, replace
 
+import torch
+
 from lib.checkpoint import PATTERN, SHAPE
 from lib.common import Error, read_json
 from lib.data import dataset_dir
@@ -15,16 +17,21 @@ from lib.options import CARD_FIX, GPT2_NAMES, check_tokenizer, checking
 from lib.weights import GPT2_TOKENIZER, load_pretrained
 
 
-def pretrained_start(cfg, meta, state, given):
-    """(cfg with the start's shape, the start's body, the adapter LoRA puts on it or None);
-    state: a resumed run's, whose adapters start from the base the run began from."""
+def pretrained_model(cfg, meta, state, given, new_model):
+    """(cfg with the start's shape, the start: the pretrained body, LoRA's adapters on it if
+    any); state: a resumed run's, whose adapters start from the base the run began from.
+    new_model: lib.settings.new_model, which makes the model that settings name."""
     base = cfg.init_from
     adapter = None
     if cfg.lora_rank:
         adapter = lora_adapter(cfg, state)
         base = adapter["base"]
     body, shape = pretrained_body(replace(cfg, init_from=base), meta["vocab_size"], given)
-    return replace(cfg, **shape), body, adapter
+    cfg = replace(cfg, **shape)
+    with torch.device("meta"):
+        model = new_model(asdict(cfg), meta)
+    model.load_body(body)
+    return cfg, model if adapter is None else adapted(model, adapter, state)
 
 
 # the SHAPE keys a fine-tune may set apart from its start's: a shorter context, more tokens

@@ -335,13 +335,9 @@ def make_model(cfg, meta, state, given):
         )
     # a fine-tune's start, or LoRA's base (a resumed run's too, its adapters loaded on it)
     if cfg.lora_rank or state is None and cfg.init_from != "scratch":
-        from lib.finetune import adapted, pretrained_start
+        from lib.finetune import pretrained_model
 
-        cfg, body, adapter = pretrained_start(cfg, meta, state, given)
-        with torch.device("meta"):
-            model = new_model(asdict(cfg), meta)
-        model.load_body(body)
-        return cfg, model if adapter is None else adapted(model, adapter, state)
+        return pretrained_model(cfg, meta, state, given, new_model)
     cfg = replace(cfg, vocab_size=vocab_size)
     if state is None:
         return cfg, new_model(asdict(cfg), meta)
