@@ -120,8 +120,8 @@ OPTIONS = dict(
         "attn.qkv, attn.proj, mlp.fc, mlp.proj",
     ),
 )
-# the adapters' keys, as lib/lora.py and a fine-tune's adapter read them
-LORA_KEYS = tuple(k for k in OPTIONS if k.startswith("lora_"))
+# the adapters' keys and their defaults, as lib/lora.py and a fine-tune's adapter read them
+LORA_DEFAULTS = {k: key.default for k, key in OPTIONS.items() if k.startswith("lora_")}
 
 
 def check_rules(cfg, resuming):
@@ -154,12 +154,11 @@ def check_rules(cfg, resuming):
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
-    if any(getattr(cfg, k) != OPTIONS[k].default for k in LORA_KEYS):
+    if any(getattr(cfg, k) != default for k, default in LORA_DEFAULTS.items()):
         from lib.lora import check_keys
 
-        check_keys(cfg, {k: OPTIONS[k].default for k in LORA_KEYS})
-    first_rank = rank() == 0
-    if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
+        check_keys(cfg, LORA_DEFAULTS)
+    if rank() == 0 and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(
             f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
             "learning rate will not have decayed to min_lr by the end "
