@@ -201,13 +201,9 @@ def save_model(model, out_dir, run, data_dir, **extra):
     if not run.master:
         return
     if run.sharded:
-        from torch.distributed.fsdp import FSDPModule
+        from parallel import unsharded
 
-        # fully_shard made the model's class a subclass (FSDPGPT of GPT)
-        plain = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
-        with torch.device("meta"):
-            copy = plain(model.config)
-        model = copy.load_weights(state)
+        model = unsharded(model, state)
     save_pretrained(model, out_dir, data_dir, **extra)
 
 

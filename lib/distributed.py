@@ -1,8 +1,7 @@
-"""A run's processes: torchrun's set-up, the model over them (DDP, FSDP, activation
-checkpointing), one training step, a stop every rank agrees on, its signals."""
+"""A run's processes: torchrun's set-up, the model over them (parallel.py's DDP, FSDP and
+activation checkpointing), one training step, a stop every rank agrees on, its signals."""
 
 import ctypes
-import functools
 import os
 import signal
 import sys
@@ -12,8 +11,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import checkpoint
 
 from lib.common import Error, autocast, native_bf16, pick_device
 
@@ -121,53 +118,12 @@ def agreed(run, attempt):
 # ------------------------------------------------------------------- the model over the processes
 def parallel(model, run, checkpointing):
     """The model as the loop calls it: itself on one process; DDP's wrapper, itself sharded
-    (FSDP) or with its activations recomputed otherwise."""
+    (FSDP) or with its activations recomputed otherwise (parallel.py)."""
     if not (checkpointing or run.distributed):
         return model.to(run.device)
+    from parallel import wrapped
+
     return wrapped(model, run, checkpointing)
-
-
-def wrapped(model, run, checkpointing):
-    """The model as the loop calls it: DDP's wrapper, or itself sharded (FSDP); with checkpointing,
-    its blocks' activations recomputed in the backward pass."""
-    if checkpointing:
-        recompute_blocks(model)
-    if run.sharded:
-        return shard(model, run)
-    model.to(run.device)
-    if not run.distributed:
-        return model
-    # DDP's device_ids: this process's GPU, none on CPUs
-    gpu = [run.device] if run.device_type == "cuda" else None
-    return DDP(model, device_ids=gpu)
-
-
-def shard(model, run):
-    """FSDP2: each Block, then the rest, split by rows over the processes. Returns the model."""
-    # imported here: a second at every start otherwise
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(run.device_type, (run.world_size,))
-    # gathered in the autocast dtype, reduced in float32 as DDP's; the shards stay float32
-    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, run.dtype), reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    return fully_shard(model, mesh=mesh, mp_policy=policy)
-
-
-def recompute_blocks(model):
-    """Activation checkpointing, set on each Block's instance: the state dict's names stay."""
-    for block in model.blocks:
-        block.forward = functools.partial(recomputed, block, block.forward)
-
-
-def recomputed(block, forward, *args, **kwargs):
-    """forward, checkpointed in training with gradients."""
-    if not block.training or not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    # non-reentrant: it restores the random state, so dropout draws the same masks
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def micro_step(model, run, last):

@@ -157,6 +157,7 @@ OPTIONS = (
     "tiktoken",
     "lib.chat",  # a chat model's tokenizer
     "lib.lora",  # lora_rank > 0, or an adapter checkpoint
+    "parallel",  # torchrun's processes (DDP, FSDP), or activation_checkpointing
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys
@@ -201,6 +202,7 @@ def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own()
         "lib.bpe",
         "tiktoken",
         "lib.chat",
+        "parallel",
     } <= taken
 
 
