@@ -186,7 +186,7 @@ def adapted(model, adapter, state):
     if state is not None:
         load_adapters(model, state["model"])
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if int(os.environ.get("RANK", 0)) == 0:
+    if rank() == 0:
         print(
             f"LoRA rank {adapter['rank']} on {adapter['targets']}: {trainable:,} trainable "
             f"parameters, the base's {model.num_params(False) - trainable:,} frozen",
