@@ -221,11 +221,11 @@ def get_lr(step, cfg):
 
 def evaluate_splits(model, splits, cfg, run, ctx):
     """evaluate on the train and val splits: {"train/loss": ..., "val/loss": ..., ...}."""
-    metrics = {}
-    for name, data in zip(("train", "val"), splits):
-        for k, v in evaluate(model, data, cfg, run, ctx).items():
-            metrics[f"{name}/{k}"] = v
-    return metrics
+    return {
+        f"{name}/{k}": v
+        for name, data in zip(("train", "val"), splits)
+        for k, v in evaluate(model, data, cfg, run, ctx).items()
+    }
 
 
 @torch.no_grad()

@@ -144,8 +144,7 @@ def resume(settings, user_keys, keys):
     current = asdict(settings)
     # a key newer than the state has its default there: a run before lora_rank had rank 0
     fixed = SHAPE + PATTERN + ADAPTERS + ("task", "optimizer")
-    asked = [k for k in fixed if k in user_keys]
-    was = {k: saved[k] if k in saved else keys[k].default for k in asked}
+    was = {k: saved.get(k, keys[k].default) for k in fixed if k in user_keys}
     changed = [f"{k}={v!r} there, {current[k]!r} here" for k, v in was.items() if v != current[k]]
     if changed:
         changes = "; ".join(changed)
@@ -202,13 +201,9 @@ def save_model(model, out_dir, run, data_dir, **extra):
     if not run.master:
         return
     if run.sharded:
-        from torch.distributed.fsdp import FSDPModule
+        from parallel import unsharded
 
-        # fully_shard made the model's class a subclass (FSDPGPT of GPT)
-        plain = next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
-        with torch.device("meta"):
-            copy = plain(model.config)
-        model = copy.load_weights(state)
+        model = unsharded(model, state)
     save_pretrained(model, out_dir, data_dir, **extra)
 
 
@@ -233,11 +228,15 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
         text = read_ranks_file(source, card["tokenizer"]["sha256"], where)
     # renamed in reverse: the tokenizer, the weights, then the card that names both
     with ExitStack() as files:
-        card_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "config.json")))
-        weights_tmp = files.enter_context(atomic_path(os.path.join(out_dir, "model.safetensors")))
+
+        def replacing(name):
+            """The temporary path that replaces out_dir's file name as the block ends."""
+            return files.enter_context(atomic_path(os.path.join(out_dir, name)))
+
+        card_tmp = replacing("config.json")
+        weights_tmp = replacing("model.safetensors")
         if tokenizer_file:
-            copy = files.enter_context(atomic_path(os.path.join(out_dir, tokenizer_file)))
-            with open(copy, "wb") as f:
+            with open(replacing(tokenizer_file), "wb") as f:
                 f.write(text)
         # drops a tied head's duplicate tensor
         safetensors.torch.save_model(

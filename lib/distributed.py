@@ -1,8 +1,7 @@
-"""A run's processes: torchrun's set-up, the model over them (DDP, FSDP, activation
-checkpointing), one training step, a stop every rank agrees on, its signals."""
+"""A run's processes: torchrun's set-up, the model over them (parallel.py's DDP, FSDP and
+activation checkpointing), one training step, a stop every rank agrees on, its signals."""
 
 import ctypes
-import functools
 import os
 import signal
 import sys
@@ -12,8 +11,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import checkpoint
 
 from lib.common import Error, autocast, native_bf16, pick_device
 
@@ -65,13 +62,13 @@ def started(device, deterministic=False):
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    if "RANK" not in os.environ:
+    if not under_torchrun():
         yield Run(pick_device(device), dtype=None)
         return
-    world_size = int(os.environ["WORLD_SIZE"])
+    processes = world_size()
     if device not in ("auto", "cuda", "cpu"):
         raise Error(
-            f"--device {device} with {world_size} processes: each process takes its own GPU "
+            f"--device {device} with {processes} processes: each process takes its own GPU "
             "(LOCAL_RANK); use --device=auto or cuda (or cpu)"
         )
     cuda = device != "cpu" and torch.cuda.is_available()
@@ -80,7 +77,7 @@ def started(device, deterministic=False):
     # an hour: the other ranks wait while rank 0 saves a large checkpoint
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=60))
     try:
-        yield Run(device, None, True, int(os.environ["RANK"]), world_size)
+        yield Run(device, None, True, rank(), processes)
         # every rank leaves once rank 0 has written its files; a rank that exits right after a
         # gloo collective can abort in teardown (pytorch/pytorch#190489)
         dist.barrier()
@@ -121,53 +118,12 @@ def agreed(run, attempt):
 # ------------------------------------------------------------------- the model over the processes
 def parallel(model, run, checkpointing):
     """The model as the loop calls it: itself on one process; DDP's wrapper, itself sharded
-    (FSDP) or with its activations recomputed otherwise."""
+    (FSDP) or with its activations recomputed otherwise (parallel.py)."""
     if not (checkpointing or run.distributed):
         return model.to(run.device)
+    from parallel import wrapped
+
     return wrapped(model, run, checkpointing)
-
-
-def wrapped(model, run, checkpointing):
-    """The model as the loop calls it: DDP's wrapper, or itself sharded (FSDP); with checkpointing,
-    its blocks' activations recomputed in the backward pass."""
-    if checkpointing:
-        recompute_blocks(model)
-    if run.sharded:
-        return shard(model, run)
-    model.to(run.device)
-    if not run.distributed:
-        return model
-    # DDP's device_ids: this process's GPU, none on CPUs
-    gpu = [run.device] if run.device_type == "cuda" else None
-    return DDP(model, device_ids=gpu)
-
-
-def shard(model, run):
-    """FSDP2: each Block, then the rest, split by rows over the processes. Returns the model."""
-    # imported here: a second at every start otherwise
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(run.device_type, (run.world_size,))
-    # gathered in the autocast dtype, reduced in float32 as DDP's; the shards stay float32
-    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, run.dtype), reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    return fully_shard(model, mesh=mesh, mp_policy=policy)
-
-
-def recompute_blocks(model):
-    """Activation checkpointing, set on each Block's instance: the state dict's names stay."""
-    for block in model.blocks:
-        block.forward = functools.partial(recomputed, block, block.forward)
-
-
-def recomputed(block, forward, *args, **kwargs):
-    """forward, checkpointed in training with gradients."""
-    if not block.training or not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    # non-reentrant: it restores the random state, so dropout draws the same masks
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def micro_step(model, run, last):
@@ -251,19 +207,19 @@ class StepGuard:
 
 
 # ------------------------------------------------------------------------- one training step
+@dataclass
 class TrainStep:
     """One run's step: its model, optimizers, processes (a lib.distributed.Run) and clipping."""
 
-    def __init__(self, model, raw_model, optimizers, run, grad_clip):
-        """model: what the forward runs through (the model, DDP's wrapper or torch.compile's);
-        raw_model: the model itself (under FSDP this process's shards); grad_clip 0: no clipping."""
-        self.model = model
-        self.raw_model = raw_model
-        self.optimizers = optimizers
-        self.run = run
-        self.grad_clip = grad_clip
-        self.ctx = autocast(run.device, run.dtype)
-        self.scaler = grad_scaler(run)  # float16's loss scaler; disabled otherwise
+    model: torch.nn.Module  # what the forward runs through: the model, DDP's or compile's wrapper
+    raw_model: torch.nn.Module  # the model itself (under FSDP this process's shards)
+    optimizers: list
+    run: Run
+    grad_clip: float  # 0: no clipping
+
+    def __post_init__(self):
+        self.ctx = autocast(self.run.device, self.run.dtype)
+        self.scaler = grad_scaler(self.run)  # float16's loss scaler; disabled otherwise
 
     def gradients(self, batches):
         """The micro-batches' gradients, summed: (the mean loss, the gradient's norm before

@@ -1,11 +1,13 @@
 """A fine-tune's start (init_from a checkpoint folder or GPT-2): the pretrained GPT's body and
 shape, its context cut to the run's block_size, its token table grown for new tokens; LoRA's
-adapters on it; the settings it keeps (its attention pattern), and the check that the run's data
-is tokenized as its model."""
+adapters on it; the settings it keeps (its attention pattern), and the checks that its folder
+lies outside out_dir and that the run's data is tokenized as its model."""
 
 import os
 import sys
 from dataclasses import asdict, replace
+
+import torch
 
 from lib.checkpoint import PATTERN, SHAPE
 from lib.common import Error, read_json
@@ -15,16 +17,21 @@ from lib.options import CARD_FIX, GPT2_NAMES, check_tokenizer, checking
 from lib.weights import GPT2_TOKENIZER, load_pretrained
 
 
-def pretrained_start(cfg, meta, state, given):
-    """(cfg with the start's shape, the start's body, the adapter LoRA puts on it or None);
-    state: a resumed run's, whose adapters start from the base the run began from."""
+def pretrained_model(cfg, meta, state, given, new_model):
+    """(cfg with the start's shape, the start: the pretrained body, LoRA's adapters on it if
+    any); state: a resumed run's, whose adapters start from the base the run began from.
+    new_model: lib.settings.new_model, which makes the model that settings name."""
     base = cfg.init_from
     adapter = None
     if cfg.lora_rank:
         adapter = lora_adapter(cfg, state)
         base = adapter["base"]
     body, shape = pretrained_body(replace(cfg, init_from=base), meta["vocab_size"], given)
-    return replace(cfg, **shape), body, adapter
+    cfg = replace(cfg, **shape)
+    with torch.device("meta"):
+        model = new_model(asdict(cfg), meta)
+    model.load_body(body)
+    return cfg, model if adapter is None else adapted(model, adapter, state)
 
 
 # the SHAPE keys a fine-tune may set apart from its start's: a shorter context, more tokens
@@ -64,6 +71,23 @@ def pretrained_body(cfg, vocab_size, given):
         grown = f"from {config.vocab_size} to {shape['vocab_size']} rows"
         print(f"the token table grows {grown}", file=sys.stderr)
     return source.state_dict(), shape
+
+
+def check_start(cfg):
+    """init_from, a folder, lies outside out_dir: the run writes out_dir, and
+    --overwrite_out_dir moves its files aside, before the start is read."""
+    if inside(cfg.init_from, cfg.out_dir):
+        raise Error(
+            f"init_from={cfg.init_from!r}: must be a folder outside out_dir={cfg.out_dir!r}, "
+            "which the run writes (and --overwrite_out_dir moves aside): copy the checkpoint "
+            "elsewhere and start from there"
+        )
+
+
+def inside(path, folder):
+    """Whether path is folder or lies under it, links resolved."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def kept_pattern(settings, user_keys, keys):
@@ -162,7 +186,7 @@ def adapted(model, adapter, state):
     if state is not None:
         load_adapters(model, state["model"])
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if int(os.environ.get("RANK", 0)) == 0:
+    if rank() == 0:
         print(
             f"LoRA rank {adapter['rank']} on {adapter['targets']}: {trainable:,} trainable "
             f"parameters, the base's {model.num_params(False) - trainable:,} frozen",

@@ -120,8 +120,8 @@ OPTIONS = dict(
         "attn.qkv, attn.proj, mlp.fc, mlp.proj",
     ),
 )
-# the adapters' keys, as lib/lora.py and a fine-tune's adapter read them
-LORA_KEYS = tuple(k for k in OPTIONS if k.startswith("lora_"))
+# the adapters' keys and their defaults, as lib/lora.py and a fine-tune's adapter read them
+LORA_DEFAULTS = {k: key.default for k, key in OPTIONS.items() if k.startswith("lora_")}
 
 
 def check_rules(cfg, resuming):
@@ -135,12 +135,10 @@ def check_rules(cfg, resuming):
         raise broken(
             cfg, "init_from", f"one of {', '.join(forms)} or a folder of GPT weights{hint}"
         )
-    if not resuming and os.path.isdir(cfg.init_from) and inside(cfg.init_from, cfg.out_dir):
-        outside = (
-            f"a folder outside out_dir={cfg.out_dir!r}, which the run writes (and "
-            "--overwrite_out_dir moves aside): copy the checkpoint elsewhere and start from there"
-        )
-        raise broken(cfg, "init_from", outside)
+    if not resuming and os.path.isdir(cfg.init_from):
+        from lib.finetune import check_start  # a fine-tune's start
+
+        check_start(cfg)
     if cfg.strategy == "fsdp" and cfg.optimizer == "muon":
         whole = (
             "adamw with strategy=fsdp (Muon orthogonalises each whole matrix, FSDP gives each "
@@ -156,12 +154,11 @@ def check_rules(cfg, resuming):
     for key in ("token_dropout", "bow_head", "bow_buckets"):
         if cfg.task != "classify" and getattr(cfg, key):
             raise broken(cfg, key, "0 unless task=classify (an option of the encoder)")
-    if any(getattr(cfg, k) != OPTIONS[k].default for k in LORA_KEYS):
+    if any(getattr(cfg, k) != default for k, default in LORA_DEFAULTS.items()):
         from lib.lora import check_keys
 
-        check_keys(cfg, {k: OPTIONS[k].default for k in LORA_KEYS})
-    first_rank = rank() == 0
-    if first_rank and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
+        check_keys(cfg, LORA_DEFAULTS)
+    if rank() == 0 and cfg.decay_lr and cfg.max_iters < cfg.lr_decay_iters:
         print(
             f"warning: max_iters={cfg.max_iters} < lr_decay_iters={cfg.lr_decay_iters}: the "
             "learning rate will not have decayed to min_lr by the end "
@@ -179,12 +176,6 @@ def check_shared(cfg, resuming):
     check_rules(
         replace(defaults, **{k: v for k, v in asdict(cfg).items() if k in OPTIONS}), resuming
     )
-
-
-def inside(path, folder):
-    """Whether path is folder or lies under it, links resolved."""
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return os.path.commonpath([path, folder]) == folder
 
 
 def broken(cfg, name, what):
@@ -343,13 +334,9 @@ def make_model(cfg, meta, state, given):
         )
     # a fine-tune's start, or LoRA's base (a resumed run's too, its adapters loaded on it)
     if cfg.lora_rank or state is None and cfg.init_from != "scratch":
-        from lib.finetune import adapted, pretrained_start
+        from lib.finetune import pretrained_model
 
-        cfg, body, adapter = pretrained_start(cfg, meta, state, given)
-        with torch.device("meta"):
-            model = new_model(asdict(cfg), meta)
-        model.load_body(body)
-        return cfg, model if adapter is None else adapted(model, adapter, state)
+        return pretrained_model(cfg, meta, state, given, new_model)
     cfg = replace(cfg, vocab_size=vocab_size)
     if state is None:
         return cfg, new_model(asdict(cfg), meta)

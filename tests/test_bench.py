@@ -125,18 +125,41 @@ def walk_defines(command):
     return defined
 
 
+def write_characters(folder):
+    """A prepared character dataset of 3 tokens, its train and val splits 200 tokens each."""
+    for split in ("train", "val"):
+        save_array(str(folder / f"{split}.bin"), np.arange(200, dtype=np.uint16) % 3)
+    splits = {"train": 200, "val": 200}
+    chars = {"type": "char", "chars": "abc"}
+    write_meta(folder, task="lm", tokenizer=chars, vocab_size=3, dtype="uint16", splits=splits)
+
+
 @pytest.mark.slow  # a training run in a subprocess
 def test_a_plain_training_runs_walk_holds_no_other_tasks_code(tmp_path):
     """The files that a language model's run from scratch imports (its walk) define none of
     the classifier's rows, the conversations, a fine-tune's start or a checkpoint
     card's check."""
-    for split in ("train", "val"):
-        save_array(str(tmp_path / f"{split}.bin"), np.arange(200, dtype=np.uint16) % 3)
-    splits = {"train": 200, "val": 200}
-    chars = {"type": "char", "chars": "abc"}
-    write_meta(tmp_path, task="lm", tokenizer=chars, vocab_size=3, dtype="uint16", splits=splits)
+    write_characters(tmp_path)
     run = ["train.py", f"--dataset={tmp_path}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1"]
     assert walk_defines(run + TINY) & OTHER_TASKS == set()
+
+
+# the most tokens a plain training run's walk holds (BENCHMARKS.md, "the walks")
+TRAINING_WALK = 15_000
+
+
+@pytest.mark.slow  # a training run in a subprocess
+def test_a_plain_training_runs_walk_holds_at_most_15000_tokens(tmp_path):
+    """config/shakespeare_char_cpu.py's run from scratch, as the walk's benchmark runs it, on a
+    small dataset: its files hold at most TRAINING_WALK tokens."""
+    write_characters(tmp_path)
+    run = ["train.py", "config/shakespeare_char_cpu.py", f"--dataset={tmp_path}"]
+    run += [f"--out_dir={tmp_path / 'out'}", "--max_iters=2", *TINY]
+    command = [sys.executable, "bench/core_tokens.py", "--", sys.executable, *run]
+    out = subprocess.run(command, cwd=speed.ROOT, capture_output=True, text=True, check=True)
+    files = walk_tables(out.stdout)[0]
+    assert "lib/finetune.py" not in files
+    assert sum(files.values()) <= TRAINING_WALK, files
 
 
 @pytest.mark.slow  # a sample in a subprocess
@@ -157,6 +180,7 @@ OPTIONS = (
     "tiktoken",
     "lib.chat",  # a chat model's tokenizer
     "lib.lora",  # lora_rank > 0, or an adapter checkpoint
+    "parallel",  # torchrun's processes (DDP, FSDP), or activation_checkpointing
 )
 # a one-process character-level GPT in train.py's and sample.py's calls, then each option taken
 RUN = """import sys
@@ -201,6 +225,7 @@ def test_a_plain_run_imports_no_options_module_and_each_option_imports_its_own()
         "lib.bpe",
         "tiktoken",
         "lib.chat",
+        "parallel",
     } <= taken
 
 

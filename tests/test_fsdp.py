@@ -23,8 +23,8 @@ from test_train import fixed_peak, lm_dir, run_in_one_thread, settings, state  #
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import parallel
 import train
-from lib import distributed as distributed
 from lib.common import Error
 from lib.distributed import Run
 from lib.settings import load_split
@@ -324,16 +324,16 @@ def test_recomputed_blocks_keep_their_names_and_gradients(monkeypatch):
     )
     plain = GPT(config)
     recomputed = copy.deepcopy(plain)
-    distributed.recompute_blocks(recomputed)
+    parallel.recompute_blocks(recomputed)
     assert list(recomputed.state_dict()) == list(plain.state_dict())
     calls = []
-    checkpoint = distributed.checkpoint
+    checkpoint = parallel.checkpoint
 
     def counted(*args, **kwargs):
         calls.append(1)
         return checkpoint(*args, **kwargs)
 
-    monkeypatch.setattr(distributed, "checkpoint", counted)
+    monkeypatch.setattr(parallel, "checkpoint", counted)
     idx = torch.randint(0, 10, (3, 8))
     for model in (plain, recomputed):
         torch.manual_seed(1)
