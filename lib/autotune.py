@@ -4,15 +4,15 @@ in a JSON file (GPT_STARTER_AUTOTUNE names it; else the user's cache folder)."""
 
 import copy
 import hashlib
-import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from functools import partial
 
 import torch
+
+from lib.common import Error, read_json
 
 ENV = "GPT_STARTER_AUTOTUNE"  # the cache file's path, for tests and shared machines
 TOKENS = 4e10  # a timed training pass multiplies about this many weight-flops
@@ -52,24 +52,21 @@ def machine():
 def read_cache():
     """The measurements remembered, or none where the file is missing or damaged."""
     try:
-        with open(cache_path(), encoding="utf-8") as f:
-            cache = json.load(f)
-    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON
+        cache = read_json(cache_path(), "autotune cache")
+    except Error:  # missing, unreadable, not JSON
         return {}
     return cache if isinstance(cache, dict) else {}
 
 
 def write_cache(cache):
     """The file replaced whole (a reader never sees half); a folder it cannot write is skipped."""
+    from lib.files import write_json  # a measurement's alone: a remembered choice writes nothing
+
     path = cache_path()
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=os.path.dirname(path) or ".", delete=False, suffix=".tmp"
-        ) as f:
-            json.dump(cache, f, indent=1)
-        os.replace(f.name, path)
-    except OSError:
+        write_json(path, cache)
+    except (OSError, Error):  # lib.files' WriteError is an Error
         pass  # measured again next time
 
 
@@ -92,14 +89,9 @@ def choose(what, shape, measure, options):
         cache[key] = seconds
         write_cache(cache)
         how = "measured"
-    best = fastest(seconds)
+    best = min(seconds, key=seconds.get)
     log(verdict(what, best, seconds, how))
     return best
-
-
-def fastest(seconds):
-    """The option of the least time."""
-    return min(seconds, key=seconds.get)
 
 
 def verdict(what, best, seconds, how):
