@@ -8,8 +8,8 @@ generator (never depending on the batch).
 import torch
 
 from cache import KVCache
-from decoding import NextToken, Options, pick_tokens
-from lib.common import Error, compiling
+from decoding import pick_tokens
+from lib.common import Error
 from lib.options import Option
 from model import varying_lengths
 
@@ -101,8 +101,10 @@ class Engine:
         self.waiting = []
         self.active = []
         self.one_token = model
-        if compile:  # before any request is timed (gpt-fast's decode)
-            self.warm_up(rows)
+        if compile:  # its module imported for it alone
+            from compiled import warm_up
+
+            warm_up(self, rows)
 
     def submit(
         self, prompt, rules, max_new_tokens, end_tokens=(), logprobs=None, echo=False, client=None
@@ -126,16 +128,6 @@ class Engine:
         # queued only once whole: a server's thread steps while requests come in
         self.waiting.append(request)
         return request
-
-    def warm_up(self, rows):
-        """Compiles the one-token step by throwaway requests of one row and of all."""
-        self.one_token = torch.compile(self.model, dynamic=True)
-        greedy = NextToken(Options(), greedy=True)
-        with compiling("drop --compile, or install a C++ compiler"):
-            for size in (1, rows):
-                self.submit([0], [greedy] * size, 2)
-                while self.busy():
-                    self.step()
 
     def busy(self):
         return bool(self.waiting or self.active)
