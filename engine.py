@@ -121,9 +121,9 @@ class Engine:
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         size = None if self.model.endless else self.block_size
-        rows = []
-        for rule in rules:
-            rows.append(Row(prompt, rule, max_new_tokens, size, end_tokens, logprobs, client))
+        rows = [
+            Row(prompt, rule, max_new_tokens, size, end_tokens, logprobs, client) for rule in rules
+        ]
         request = Request(rows, echo)
         # queued only once whole: a server's thread steps while requests come in
         self.waiting.append(request)
