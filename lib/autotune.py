@@ -12,7 +12,7 @@ from functools import partial
 
 import torch
 
-from lib.common import Error, read_json
+from lib.common import Error, autocast, read_json
 
 ENV = "GPT_STARTER_AUTOTUNE"  # the cache file's path, for tests and shared machines
 TOKENS = 4e10  # a timed training pass multiplies about this many weight-flops
@@ -136,8 +136,7 @@ def training_dtype(model, batch):
         with torch.random.fork_rng():  # dropout draws nothing the run would
             runs = {option: training_pass(model, batch, option) for option in options}
             seconds = interleaved(runs)
-        for p in model.parameters():
-            p.grad = None
+        model.zero_grad()  # the timing's grads dropped (set to None)
         return seconds
 
     dtype, in_float32 = TRAINING[choose("dtype", shape, measure, tuple(TRAINING))]
@@ -147,8 +146,6 @@ def training_dtype(model, batch):
 
 def training_pass(model, batch, option):
     """A function running one forward and backward pass as option says."""
-    from lib.common import autocast
-
     dtype, in_float32 = TRAINING[option]
 
     def run():
