@@ -101,7 +101,7 @@ class Engine:
         self.waiting = []
         self.active = []
         self.one_token = model
-        if compile:  # its module imported for it alone
+        if compile:  # before any request is timed; compiled.py is --compile's alone
             from compiled import warm_up
 
             warm_up(self, rows)
