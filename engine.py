@@ -287,8 +287,7 @@ def log_probabilities(logits, tokens, top):
     """Each of tokens' log-probability under logits [len(tokens), vocab] (the model's, before any
     decoding option), and each position's top alternatives as [(token, log-probability)]."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    ids = torch.tensor(tokens, device=logits.device)
-    chosen = logprobs.gather(1, ids[:, None])[:, 0]
+    chosen = logprobs[range(len(tokens)), tokens]  # position i's of tokens[i]
     values, top_ids = logprobs.topk(top, dim=-1)  # [len(tokens), top]
     pairs = zip(top_ids.tolist(), values.tolist())
     return chosen.tolist(), [list(zip(*pair)) for pair in pairs]
