@@ -8,8 +8,8 @@ generator (never depending on the batch).
 import torch
 
 from cache import KVCache
-from decoding import NextToken, Options, pick_tokens
-from lib.common import Error, compiling
+from decoding import pick_tokens
+from lib.common import Error
 from lib.options import Option
 from model import varying_lengths
 
@@ -101,8 +101,10 @@ class Engine:
         self.waiting = []
         self.active = []
         self.one_token = model
-        if compile:  # before any request is timed (gpt-fast's decode)
-            self.warm_up(rows)
+        if compile:  # before any request is timed; compiled.py is --compile's alone
+            from compiled import warm_up
+
+            warm_up(self, rows)
 
     def submit(
         self, prompt, rules, max_new_tokens, end_tokens=(), logprobs=None, echo=False, client=None
@@ -119,23 +121,13 @@ class Engine:
         if echo and len(prompt) > self.block_size:
             raise Error(f"a prompt scored whole must fit in block_size {self.block_size}")
         size = None if self.model.endless else self.block_size
-        rows = []
-        for rule in rules:
-            rows.append(Row(prompt, rule, max_new_tokens, size, end_tokens, logprobs, client))
+        rows = [
+            Row(prompt, rule, max_new_tokens, size, end_tokens, logprobs, client) for rule in rules
+        ]
         request = Request(rows, echo)
         # queued only once whole: a server's thread steps while requests come in
         self.waiting.append(request)
         return request
-
-    def warm_up(self, rows):
-        """Compiles the one-token step by throwaway requests of one row and of all."""
-        self.one_token = torch.compile(self.model, dynamic=True)
-        greedy = NextToken(Options(), greedy=True)
-        with compiling("drop --compile, or install a C++ compiler"):
-            for size in (1, rows):
-                self.submit([0], [greedy] * size, 2)
-                while self.busy():
-                    self.step()
 
     def busy(self):
         return bool(self.waiting or self.active)
@@ -295,8 +287,7 @@ def log_probabilities(logits, tokens, top):
     """Each of tokens' log-probability under logits [len(tokens), vocab] (the model's, before any
     decoding option), and each position's top alternatives as [(token, log-probability)]."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    ids = torch.tensor(tokens, device=logits.device)
-    chosen = logprobs.gather(1, ids[:, None])[:, 0]
+    chosen = logprobs[range(len(tokens)), tokens]  # position i's of tokens[i]
     values, top_ids = logprobs.topk(top, dim=-1)  # [len(tokens), top]
     pairs = zip(top_ids.tolist(), values.tolist())
     return chosen.tolist(), [list(zip(*pair)) for pair in pairs]

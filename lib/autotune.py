@@ -4,15 +4,15 @@ in a JSON file (GPT_STARTER_AUTOTUNE names it; else the user's cache folder)."""
 
 import copy
 import hashlib
-import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from functools import partial
 
 import torch
+
+from lib.common import Error, autocast, read_json
 
 ENV = "GPT_STARTER_AUTOTUNE"  # the cache file's path, for tests and shared machines
 TOKENS = 4e10  # a timed training pass multiplies about this many weight-flops
@@ -52,24 +52,21 @@ def machine():
 def read_cache():
     """The measurements remembered, or none where the file is missing or damaged."""
     try:
-        with open(cache_path(), encoding="utf-8") as f:
-            cache = json.load(f)
-    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON
+        cache = read_json(cache_path(), "autotune cache")
+    except Error:  # missing, unreadable, not JSON
         return {}
     return cache if isinstance(cache, dict) else {}
 
 
 def write_cache(cache):
     """The file replaced whole (a reader never sees half); a folder it cannot write is skipped."""
+    from lib.files import write_json  # a measurement's alone: a remembered choice writes nothing
+
     path = cache_path()
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=os.path.dirname(path) or ".", delete=False, suffix=".tmp"
-        ) as f:
-            json.dump(cache, f, indent=1)
-        os.replace(f.name, path)
-    except OSError:
+        write_json(path, cache)
+    except (OSError, Error):  # lib.files' WriteError is an Error
         pass  # measured again next time
 
 
@@ -92,14 +89,9 @@ def choose(what, shape, measure, options):
         cache[key] = seconds
         write_cache(cache)
         how = "measured"
-    best = fastest(seconds)
+    best = min(seconds, key=seconds.get)
     log(verdict(what, best, seconds, how))
     return best
-
-
-def fastest(seconds):
-    """The option of the least time."""
-    return min(seconds, key=seconds.get)
 
 
 def verdict(what, best, seconds, how):
@@ -144,8 +136,7 @@ def training_dtype(model, batch):
         with torch.random.fork_rng():  # dropout draws nothing the run would
             runs = {option: training_pass(model, batch, option) for option in options}
             seconds = interleaved(runs)
-        for p in model.parameters():
-            p.grad = None
+        model.zero_grad()  # the timing's grads dropped (set to None)
         return seconds
 
     dtype, in_float32 = TRAINING[choose("dtype", shape, measure, tuple(TRAINING))]
@@ -155,8 +146,6 @@ def training_dtype(model, batch):
 
 def training_pass(model, batch, option):
     """A function running one forward and backward pass as option says."""
-    from lib.common import autocast
-
     dtype, in_float32 = TRAINING[option]
 
     def run():

@@ -109,19 +109,22 @@ OTHER_TASKS = {
     "kept_pattern",
     "check_card",
 }
-# what a GPT's sample never runs: a classifier's card, an adapter's merge
-NOT_SAMPLED = {"check_label_names", "merged"}
+# what a GPT's sample never runs: a classifier's card, an adapter's merge, --compile's warm-up
+NOT_SAMPLED = {"check_label_names", "merged", "warm_up"}
 
 
 def walk_defines(command):
-    """The names that the files of a command's walk define at their top level."""
+    """The names that the files of a command's walk define at their top level and in their
+    classes."""
     command = [sys.executable, "bench/core_tokens.py", "--", sys.executable, *command]
     out = subprocess.run(command, cwd=speed.ROOT, capture_output=True, text=True, check=True)
     defined = set()
     for name in walk_tables(out.stdout)[0]:
         with open(os.path.join(speed.ROOT, name)) as f:
             tree = ast.parse(f.read())
-        defined |= {getattr(node, "name", None) for node in tree.body}
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+        for node in [*tree.body, *(member for c in classes for member in c.body)]:
+            defined.add(getattr(node, "name", None))
     return defined
 
 
