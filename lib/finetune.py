@@ -67,7 +67,8 @@ def pretrained_body(cfg, vocab_size, given):
         )
     shape["block_size"] = min(cfg.block_size, config.block_size)
     shape["vocab_size"] = max(config.vocab_size, vocab_size)
-    if shape["vocab_size"] > config.vocab_size:  # the model's load_body draws the new rows
+    # the model's load_body draws the new rows; one line for the run, from its first process
+    if shape["vocab_size"] > config.vocab_size and rank() == 0:
         grown = f"from {config.vocab_size} to {shape['vocab_size']} rows"
         print(f"the token table grows {grown}", file=sys.stderr)
     return source.state_dict(), shape

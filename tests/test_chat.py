@@ -528,6 +528,7 @@ def test_a_chat_fine_tune_under_ddp_equals_one_process(base, chats, tmp_path):
     ]
     result = torchrun(tmp_path, [argv + [f"--out_dir={tmp_path / 'ddp'}"]])
     assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("the token table grows") == 1  # the run's line, not a rank's
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each torchrun worker: the same sums in the same order
     try:
