@@ -33,6 +33,7 @@ from bench.nanogpt import SHORT, timed  # noqa: E402
 from lib.autotune import ENV  # noqa: E402
 from lib.common import ArgumentParser, Error, run_script  # noqa: E402
 from lib.options import Option, flags  # noqa: E402
+from lib.records import read_metrics  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--batch_size=4", "--eval_iters=2"]
@@ -42,6 +43,14 @@ SAMPLE = ["--max_new_tokens=50", "--weights=float32", "--device=cpu"]
 PLAIN = [*SAMPLE, "--start=ROMEO:", "--ignore_eos"]
 GGUF = importlib.util.find_spec("gguf") is not None  # export.py --gguf needs it
 HEADLINES = "Stocks fall on rate fears\nLakers win again\nNew chip doubles speed\n"
+# the old code's runs: (its config, the dataset, flags beside TINY)
+RUNS = {
+    "char": ("shakespeare_char_cpu.py", "shakespeare_char", []),
+    "bpe": ("shakespeare_char_cpu.py", "shakespeare", ["--gelu=tanh", "--block_size=16"]),
+    "agnews": ("agnews.py", "agnews", ["--block_size=16"]),
+    "window": ("shakespeare_char_window.py", "shakespeare_char", ["--window=16"]),
+    "chat": ("chat.py", "chat", []),
+}
 FLAGS = {
     "old": Option(None, "another checkout (a commit before)"),
     "speed": Option(False, "also time the old and this code side by side"),
@@ -66,28 +75,28 @@ def checkpoints(old, work):
         script(old, f"data/{name}/prepare.py", f"--source={text}", f"--out_dir={data}/{name}")
     agnews = os.path.join(SHARED, "agnews_sample")
     script(old, "data/agnews/prepare.py", f"--source={agnews}", f"--out_dir={data}/agnews")
-    runs = {
-        "char": ("shakespeare_char_cpu.py", "shakespeare_char", []),
-        "bpe": ("shakespeare_char_cpu.py", "shakespeare", ["--gelu=tanh", "--block_size=16"]),
-        "agnews": ("agnews.py", "agnews", ["--block_size=16"]),
-        "window": ("shakespeare_char_window.py", "shakespeare_char", ["--window=16"]),
-        "chat": ("chat.py", "chat", []),
-    }
-    folders = {name: os.path.join(work, name) for name in runs}
-    for name, (config, dataset, extra) in runs.items():
+    folders = {name: os.path.join(work, name) for name in RUNS}
+    chat = [f"--tokenizer_from={folders['char']}", f"--out_dir={data}/chat"]
+    for name in RUNS:
         if name == "chat":  # its conversations in the character model's tokens
-            chat = [f"--tokenizer_from={folders['char']}", f"--out_dir={data}/chat"]
             script(old, "data/chat/prepare.py", *chat, "--examples=200")
-            extra = [f"--init_from={folders['char']}"]
-        shape = [] if name == "chat" else TINY
-        args = [*shape, "--max_iters=4", f"--dataset={data}/{dataset}", *extra]
-        script(old, "train.py", f"config/{config}", *args, f"--out_dir={folders[name]}")
+        old_run(old, work, name, folders[name], 4)
     folders["hf"] = os.path.join(work, "hf")
     gguf = os.path.join(work, "old.gguf")
     script(old, "export.py", f"--out_dir={folders['bpe']}", f"--hf_dir={folders['hf']}")
     if GGUF:
         script(old, "export.py", f"--out_dir={folders['bpe']}", f"--gguf={gguf}")
     return folders
+
+
+def old_run(old, work, name, out, steps):
+    """The old train.py's run name of RUNS, steps steps, into out."""
+    config, dataset, extra = RUNS[name]
+    if name == "chat":  # the character model's fine-tune, in its shape
+        extra = [f"--init_from={os.path.join(work, 'char')}"]
+    shape = [] if name == "chat" else TINY
+    args = [*shape, f"--max_iters={steps}", f"--dataset={work}/data/{dataset}", *extra]
+    script(old, "train.py", f"config/{config}", *args, f"--out_dir={out}")
 
 
 def first_difference(a, b):
@@ -122,9 +131,7 @@ def probabilities(old, folder):
         )
         rows = [json.loads(line)["probs"] for line in text.splitlines()]
         found.append(torch.tensor([list(row.values()) for row in rows]))
-    gap = (found[0] - found[1]).abs().max().item()
-    verdict = "equal" if gap < 1e-5 else f"DIFFERS by {gap:.2e}"
-    return [("agnews", "classify.py --json probabilities", verdict)]
+    return [("agnews", "classify.py --json probabilities", closeness(*found))]
 
 
 def exports(old, folders, work):
@@ -150,14 +157,29 @@ def exports(old, folders, work):
     return rows
 
 
-def resume(folders, work):
-    """Row: the old character run continued 2 steps here (--init_from=resume)."""
-    out = os.path.join(work, "resumed")
+def resume(old, folders, work):
+    """Row: the old character run's 4 steps continued to 6 here (--init_from=resume), its last
+    losses against the old code's 6 steps in one run."""
+    out, straight = os.path.join(work, "resumed"), os.path.join(work, "straight")
     shutil.copytree(folders["char"], out)
     dataset = os.path.join(work, "data", "shakespeare_char")
     args = ["--init_from=resume", f"--out_dir={out}", "--max_iters=6", f"--dataset={dataset}"]
     script(ROOT, "train.py", *args)
-    return [("char", "train.py --init_from=resume, 4 -> 6 steps", "runs")]
+    old_run(old, work, "char", straight, 6)
+    losses = [torch.tensor(last_losses(d)) for d in (out, straight)]
+    return [("char", "train.py --init_from=resume, 4 -> 6 steps: losses", closeness(*losses))]
+
+
+def last_losses(out_dir):
+    """The last evaluation's train and val loss in out_dir's metrics."""
+    last = [m for m in read_metrics(out_dir) if "val/loss" in m][-1]
+    return [last["train/loss"], last["val/loss"]]
+
+
+def closeness(a, b):
+    """'equal' within float32's noise, or the largest difference."""
+    gap = (a - b).abs().max().item()
+    return "equal" if gap < 1e-5 else f"DIFFERS by {gap:.2e}"
 
 
 def configs(old, folders, work):
@@ -175,8 +197,7 @@ def configs(old, folders, work):
         elif name == "finetune_shakespeare":  # GPT-2's fine-tune: the BPE model's shape
             extra += [f"--init_from={folders['bpe']}", "--block_size=16"]
         else:
-            extra += TINY + ["--block_size=32", "--window=16"] * (name.endswith("window"))
-            extra += ["--block_size=32"] * (not name.endswith("window"))
+            extra += [*TINY, "--block_size=32", *["--window=16"] * name.endswith("window")]
         out = os.path.join(work, f"config-{name}")
         script(ROOT, "train.py", path, *extra, "--max_iters=2", f"--out_dir={out}")
         rows.append(("config", f"config/{name}.py, 2 steps", "runs"))
@@ -243,7 +264,7 @@ def main(argv=None):
         os.environ[ENV] = os.path.join(work, "autotune.json")  # auto's timings of this run
         folders = checkpoints(old, work)
         rows = samples(old, folders) + probabilities(old, folders["agnews"])
-        rows += exports(old, folders, work) + resume(folders, work)
+        rows += exports(old, folders, work) + resume(old, folders, work)
         rows += configs(old, folders, work)
         if args.speed:
             rows += speed(old, work, args.turns)
