@@ -52,7 +52,6 @@ RUNS = {
     "chat": ("chat.py", "chat", []),
 }
 FLAGS = {
-    "old": Option(None, "another checkout (a commit before)"),
     "speed": Option(False, "also time the old and this code side by side"),
     "turns": Option(3, "rounds of --speed's runs (medians)"),
 }
@@ -253,9 +252,10 @@ def baby_run(root, command, work):
 
 def main(argv=None):
     p = ArgumentParser(prog="compat.py", description=__doc__)
+    p.add_argument("--old", required=True, help="a checkout of a commit before (git worktree)")
     flags(p, FLAGS)
     args = p.parse_args(argv)
-    if not args.old or not os.path.isfile(os.path.join(args.old, "train.py")):
+    if not os.path.isfile(os.path.join(args.old, "train.py")):
         p.error(f"--old {args.old}: no train.py there (a checkout of this repository)")
     if not os.path.isdir(SHARED):
         raise Error(f"{SHARED}: missing (Tiny Shakespeare and AG News rows are read from it)")
