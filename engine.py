@@ -129,7 +129,9 @@ class Engine:
 
     def warm_up(self, rows):
         """Compiles the one-token step by throwaway requests of one row and of all."""
-        self.one_token = torch.compile(self.model, dynamic=True)
+        # on a CPU inductor's C++ wrapper: no Python between the step's kernels and ops
+        cpp = dict(cpp_wrapper=self.device.type == "cpu")
+        self.one_token = torch.compile(self.model, dynamic=True, options=cpp)
         greedy = NextToken(Options(), greedy=True)
         with compiling("drop --compile, or install a C++ compiler"):
             for size in (1, rows):
