@@ -88,11 +88,10 @@ OPS = torch.library.Library("gpt", "FRAGMENT")
 
 def compiler_op(schema, kernel, shape):
     """kernel as the op gpt::schema, shape (the output's, for tracing) its fake."""
-    name = schema.split("(")[0]
-    OPS.define(schema)
+    name = OPS.define(schema)
     # every backend's kernel: a packed weight is an MkldnnCPU tensor, not a CPU one
     OPS.impl(name, kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"gpt::{name}", shape, lib=OPS)
+    torch.library.register_fake(f"gpt::{name}", shape)
     return getattr(torch.ops.gpt, name).default
 
 
