@@ -10,7 +10,9 @@ from lib.common import compiling
 
 def warm_up(engine, rows):
     """Compiles engine's one-token step by throwaway requests of one row and of all."""
-    engine.one_token = torch.compile(engine.model, dynamic=True)
+    # on a CPU inductor's C++ wrapper: no Python between the step's kernels and ops
+    cpp = dict(cpp_wrapper=engine.device.type == "cpu")
+    engine.one_token = torch.compile(engine.model, dynamic=True, options=cpp)
     greedy = NextToken(Options(), greedy=True)
     with compiling("drop --compile, or install a C++ compiler"):
         for size in (1, rows):

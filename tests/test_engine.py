@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import generate
+from torch._inductor.utils import run_and_get_code
 
 from cache import KVCache
 from decoding import NextToken, Options
@@ -254,6 +255,21 @@ def test_int8_dynamic_compiles_as_one_graph(monkeypatch):
     monkeypatch.setattr(torch, "compile", whole)
     model = for_decoding(tiny_gpt(), "cpu", "int8_dynamic")
     engine = Engine(model, rows=1, compile=True)
+    request = engine.submit([1, 2, 3], [greedy()], 20)
+    while engine.busy():
+        engine.step()
+    torch._dynamo.reset()
+    assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
+
+
+@pytest.mark.slow
+def test_a_compiled_step_on_a_cpu_calls_its_int8_products_from_cpp():
+    """On a CPU the compiled step is inductor's C++ wrapper, which calls the int8 x int8 op
+    itself (no Python between the step's kernels), and decodes as the eager engine."""
+    torch._dynamo.reset()
+    model = for_decoding(tiny_gpt(), "cpu", "int8_dynamic")
+    engine, (code,) = run_and_get_code(Engine, model, 1, compile=True)
+    assert 'aoti_torch_call_dispatcher("gpt::dynamic_int8_linear"' in code
     request = engine.submit([1, 2, 3], [greedy()], 20)
     while engine.busy():
         engine.step()
