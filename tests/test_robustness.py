@@ -452,6 +452,8 @@ BAD_INPUTS = [
     ("bench/nanogpt.py", ["--nanogpt={d}", "--source={d}/nope.txt"], "not a nanoGPT checkout"),
     ("bench/patterns.py", ["--skip_quality", "--out_dir={d}/missing"], "no checkpoint there"),
     ("bench/generate.py", ["--old={d}"], "no sample.py there"),
+    ("bench/compat.py", ["--old={d}"], "no train.py there"),
+    ("bench/compat.py", [], "the following arguments are required: --old"),
     ("bench/generate.py", ["--val_model={d}/missing"], "no checkpoint there"),
     ("bench/serve_load.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
     (
