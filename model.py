@@ -417,9 +417,8 @@ class EncoderClassifier(Transformer):
     def forward(self, idx, attention_mask=None, labels=None, need_weights=False):
         """idx [B, n], attention_mask [B, n] (1 = real token; default idx != pad_token_id) ->
         (logits [B, n_classes], loss or None[, maps])."""
-        real = idx != self.config.pad_token_id  # (B, n): True = a real token
-        if attention_mask is not None:
-            real = attention_mask.bool()
+        # (B, n): True = a real token
+        real = idx != self.config.pad_token_id if attention_mask is None else attention_mask.bool()
         # hidden tokens read as padding: a shorter text
         if self.training and self.config.token_dropout > 0:
             kept = real & (torch.rand(real.shape, device=real.device) >= self.config.token_dropout)
