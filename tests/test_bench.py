@@ -113,19 +113,23 @@ OTHER_TASKS = {
 NOT_SAMPLED = {"check_label_names", "merged", "warm_up"}
 
 
-def walk_defines(command):
-    """The names that the files of a command's walk define at their top level and in their
-    classes."""
+def walk(command):
+    """{file: tokens} of a command's walk (python COMMAND), as bench/core_tokens.py counts them."""
     command = [sys.executable, "bench/core_tokens.py", "--", sys.executable, *command]
     out = subprocess.run(command, cwd=speed.ROOT, capture_output=True, text=True, check=True)
-    defined = set()
-    for name in walk_tables(out.stdout)[0]:
+    return walk_tables(out.stdout)[0]
+
+
+def defined(files):
+    """The names that files define at their top level and in their classes."""
+    names = set()
+    for name in files:
         with open(os.path.join(speed.ROOT, name)) as f:
             tree = ast.parse(f.read())
         classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
         for node in [*tree.body, *(member for c in classes for member in c.body)]:
-            defined.add(getattr(node, "name", None))
-    return defined
+            names.add(getattr(node, "name", None))
+    return names
 
 
 def write_characters(folder):
@@ -137,30 +141,19 @@ def write_characters(folder):
     write_meta(folder, task="lm", tokenizer=chars, vocab_size=3, dtype="uint16", splits=splits)
 
 
-@pytest.mark.slow  # a training run in a subprocess
-def test_a_plain_training_runs_walk_holds_no_other_tasks_code(tmp_path):
-    """The files that a language model's run from scratch imports (its walk) define none of
-    the classifier's rows, the conversations, a fine-tune's start or a checkpoint
-    card's check."""
-    write_characters(tmp_path)
-    run = ["train.py", f"--dataset={tmp_path}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1"]
-    assert walk_defines(run + TINY) & OTHER_TASKS == set()
-
-
 # the most tokens a plain training run's walk holds (BENCHMARKS.md, "the walks")
 TRAINING_WALK = 15_000
 
 
 @pytest.mark.slow  # a training run in a subprocess
-def test_a_plain_training_runs_walk_holds_at_most_15000_tokens(tmp_path):
+def test_a_plain_training_runs_walk_holds_no_other_tasks_code_and_at_most_15000_tokens(tmp_path):
     """config/shakespeare_char_cpu.py's run from scratch, as the walk's benchmark runs it, on a
-    small dataset: its files hold at most TRAINING_WALK tokens."""
+    small dataset: its files define none of the classifier's rows, the conversations, a
+    fine-tune's start or a checkpoint card's check, and hold at most TRAINING_WALK tokens."""
     write_characters(tmp_path)
     run = ["train.py", "config/shakespeare_char_cpu.py", f"--dataset={tmp_path}"]
-    run += [f"--out_dir={tmp_path / 'out'}", "--max_iters=2", *TINY]
-    command = [sys.executable, "bench/core_tokens.py", "--", sys.executable, *run]
-    out = subprocess.run(command, cwd=speed.ROOT, capture_output=True, text=True, check=True)
-    files = walk_tables(out.stdout)[0]
+    files = walk(run + [f"--out_dir={tmp_path / 'out'}", "--max_iters=2", *TINY])
+    assert defined(files) & OTHER_TASKS == set()
     assert "lib/finetune.py" not in files
     assert sum(files.values()) <= TRAINING_WALK, files
 
@@ -171,7 +164,7 @@ def test_a_gpts_samples_walk_holds_no_other_runs_code(tmp_path):
     model = GPT(GPTConfig(vocab_size=3, block_size=8, n_layer=1, n_head=1, n_embd=8))
     save_pretrained(model, tmp_path, task="lm", tokenizer={"type": "char", "chars": "abc"})
     run = ["sample.py", f"--out_dir={tmp_path}", "--max_new_tokens=2", "--weights=float32"]
-    assert walk_defines(run + ["--device=cpu"]) & NOT_SAMPLED == set()
+    assert defined(walk(run + ["--device=cpu"])) & NOT_SAMPLED == set()
 
 
 # the modules of options a plain run does not take, each imported only where its option is chosen
