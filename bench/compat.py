@@ -53,7 +53,7 @@ RUNS = {
 }
 FLAGS = {
     "speed": Option(False, "also time the old and this code side by side"),
-    "turns": Option(3, "rounds of --speed's runs (medians)"),
+    "turns": Option(3, "rounds of --speed's runs (medians)", ge=1),
 }
 
 

@@ -454,6 +454,7 @@ BAD_INPUTS = [
     ("bench/generate.py", ["--old={d}"], "no sample.py there"),
     ("bench/compat.py", ["--old={d}"], "no train.py there"),
     ("bench/compat.py", [], "the following arguments are required: --old"),
+    ("bench/compat.py", ["--old={d}", "--turns=0"], "--turns: must be >= 1, got 0"),
     ("bench/generate.py", ["--val_model={d}/missing"], "no checkpoint there"),
     ("bench/serve_load.py", ["--out_dir={d}/gpt", "--requests=0"], "must be >= 1, got 0"),
     (
