@@ -187,6 +187,26 @@ def test_the_compiled_int8_op_runs_its_kernel_with_no_python_of_torch_between(mo
     assert callers == [formats.__file__, torch._ops.__file__]
 
 
+def test_a_dynamic_int8_product_asks_its_packed_weights_for_nothing(monkeypatch):
+    """torch asks an op's arguments for __torch_function__; the packed weights, a TorchScript
+    object, answer by a C++ exception a call. int8_products calls with the asking off."""
+    asked = []
+    lookup = torch.ScriptObject.__getattr__
+
+    def spy(self, name):
+        asked.append(name)
+        return lookup(self, name)
+
+    layer = DynamicInt8Linear(torch.nn.Linear(64, 32))
+    x = torch.randn(3, 64)
+    expected = torch.ops.quantized.linear_dynamic(x, layer.packed, True)
+    monkeypatch.setattr(torch.ScriptObject, "__getattr__", spy)
+    assert torch.equal(formats.int8_products(x, layer.packed), expected)
+    assert asked == []
+    torch.ops.quantized.linear_dynamic(x, layer.packed, True)
+    assert asked == ["__torch_function__"]  # what the spy sees without the asking off
+
+
 def test_dynamic_int8_is_refused_off_the_cpu():
     with pytest.raises(Error, match="on a CPU only"):
         formats.resolve_weights("int8_dynamic", "cuda:0")
