@@ -6,8 +6,8 @@ or GPT-2's own from a Hugging Face folder with --init_from), in one run:
      where two differ first, each side's margin of its pick there;
   2. speed: batch 1, --new_tokens greedy tokens, --threads threads: llama.cpp on the float16 and
      Q8_0 files (their weights as stored: load_llama) against our engine with sample.py's
-     default weights, int8 compiled and int8_dynamic eager and compiled, the runs interleaved,
-     the best of --rounds each.
+     default weights, int8 compiled and int8_dynamic eager and compiled, the runs interleaved
+     (every other round backwards), the best of --rounds each.
   python bench/gguf_check.py --json gguf.json
 Needs llama-cpp-python and the gguf package; TIKTOKEN_CACHE_DIR must point at the GPT-2 BPE
 offline.
@@ -167,9 +167,13 @@ def speed_section(out_dir, files, prompt, n, vocab_size, threads, rounds):
             name += " (defaults)"
         runs[name] = partial(our_greedy, engine, prompt, n, vocab_size)
     best = dict.fromkeys(runs, 0.0)
+    order = list(runs)
     for _ in range(rounds):
-        for name, run in runs.items():
-            best[name] = max(best[name], n / run()[-1])
+        for name in order:
+            best[name] = max(best[name], n / runs[name]()[-1])
+        # a run right after llama.cpp's decodes up to 13% slower: every other round backwards, no
+        # run always follows the same one
+        order.reverse()
     for name, rate in best.items():
         print(f"{name:32s} {rate:7.1f} tokens/s", flush=True)
     return best
