@@ -298,8 +298,13 @@ def step_split(steps=20):
     (their operators' time under torch.profiler, in a second run of as many steps)."""
     shapes = dict(gpt2=GPTConfig(**GPT2), shakespeare=GPTConfig(**SHAKESPEARE, bias=False))
     greedy = NextToken(Options(), greedy=True)
-    # packed, torch's own, or int8's
-    products = ("mkldnn::_linear_pointwise", "aten::linear", "aten::_weight_int8pack_mm")
+    # packed, torch's own, int8's or int8_dynamic's
+    products = (
+        "mkldnn::_linear_pointwise",
+        "aten::linear",
+        "aten::_weight_int8pack_mm",
+        "quantized::linear_dynamic",
+    )
     results = {}
     for name, config in shapes.items():
         engine = Engine(for_decoding(GPT(config), "cpu"), rows=1)
