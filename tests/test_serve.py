@@ -504,7 +504,6 @@ def test_a_bounded_load_answers_every_request_correctly_with_flat_memory(server)
     decoder = server[1].models["gpt"]["decoder"]
     with ThreadPoolExecutor(8) as pool:
         for _ in range(2):
-            start = time.perf_counter()
             steps = decoder.steps
             tokens = server[1].tokens_generated
             answers = list(
@@ -512,12 +511,12 @@ def test_a_bounded_load_answers_every_request_correctly_with_flat_memory(server)
                     lambda i: post(server, "/v1/completions", bodies[i % 20])["choices"], range(200)
                 )
             )
-            rounds.append((time.perf_counter() - start, rss_mb()))
+            rounds.append(rss_mb())
             assert answers == [alone[i % 20] for i in range(200)]
             # continuous batching: concurrent requests share the model's steps
             assert decoder.steps - steps < (server[1].tokens_generated - tokens) / 2
-    (_, warm), (seconds, after) = rounds
-    assert seconds < 60 and after - warm < 10, rounds  # MB: a leak of ~50 KB a request would show
+    warm, after = rounds
+    assert after - warm < 10, rounds  # MB: a leak of ~50 KB a request would show
 
 
 @pytest.mark.skipif(
@@ -624,15 +623,26 @@ def test_64_connections_at_once_are_all_answered(server):
         assert list(pool.map(classification, range(40))) == [200] * 40
 
 
+def reset(reader):
+    """Whether the server has dropped reader's connection: a peek at it meets the reset."""
+    try:
+        reader.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:  # open, nothing buffered yet
+        return False
+    except ConnectionResetError:
+        return True
+    return False
+
+
 @pytest.mark.slow
 def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline(strict):
-    """16 streams of 4 traced choices of 64 tokens (116 KB each), each client reading 2 KB a
-    second: their slots go back when their decoding ends (3.5 s for all on 2 cores), so another
-    client is answered before the slow streams reach their 6 s deadline, where each is cut, not
-    read to its end. Were the slots held to the streams' ends, it would wait past that."""
+    """16 streams of 4 traced choices of 32 tokens (60 KB each), each client reading 2 KB a
+    second: their slots go back when their decoding ends (half a second for all on 2 cores),
+    so another client is answered before any slow stream is cut at its 6 s deadline, not read
+    to its end. Were the slots held to the streams' ends, it would wait for the cuts."""
     address, playground = strict
     host, port = address.split(":")
-    body = json.dumps(dict(prompt="ab", n=4, max_tokens=64, trace=20, stream=True)).encode()
+    body = json.dumps(dict(prompt="ab", n=4, max_tokens=32, trace=20, stream=True)).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -647,12 +657,12 @@ def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline
     start = time.perf_counter()
     status, answer = request(address, "POST", "/v1/completions", dict(prompt="ab", max_tokens=8))
     assert status == 200 and len(answer["choices"][0]["text"]) == 8, answer
-    assert time.perf_counter() - start < 6
+    assert not any(map(reset, readers))  # answered before the first cut
     received = [0] * len(readers)
     closed = [False] * len(readers)
     when = [None] * len(readers)
-    # read to its end, a stream takes 58 s; cut at its deadline, about 6
-    while not all(closed) and time.perf_counter() - start < 29:
+    # read to its end, a stream takes 30 s; cut at its deadline, about 6
+    while not all(closed) and time.perf_counter() - start < 15:
         # 2 KB a second each (512 bytes a quarter), whether or not a read waits for its data
         quarter = time.perf_counter() + 0.25
         for i, s in enumerate(readers):
@@ -674,8 +684,8 @@ def test_slow_readers_leave_a_normal_client_answered_and_are_cut_at_the_deadline
         s.close()
     # each cut after its deadline, counted from when the server read it, and before half its read
     assert all(closed) and min(when) > 5, when
-    # a whole stream (116 KB: every token's trace) is more than twice what was read
-    assert max(received) < 58_000, received
+    # a whole stream (60 KB: every token's trace) is more than twice what was read
+    assert max(received) < 30_000, received
 
 
 def test_a_rebinding_host_a_text_plain_post_and_a_foreign_origin_are_refused(strict):
