@@ -228,15 +228,10 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
         text = read_ranks_file(source, card["tokenizer"]["sha256"], where)
     # renamed in reverse: the tokenizer, the weights, then the card that names both
     with ExitStack() as files:
-
-        def replacing(name):
-            """The temporary path that replaces out_dir's file name as the block ends."""
-            return files.enter_context(atomic_path(os.path.join(out_dir, name)))
-
-        card_tmp = replacing("config.json")
-        weights_tmp = replacing("model.safetensors")
+        card_tmp = replacing(files, out_dir, "config.json")
+        weights_tmp = replacing(files, out_dir, "model.safetensors")
         if tokenizer_file:
-            with open(replacing(tokenizer_file), "wb") as f:
+            with open(replacing(files, out_dir, tokenizer_file), "wb") as f:
                 f.write(text)
         # drops a tied head's duplicate tensor
         safetensors.torch.save_model(
@@ -244,6 +239,11 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, **extra):
         )
         with open(card_tmp, "w") as f:
             json.dump(card, f, indent=2)
+
+
+def replacing(files, out_dir, name):
+    """The temporary path that replaces out_dir's file name as files (an ExitStack) closes."""
+    return files.enter_context(atomic_path(os.path.join(out_dir, name)))
 
 
 def gathered(model, optimizers):
