@@ -263,6 +263,23 @@ def test_int8_dynamic_compiles_as_one_graph(monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_compiled_row_of_int8_products_is_one_fused_kernel_not_the_eager_one():
+    """int8's compiled one-row step multiplies in inductor's own fused sums, each weight read
+    once, not through _weight_int8pack_mm (1.3x a GPT-2 token), and decodes as the eager
+    engine."""
+    torch._dynamo.reset()
+    model = for_decoding(tiny_gpt(), "cpu", "int8")
+    engine, (code,) = run_and_get_code(Engine, model, 1, compile=True)
+    assert "_weight_int8pack_mm" not in code
+    assert "const int8_t* in_ptr" in code
+    request = engine.submit([1, 2, 3], [greedy()], 20)
+    while engine.busy():
+        engine.step()
+    torch._dynamo.reset()
+    assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
+
+
+@pytest.mark.slow
 def test_a_compiled_step_on_a_cpu_calls_its_int8_products_from_cpp():
     """On a CPU the compiled step is inductor's C++ wrapper, which calls the int8 x int8 op
     itself (no Python between the step's kernels), and decodes as the eager engine."""
@@ -453,6 +470,25 @@ def test_int8_weights_stay_within_their_rounding():
     model = for_decoding(tiny_gpt(n_embd=30), "cpu", "int8")
     assert isinstance(model.lm_head, Int8Linear)
     assert len(lone(model, [1, 2], greedy(), 20)) == 20
+
+
+def test_a_row_of_fused_int8_products_is_the_kernels_sums_in_another_order():
+    """fused_row_products (a compiled one-row step's int8 product) against
+    _weight_int8pack_mm: the same float32 sums in another order, without the kernel's bfloat16
+    rounding of each output (2^-8 relative); a reordered sum of n products moves by at most n
+    float32 ulps of the sum of their magnitudes."""
+    import torch._inductor.inductor_prims  # noqa: F401 (its prims, loaded under compile)
+
+    torch.manual_seed(0)
+    for n_in, n_out in ((16, 3), (30, 17), (128, 64)):
+        layer = Int8Linear(nn.Linear(n_in, n_out))
+        weight, scales = layer.weight_int8, layer.scales
+        row = torch.randn(1, weight.size(1)).to(torch.bfloat16)
+        kernel = torch._weight_int8pack_mm(row, weight, scales).float()
+        fused = formats.fused_row_products(row, weight, scales)
+        magnitudes = row.float().abs() @ (weight.float().abs() * scales.float()[:, None]).T
+        bound = 2**-8 * kernel.abs() + weight.size(1) * 2**-23 * magnitudes
+        assert ((fused - kernel).abs() <= bound).all(), (n_in, n_out)
 
 
 def test_waiting_requests_take_turns_by_client():
