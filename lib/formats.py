@@ -143,17 +143,12 @@ class Int8Linear(nn.Module):
         flat = x.reshape(-1, x.size(-1)).to(torch.bfloat16)
         # a new, aligned tensor, its rows padded as the weight's
         flat = nn.functional.pad(flat, (0, self.weight_int8.size(1) - x.size(-1)))
-        if torch.compiler.is_compiling() and one_row_on_cpu(flat):
+        if torch.compiler.is_compiling() and flat.size(0) == 1 and flat.is_cpu:
             y = fused_row_products(flat, self.weight_int8, self.scales)
         else:
             y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)
         y = y.view(*x.shape[:-1], y.size(-1)).to(x.dtype)
         return y if self.bias is None else y + self.bias
-
-
-def one_row_on_cpu(flat):
-    """Whether flat [rows, in] is one row on a CPU."""
-    return flat.size(0) == 1 and flat.device.type == "cpu"
 
 
 def fused_row_products(row, weight, scales):

@@ -262,31 +262,25 @@ def test_int8_dynamic_compiles_as_one_graph(monkeypatch):
     assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
 
 
-@pytest.mark.slow
-def test_a_compiled_row_of_int8_products_is_one_fused_kernel_not_the_eager_one():
-    """int8's compiled one-row step multiplies in inductor's own fused sums, each weight read
-    once, not through _weight_int8pack_mm (1.3x a GPT-2 token), and decodes as the eager
-    engine."""
-    torch._dynamo.reset()
-    model = for_decoding(tiny_gpt(), "cpu", "int8")
-    engine, (code,) = run_and_get_code(Engine, model, 1, compile=True)
-    assert "_weight_int8pack_mm" not in code
-    assert "const int8_t* in_ptr" in code
-    request = engine.submit([1, 2, 3], [greedy()], 20)
-    while engine.busy():
-        engine.step()
-    torch._dynamo.reset()
-    assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
+# what a compiled one-row step's C++ holds and lacks, by weight format
+CPP_PRODUCTS = [
+    # the int8 x int8 op called from C++ itself: no Python between the step's kernels
+    ("int8_dynamic", 'aoti_torch_call_dispatcher("gpt::dynamic_int8_linear"', None),
+    # inductor's own fused sums over the int8 weights (1.58x a GPT-2 token), not torch's kernel
+    ("int8", "const int8_t* in_ptr", "_weight_int8pack_mm"),
+]
 
 
 @pytest.mark.slow
-def test_a_compiled_step_on_a_cpu_calls_its_int8_products_from_cpp():
-    """On a CPU the compiled step is inductor's C++ wrapper, which calls the int8 x int8 op
-    itself (no Python between the step's kernels), and decodes as the eager engine."""
+@pytest.mark.parametrize("weights, holds, lacks", CPP_PRODUCTS, ids=["int8_dynamic", "int8"])
+def test_a_compiled_step_on_a_cpu_multiplies_in_cpp(weights, holds, lacks):
+    """On a CPU the compiled step is inductor's C++ wrapper, its int8 products as CPP_PRODUCTS
+    says, and it decodes as the eager engine."""
     torch._dynamo.reset()
-    model = for_decoding(tiny_gpt(), "cpu", "int8_dynamic")
+    model = for_decoding(tiny_gpt(), "cpu", weights)
     engine, (code,) = run_and_get_code(Engine, model, 1, compile=True)
-    assert 'aoti_torch_call_dispatcher("gpt::dynamic_int8_linear"' in code
+    assert holds in code
+    assert lacks is None or lacks not in code
     request = engine.submit([1, 2, 3], [greedy()], 20)
     while engine.busy():
         engine.step()
