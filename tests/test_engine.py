@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import generate
-from torch._inductor.utils import run_and_get_code
+from torch._inductor.utils import run_and_get_cpp_code
 
 from cache import KVCache
+from compiled import OneRowStep
 from decoding import NextToken, Options
 from engine import Engine
 from lib import formats
@@ -262,30 +263,39 @@ def test_int8_dynamic_compiles_as_one_graph(monkeypatch):
     assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
 
 
-# what a compiled one-row step's C++ holds and lacks, by weight format
+# what a compiled one-row step's C++ holds and lacks, by weight format, and whether it is
+# compiled ahead of time (compiled.OneRowStep: no Python between tokens)
 CPP_PRODUCTS = [
     # the int8 x int8 op called from C++ itself: no Python between the step's kernels
-    ("int8_dynamic", 'aoti_torch_call_dispatcher("gpt::dynamic_int8_linear"', None),
+    ("int8_dynamic", 'aoti_torch_call_dispatcher("gpt::dynamic_int8_linear"', None, False),
     # inductor's own fused sums over the int8 weights (1.58x a GPT-2 token), not torch's kernel
-    ("int8", "const int8_t* in_ptr", "_weight_int8pack_mm"),
+    ("int8", "const int8_t* in_ptr", "_weight_int8pack_mm", True),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights, holds, lacks", CPP_PRODUCTS, ids=["int8_dynamic", "int8"])
-def test_a_compiled_step_on_a_cpu_multiplies_in_cpp(weights, holds, lacks):
-    """On a CPU the compiled step is inductor's C++ wrapper, its int8 products as CPP_PRODUCTS
-    says, and it decodes as the eager engine."""
+@pytest.mark.parametrize("weights, holds, lacks, ahead", CPP_PRODUCTS, ids=["int8_dynamic", "int8"])
+def test_a_compiled_step_on_a_cpu_multiplies_in_cpp(weights, holds, lacks, ahead):
+    """On a CPU the compiled step is C++ (inductor's C++ wrapper, or AOTInductor's step), its
+    int8 products as CPP_PRODUCTS says, and it decodes as the eager engine, past block_size;
+    its weights are the model's own tensors: a change in place is decoded with."""
     torch._dynamo.reset()
-    model = for_decoding(tiny_gpt(), "cpu", weights)
-    engine, (code,) = run_and_get_code(Engine, model, 1, compile=True)
+    model = for_decoding(tiny_gpt(**MODERN), "cpu", weights)
+    engine, code = run_and_get_cpp_code(Engine, model, 1, compile=True)
+    assert isinstance(engine.one_token, OneRowStep) == ahead
     assert holds in code
     assert lacks is None or lacks not in code
-    request = engine.submit([1, 2, 3], [greedy()], 20)
-    while engine.busy():
-        engine.step()
+    decoded = []
+    for _ in range(2):
+        request = engine.submit([1, 2, 3], [greedy()], 20)
+        while engine.busy():
+            engine.step()
+        decoded.append(request.rows[0].generated)
+        assert decoded[-1] == lone(model, [1, 2, 3], greedy(), 20)
+        with torch.no_grad():
+            model.ln_f.weight.neg_()
     torch._dynamo.reset()
-    assert request.rows[0].generated == lone(model, [1, 2, 3], greedy(), 20)
+    assert decoded[0] != decoded[1]
 
 
 @pytest.mark.slow
