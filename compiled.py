@@ -71,8 +71,8 @@ class Step(torch.nn.Module):
 
 class OneRowStep:
     """A one-slot engine's step exported and compiled ahead of time by AOTInductor: a C++ call
-    with no Python and no guards between tokens. Its weights are the model's tensors (shared,
-    not copied); its cache the engine's, written in place."""
+    with no Python and no guards between tokens. Its weights are the model's tensors at the
+    start (shared, not copied: a change in place is decoded with); its cache the engine's."""
 
     def __init__(self, engine):
         self.kv = [t for layer in engine.cache.kv for t in layer]
@@ -93,8 +93,9 @@ class OneRowStep:
             )
             runner = torch._inductor.aoti_load_package(path)
         held = dict(step.named_parameters()) | dict(step.named_buffers())
-        weights = {name: held[name].data for name in runner.get_constant_fqns()}
-        runner.load_constants(weights, check_full_update=True, user_managed=True)
+        # the library reads them by address: held here, alive while it is
+        self.weights = {name: held[name].data for name in runner.get_constant_fqns()}
+        runner.load_constants(self.weights, check_full_update=True, user_managed=True)
         self.run = runner.loader.boxed_run  # the call without its Python packet
 
     def __call__(self, idx, cache, logits_to_keep):
