@@ -82,7 +82,7 @@ class OneRowStep:
         example = (torch.tensor([[0]]), torch.tensor([[1]]), torch.arange(2), self.kv)
         keys = torch.export.Dim.AUTO(min=2, max=engine.block_size)
         shapes = (None, None, {0: keys}, [None] * len(self.kv))
-        with torch.no_grad(), varying_lengths():
+        with torch.no_grad(), varying_lengths(engine.device):
             exported = torch.export.export(step, example, dynamic_shapes=shapes)
         configs = {"aot_inductor.package_constants_in_so": False}
         with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():

@@ -136,7 +136,7 @@ class Engine:
     def step(self):
         """A token for every active row, then requests that fit join -> the rows taking one."""
         self.release()
-        with varying_lengths():
+        with varying_lengths(self.device):
             took = self.decode(self.active)
         took += self.admit()
         self.release()

@@ -24,8 +24,12 @@ from lib.options import setting
 VARYING_LENGTHS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def varying_lengths():
-    """SDPA restricted to VARYING_LENGTHS' kernels, for a stretch of calls at changing lengths."""
+def varying_lengths(device):
+    """SDPA restricted to VARYING_LENGTHS' kernels, for a stretch of calls at changing lengths;
+    on a CPU, whose kernels are all among them, no context (its 30 us are a tenth of a small
+    model's compiled token)."""
+    if torch.device(device).type == "cpu":
+        return nullcontext()
     return sdpa_kernel(VARYING_LENGTHS)
 
 
@@ -426,7 +430,7 @@ class EncoderClassifier(Transformer):
             # such rows keep their tokens
             real = torch.where(kept.any(1, keepdim=True), kept, real)
         # padded lengths change from batch to batch: no cuDNN attention
-        with varying_lengths():
+        with varying_lengths(idx.device):
             # padding keys hidden
             x, maps = self.hidden_states(idx, real[:, None, None, :], need_weights=need_weights)
         weights = real.unsqueeze(-1).to(x.dtype)

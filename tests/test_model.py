@@ -22,6 +22,7 @@ from model import (
     attention,
     rotary,
     rotation,
+    varying_lengths,
 )
 from muon import Muon, orthogonalize
 from optim import configure_optimizers
@@ -93,6 +94,19 @@ def test_classifier_attention_maps_hide_padding():
     logits, _, maps = model(idx, need_weights=True)
     assert len(maps) == 2 and maps[0].shape == (1, 2, 5, 5)
     assert (maps[1][..., 3:] == 0).all() and torch.allclose(logits, model(idx)[0], atol=1e-5)
+
+
+def test_varying_lengths_turns_cudnn_attention_off_on_a_gpu_only():
+    """cuDNN's attention, which plans anew at each length, is off within a stretch of varying
+    lengths on a GPU (the context touches no device); a CPU, which has no such kernel, changes
+    nothing."""
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with varying_lengths("cpu"):
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    with varying_lengths("cuda"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_untrained_loss_is_ln_vocab():
