@@ -1,6 +1,7 @@
 """Decoding strategies, pure functions of logits [B, V] (some also of the context [B, t]) that
 compose, named as Hugging Face's and OpenAI's; NextToken applies them and draws."""
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -163,10 +164,10 @@ class NextToken:
 
     def draw(self, processed, logits, context):
         if self.greedy:
-            token = processed.argmax(-1)
-            # a softmax where the pick's logit is finite: a NaN or +inf would be the argmax,
-            # and -inf only where every logit is
-            if not processed.gather(-1, token[:, None]).isfinite().all():
+            picked, token = processed.max(-1)  # the first of ties, as argmax
+            # a softmax where the pick's logit is finite: a NaN or +inf would be the max, and
+            # -inf only where every logit is (checked on the host: torch's isfinite is 3 ops)
+            if not all(map(math.isfinite, picked.tolist())):
                 raise Error(self.no_distribution(logits, context))
             return token
         probs = processed.softmax(-1)
