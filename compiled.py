@@ -11,7 +11,6 @@ import torch
 from cache import KVCache
 from decoding import NextToken, Options
 from lib.common import compiling
-from model import varying_lengths
 
 ADVICE = "drop --compile, or install a C++ compiler"
 
@@ -35,13 +34,16 @@ def warm_up(engine, rows):
 
 
 def ahead_of_time(engine):
-    """Whether the step exports whole (OneRowStep, 1.2 to 1.7x Dynamo's step, BENCHMARKS.md): a
-    slot of a KVCache, int8 weights on a CPU (the other formats' products are objects
+    """Whether the step is OneRowStep (1.2 to 1.7x Dynamo's, BENCHMARKS.md): an engine that
+    allows it, of one KVCache slot of over 2 positions (a smaller one's step would specialize),
+    int8 weights on a CPU (as measured: int8_dynamic's and oneDNN's packed weights are objects
     torch.export cannot trace), no pattern."""
     model = engine.model
     int8 = getattr(model, "weights_format", None) == "int8"
-    one_row = len(engine.cache.lengths) == 1 and type(engine.cache) is KVCache
-    return one_row and int8 and engine.device.type == "cpu" and model.pattern is None
+    cache = engine.cache
+    one_row = engine.use_cache and type(cache) is KVCache and len(cache.lengths) == 1
+    allowed = engine.AHEAD_OF_TIME and engine.block_size > 2 and model.pattern is None
+    return allowed and one_row and int8 and engine.device.type == "cpu"
 
 
 class OneRow(KVCache):
@@ -72,17 +74,19 @@ class Step(torch.nn.Module):
 
 class OneRowStep:
     """A one-slot engine's step exported and compiled ahead of time by AOTInductor: a C++ call
-    with no Python and no guards between tokens. Its weights are the model's tensors at the
-    start (shared, not copied: a change in place is decoded with); its cache the engine's."""
+    with no Python and no guards between tokens, holding the GIL. Its weights are the model's
+    tensors at the start, shared, not copied: a change in place is decoded with, a tensor
+    replaced or a model put in training is not. Its cache is the engine's."""
 
     def __init__(self, engine):
         self.kv = [t for layer in engine.cache.kv for t in layer]
         step = Step(engine.model)
-        # an example token at position 1: two keys, of 2 to block_size (AUTO: 2 may be all)
+        # an example token at position 1: two keys, of 2 to block_size (export fails where the
+        # step would specialize: the library checks no input's size)
         example = (torch.tensor([[0]]), torch.tensor([[1]]), torch.arange(2), self.kv)
-        keys = torch.export.Dim.AUTO(min=2, max=engine.block_size)
+        keys = torch.export.Dim("keys", min=2, max=engine.block_size)
         shapes = (None, None, {0: keys}, [None] * len(self.kv))
-        with torch.no_grad(), varying_lengths(engine.device):
+        with torch.no_grad():
             exported = torch.export.export(step, example, dynamic_shapes=shapes)
         configs = {"aot_inductor.package_constants_in_so": False}
         with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():

@@ -77,6 +77,8 @@ class Engine:
     """Continuous batching over a KVCache of `rows` slots; each token's log-probability among the
     tokenizer's vocab_size tokens where asked (a model's vocabulary may be padded past it)."""
 
+    AHEAD_OF_TIME = True  # whether compile may build compiled.OneRowStep, which holds the GIL
+
     def __init__(self, model, rows, use_cache=True, compile=False, vocab_size=None):
         self.model = model
         self.vocab_size = vocab_size or model.config.vocab_size

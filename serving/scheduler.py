@@ -21,6 +21,10 @@ class ServingEngine(Engine):
     """The engine with what the server adds: waiting requests taking turns by client, each step's
     prefill timed apart, and a failure that ends the request it came from only."""
 
+    # the decoder thread's steps release the GIL to the event loop: Dynamo's compiled step does,
+    # the ahead-of-time one does not
+    AHEAD_OF_TIME = False
+
     def __init__(self, model, rows, vocab_size=None, compile=False):
         super().__init__(model, rows, compile=compile, vocab_size=vocab_size)
         self.admitting = None  # the request whose prompt this step prefills now

@@ -299,12 +299,14 @@ def test_a_compiled_step_on_a_cpu_multiplies_in_cpp(weights, holds, lacks, ahead
 
 
 @pytest.mark.slow
-def test_a_compile_that_fails_is_one_line_naming_why():
-    """No working C++ compiler: the engine says so in one line instead of inductor's traceback."""
+@pytest.mark.parametrize("weights", ["float32", "int8"], ids=["dynamo", "ahead_of_time"])
+def test_a_compile_that_fails_is_one_line_naming_why(weights):
+    """No working C++ compiler: the engine says so in one line instead of inductor's traceback,
+    whether Dynamo or AOTInductor compiles its step."""
     torch._dynamo.reset()  # compile afresh: an earlier test's graph would serve this model
     settings = dict(fx_graph_cache=False, **{"cpp.cxx": ("/nonexistent/c++",)})
     with torch._inductor.config.patch(settings), pytest.raises(Error) as failed:
-        Engine(for_decoding(tiny_gpt(), "cpu", "float32"), rows=1, compile=True)
+        Engine(for_decoding(tiny_gpt(), "cpu", weights), rows=1, compile=True)
     message = str(failed.value)
     assert "\n" not in message and "torch.compile failed" in message and "C++" in message
     torch._dynamo.reset()
